@@ -1,0 +1,335 @@
+"""RocketMQ's stored-message layout: pure encode/decode functions, no I/O.
+
+Layout (all big-endian), as RocketMQ 4.x's CommitLog writes it and PULL returns it::
+
+    totalSize i32 | magic i32 | bodyCRC i32 | queueId i32 | flag i32 | queueOffset i64 |
+    physicalOffset i64 | sysFlag i32 | bornTimestamp i64 | bornHost (IPv4 4 + port i32, or IPv6 16 + 4) |
+    storeTimestamp i64 | storeHost (same) | reconsumeTimes i32 | preparedTransactionOffset i64 |
+    bodyLen i32 + body | topicLen i8 + topic | propertiesLen i16 + properties
+
+A segment ends with a filler record: ``totalSize i32 | BLANK_MAGIC i32`` followed by unspecified bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Final
+
+from commitlog.errors import invariant
+
+MESSAGE_MAGIC: Final = 0xDAA320A7
+BLANK_MAGIC: Final = 0xCBD43194
+#: a segment always keeps room for a filler header (totalSize + magic)
+FILLER_HEADER_BYTES: Final = 8
+
+# sysFlag bits (MessageSysFlag)
+SYSFLAG_COMPRESSED: Final = 0x1
+SYSFLAG_MULTI_TAGS: Final = 0x2
+TRANSACTION_NOT_TYPE: Final = 0x0
+TRANSACTION_PREPARED_TYPE: Final = 0x4
+TRANSACTION_COMMIT_TYPE: Final = 0x8
+TRANSACTION_ROLLBACK_TYPE: Final = 0xC
+TRANSACTION_TYPE_MASK: Final = 0xC
+SYSFLAG_BORNHOST_V6: Final = 0x10
+SYSFLAG_STOREHOST_V6: Final = 0x20
+
+TOPIC_BYTES_MAX: Final = 127
+PROPERTIES_BYTES_MAX: Final = 32767
+
+NAME_VALUE_SEPARATOR: Final = b"\x01"
+PROPERTY_SEPARATOR: Final = b"\x02"
+
+PROPERTY_KEYS: Final = "KEYS"
+PROPERTY_TAGS: Final = "TAGS"
+PROPERTY_UNIQ_KEY: Final = "UNIQ_KEY"
+#: Java's MessageConst.KEY_SEPARATOR: several keys in KEYS are separated by a space
+KEY_SEPARATOR: Final = " "
+
+# Head up to and including bornTimestamp; host fields vary in width, so the head is split in three parts.
+HEAD_A: Final = struct.Struct(">iIIiiqqiq")  # totalSize..bornTimestamp
+HEAD_B_V4: Final = struct.Struct(">8sq8siq")  # bornHost, storeTimestamp, storeHost, reconsume, prepOffset
+invariant(HEAD_A.size == 48, "head A must be 48 bytes")
+invariant(HEAD_B_V4.size == 36, "head B must be 36 bytes")
+FILLER: Final = struct.Struct(">iI")
+invariant(FILLER.size == FILLER_HEADER_BYTES, "filler header must be 8 bytes")
+INT32: Final = struct.Struct(">i")
+INT16: Final = struct.Struct(">h")
+
+# Offsets of fixed fields inside a record, for readers that peek without decoding.
+POS_TOTAL_SIZE: Final = 0
+POS_MAGIC: Final = 4
+POS_BODY_CRC: Final = 8
+POS_QUEUE_ID: Final = 12
+POS_QUEUE_OFFSET: Final = 20
+POS_PHYSICAL_OFFSET: Final = 28
+POS_SYS_FLAG: Final = 36
+POS_BORN_TIMESTAMP: Final = 40
+POS_BORN_HOST: Final = 48
+
+
+@dataclass(frozen=True, slots=True)
+class MessageInput:
+    """One message as apply hands it to the store: everything the stored record needs, stamped by the
+    leader before proposing, so every replica writes the same bytes.
+
+    ``properties`` is the encoded ``key\\x01value\\x02`` string exactly as the producer sent it (plus what
+    the broker added). ``born_host`` is 8 bytes (IPv4 + port) or 20 bytes (IPv6 + port).
+    """
+
+    topic: str
+    queue_id: int
+    flag: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: bytes
+    store_timestamp: int
+    reconsume_times: int
+    prepared_transaction_offset: int
+    body: bytes
+    properties: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """A decoded stored record."""
+
+    total_size: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    queue_offset: int
+    physical_offset: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: bytes
+    store_timestamp: int
+    store_host: bytes
+    reconsume_times: int
+    prepared_transaction_offset: int
+    body: bytes
+    topic: str
+    properties: bytes
+
+    @property
+    def property_map(self) -> dict[str, str]:
+        return decode_properties(self.properties)
+
+    @property
+    def msg_id(self) -> str:
+        return encode_message_id(self.store_host, self.physical_offset)
+
+    @property
+    def transaction_type(self) -> int:
+        return self.sys_flag & TRANSACTION_TYPE_MASK
+
+
+class RecordError(ValueError):
+    """Bytes that are not a valid stored record (bad magic, size, CRC, truncated)."""
+
+
+def encode_properties(properties: dict[str, str]) -> bytes:
+    """``key\\x01value\\x02`` for each pair, in the mapping's order (RocketMQ's messageProperties2String)."""
+    return b"".join(
+        k.encode() + NAME_VALUE_SEPARATOR + v.encode() + PROPERTY_SEPARATOR for k, v in properties.items()
+    )
+
+
+def decode_properties(raw: bytes) -> dict[str, str]:
+    """Inverse of :func:`encode_properties`; malformed pairs (no separator) are skipped, as Java does."""
+    result: dict[str, str] = {}
+    for pair in raw.split(PROPERTY_SEPARATOR):
+        key, sep, value = pair.partition(NAME_VALUE_SEPARATOR)
+        if sep and key:
+            result[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return result
+
+
+def record_size(body_len: int, topic_len: int, properties_len: int, born_v6: bool = False) -> int:
+    """Total size of a stored record with an IPv4 store host."""
+    return 48 + (20 if born_v6 else 8) + 28 + 4 + body_len + 1 + topic_len + 2 + properties_len
+
+
+def validate_input(message: MessageInput, body_size_max_bytes: int) -> str | None:
+    """Return why ``message`` cannot be stored, or None. Never raises."""
+    try:
+        topic_len = len(message.topic.encode())
+    except UnicodeEncodeError:
+        return "topic is not valid unicode"
+    if not 0 < topic_len <= TOPIC_BYTES_MAX:
+        return f"topic length {topic_len} outside 1..{TOPIC_BYTES_MAX} bytes"
+    if len(message.properties) > PROPERTIES_BYTES_MAX:
+        return f"properties length {len(message.properties)} over {PROPERTIES_BYTES_MAX} bytes"
+    if len(message.body) > body_size_max_bytes:
+        return f"body length {len(message.body)} over {body_size_max_bytes} bytes"
+    if len(message.born_host) not in (8, 20):
+        return f"born host must be 8 or 20 bytes, got {len(message.born_host)}"
+    if not 0 <= message.queue_id < 2**31:
+        return f"queue id {message.queue_id} out of range"
+    for name, value, bits in (
+        ("flag", message.flag, 32),
+        ("sys_flag", message.sys_flag, 32),
+        ("reconsume_times", message.reconsume_times, 32),
+        ("born_timestamp", message.born_timestamp, 64),
+        ("store_timestamp", message.store_timestamp, 64),
+        ("prepared_transaction_offset", message.prepared_transaction_offset, 64),
+    ):
+        if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+            return f"{name} {value} does not fit in {bits} bits"
+    return None
+
+
+def encode_record(
+    message: MessageInput,
+    queue_offset: int,
+    physical_offset: int,
+    store_host: bytes,
+    topic_bytes: bytes | None = None,
+) -> bytes:
+    """Encode one stored record. The input must have passed :func:`validate_input`."""
+    topic = topic_bytes if topic_bytes is not None else message.topic.encode()
+    body = message.body
+    props = message.properties
+    born_v6 = len(message.born_host) == 20
+    sys_flag = message.sys_flag & ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
+    if born_v6:
+        sys_flag |= SYSFLAG_BORNHOST_V6
+    total = record_size(len(body), len(topic), len(props), born_v6)
+    head = HEAD_A.pack(
+        total,
+        MESSAGE_MAGIC,
+        zlib.crc32(body),
+        message.queue_id,
+        message.flag,
+        queue_offset,
+        physical_offset,
+        sys_flag,
+        message.born_timestamp,
+    )
+    tail = struct.pack(
+        f">{len(message.born_host)}sq8siqi",
+        message.born_host,
+        message.store_timestamp,
+        store_host,
+        message.reconsume_times,
+        message.prepared_transaction_offset,
+        len(body),
+    )
+    return b"".join(
+        (head, tail, body, bytes((len(topic),)), topic, INT16.pack(len(props)), props)
+    )
+
+
+def decode_record(buffer: bytes | memoryview, offset: int = 0, check_crc: bool = True) -> StoredMessage:
+    """Decode the record starting at ``offset``. Raises :class:`RecordError` on anything malformed."""
+    view = memoryview(buffer)
+    available = len(view) - offset
+    if available < 48:
+        raise RecordError(f"truncated record head at {offset}: {available} bytes")
+    (total, magic, body_crc, queue_id, flag, queue_offset, physical_offset, sys_flag, born_ts) = (
+        HEAD_A.unpack_from(view, offset)
+    )
+    if magic != MESSAGE_MAGIC:
+        raise RecordError(f"bad magic {magic:#010x} at {offset}")
+    if total < record_size(0, 1, 0) or total > available:
+        raise RecordError(f"bad total size {total} at {offset} ({available} bytes available)")
+    end = offset + total
+    pos = offset + 48
+    born_len = 20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8
+    store_len = 20 if sys_flag & SYSFLAG_STOREHOST_V6 else 8
+    fixed_rest = born_len + 8 + store_len + 4 + 8 + 4
+    if pos + fixed_rest > end:
+        raise RecordError(f"record at {offset} too short for its hosts")
+    born_host = bytes(view[pos : pos + born_len])
+    pos += born_len
+    (store_ts,) = struct.unpack_from(">q", view, pos)
+    pos += 8
+    store_host = bytes(view[pos : pos + store_len])
+    pos += store_len
+    reconsume, prepared, body_len = struct.unpack_from(">iqi", view, pos)
+    pos += 16
+    if body_len < 0 or pos + body_len + 3 > end:
+        raise RecordError(f"bad body length {body_len} at {offset}")
+    body = bytes(view[pos : pos + body_len])
+    pos += body_len
+    topic_len = view[pos]
+    pos += 1
+    if topic_len == 0 or pos + topic_len + 2 > end:
+        raise RecordError(f"bad topic length {topic_len} at {offset}")
+    try:
+        topic = bytes(view[pos : pos + topic_len]).decode()
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"topic is not utf-8 at {offset}") from exc
+    pos += topic_len
+    (props_len,) = struct.unpack_from(">h", view, pos)
+    pos += 2
+    if props_len < 0 or pos + props_len != end:
+        raise RecordError(f"bad properties length {props_len} at {offset}")
+    properties = bytes(view[pos:end])
+    if check_crc and zlib.crc32(body) != body_crc:
+        raise RecordError(f"body CRC mismatch at {offset}")
+    return StoredMessage(
+        total_size=total,
+        body_crc=body_crc,
+        queue_id=queue_id,
+        flag=flag,
+        queue_offset=queue_offset,
+        physical_offset=physical_offset,
+        sys_flag=sys_flag,
+        born_timestamp=born_ts,
+        born_host=born_host,
+        store_timestamp=store_ts,
+        store_host=store_host,
+        reconsume_times=reconsume,
+        prepared_transaction_offset=prepared,
+        body=body,
+        topic=topic,
+        properties=properties,
+    )
+
+
+def encode_host(ip: str, port: int) -> bytes:
+    """IPv4 address and port as the 8 bytes stored in a record."""
+    parts = ip.split(".")
+    if len(parts) != 4 or not all(p.isdigit() and 0 <= int(p) <= 255 for p in parts):
+        raise ValueError(f"not an IPv4 address: {ip!r}")
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port out of range: {port}")
+    return bytes(int(p) for p in parts) + port.to_bytes(4, "big")
+
+
+def decode_host(raw: bytes) -> tuple[str, int]:
+    if len(raw) == 8:
+        return ".".join(str(b) for b in raw[:4]), int.from_bytes(raw[4:], "big")
+    if len(raw) == 20:
+        groups = [raw[i : i + 2].hex() for i in range(0, 16, 2)]
+        return ":".join(groups), int.from_bytes(raw[16:], "big")
+    raise ValueError(f"host must be 8 or 20 bytes, got {len(raw)}")
+
+
+def encode_message_id(store_host: bytes, physical_offset: int) -> str:
+    """RocketMQ's store-based message id: hex(storeHost + physical offset), upper case."""
+    return (store_host + physical_offset.to_bytes(8, "big", signed=True)).hex().upper()
+
+
+def decode_message_id(msg_id: str) -> tuple[bytes, int]:
+    """(store host bytes, physical offset) from a store-based message id; ValueError if malformed."""
+    if len(msg_id) not in (32, 56):
+        raise ValueError(f"message id must be 32 or 56 hex characters, got {len(msg_id)}")
+    raw = bytes.fromhex(msg_id)
+    return raw[:-8], int.from_bytes(raw[-8:], "big", signed=True)
+
+
+def java_string_hash(text: str) -> int:
+    """Java's String.hashCode (UTF-16 code units, 32-bit wrap-around), as a signed int."""
+    h = 0
+    data = text.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def tags_hash_code(tags: str | None) -> int:
+    """The consume-queue tag code: Java's hashCode of the TAGS property, 0 when absent."""
+    return java_string_hash(tags) if tags else 0
