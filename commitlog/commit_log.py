@@ -1,0 +1,216 @@
+"""The commit log: contiguous fixed-size segments named by their 20-digit start offset.
+
+Physical offsets are global; segment ``k`` covers ``[k * segment_size, (k + 1) * segment_size)``. A record
+never spans two segments: where it does not fit (keeping :data:`FILLER_HEADER_BYTES` free) a filler record
+covers the rest of the segment and the record starts the next one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from commitlog.errors import CorruptionError, StoreError, invariant
+from commitlog.mapped_file import MappedFile
+from commitlog.message import (
+    BLANK_MAGIC,
+    FILLER,
+    FILLER_HEADER_BYTES,
+    HEAD_A,
+    MESSAGE_MAGIC,
+    RecordError,
+    StoredMessage,
+    decode_record,
+)
+
+SEGMENT_NAME = re.compile(r"^\d{20}$")
+
+
+def segment_name(start_offset: int) -> str:
+    return f"{start_offset:020d}"
+
+
+class CommitLog:
+    """Segments of one replica's commit log. Not thread-safe: the apply thread owns writes."""
+
+    def __init__(self, directory: Path, segment_size_bytes: int) -> None:
+        self.directory = directory
+        self.segment_size_bytes = segment_size_bytes
+        directory.mkdir(parents=True, exist_ok=True)
+        self.segments: dict[int, MappedFile] = {}
+        self.starts: list[int] = []
+        for path in sorted(directory.iterdir()):
+            if not SEGMENT_NAME.match(path.name):
+                continue
+            start = int(path.name)
+            if start % segment_size_bytes:
+                raise CorruptionError(f"segment {path} does not start at a multiple of the segment size")
+            self.segments[start] = MappedFile(path, segment_size_bytes, create=False)
+            self.starts.append(start)
+        for previous, current in zip(self.starts, self.starts[1:], strict=False):
+            if current != previous + segment_size_bytes:
+                raise CorruptionError(f"commit log has a hole between {previous} and {current}")
+        #: the end of the data: the next record is written here (set by recovery)
+        self.end_offset = self.starts[0] if self.starts else 0
+        # RocketMQ's AllocateMappedFileService: the next segment is created (fallocate + populate, both
+        # outside the GIL) by a worker while the current one fills, so apply never waits for it.
+        self._allocator = ThreadPoolExecutor(max_workers=1, thread_name_prefix="segment-allocator")
+        self._allocating: dict[int, Future[MappedFile]] = {}
+
+    @property
+    def min_offset(self) -> int:
+        return self.starts[0] if self.starts else self.end_offset
+
+    def segment_start(self, offset: int) -> int:
+        return offset - offset % self.segment_size_bytes
+
+    def _create(self, start: int) -> MappedFile:
+        return MappedFile(self.directory / segment_name(start), self.segment_size_bytes, create=True)
+
+    def ensure_segment(self, start: int) -> MappedFile:
+        """The segment starting at ``start``, created (preallocated) when missing. May raise DiskFullError.
+        Starts creating the following segment in the background."""
+        segment = self.segments.get(start)
+        if segment is None:
+            invariant(start % self.segment_size_bytes == 0, "segment start must be aligned")
+            invariant(not self.starts or start == self.starts[-1] + self.segment_size_bytes,
+                      "segments are created in order")
+            pending = self._allocating.pop(start, None)
+            segment = pending.result() if pending is not None else self._create(start)
+            self.segments[start] = segment
+            self.starts.append(start)
+        following = start + self.segment_size_bytes
+        if following not in self.segments and following not in self._allocating:
+            self._allocating[following] = self._allocator.submit(self._create, following)
+        return segment
+
+    def _cancel_allocations(self) -> None:
+        """Wait for background allocations and delete what they made (the data never reached it)."""
+        for pending in self._allocating.values():
+            try:
+                pending.result().delete()
+            except Exception:  # noqa: BLE001 - a failed preallocation left nothing to delete
+                pass
+        self._allocating.clear()
+
+    def write(self, offset: int, data: bytes | bytearray) -> None:
+        """Write bytes that lie inside one existing segment."""
+        start = self.segment_start(offset)
+        segment = self.segments[start]
+        local = offset - start
+        invariant(local + len(data) <= self.segment_size_bytes, "write crosses a segment end")
+        segment.map[local : local + len(data)] = data
+
+    def write_filler(self, offset: int) -> None:
+        start = self.segment_start(offset)
+        remaining = start + self.segment_size_bytes - offset
+        invariant(remaining >= FILLER_HEADER_BYTES, "no room for a filler record")
+        FILLER.pack_into(self.segments[start].map, offset - start, remaining, BLANK_MAGIC)
+
+    def read(self, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset`` (inside one segment). KeyError/IndexError-free: StoreError if absent."""
+        start = self.segment_start(offset)
+        segment = self.segments.get(start)
+        local = offset - start
+        if segment is None or size < 0 or local + size > self.segment_size_bytes or offset + size > self.end_offset:
+            raise StoreError(f"no data at physical offset {offset} size {size}")
+        return segment.map[local : local + size]
+
+    def record_size_at(self, offset: int) -> int:
+        """totalSize of the message record at ``offset``; StoreError when there is none."""
+        head = self.read(offset, 8)
+        size, magic = FILLER.unpack(head)
+        if magic != MESSAGE_MAGIC or size <= HEAD_A.size:
+            raise StoreError(f"no message record at physical offset {offset}")
+        return int(size)
+
+    def read_message(self, offset: int, check_crc: bool = True) -> StoredMessage:
+        size = self.record_size_at(offset)
+        try:
+            return decode_record(self.read(offset, size), 0, check_crc)
+        except RecordError as exc:
+            raise CorruptionError(f"record at {offset}: {exc}") from exc
+
+    def scan(self, start: int, stop: int) -> Iterator[StoredMessage]:
+        """Validate and yield records from ``start`` until ``stop``, the first invalid record, or a zero.
+
+        After it finishes, :attr:`scan_end` is the offset just past the last valid record (or filler).
+        """
+        offset = start
+        self.scan_end = start
+        while offset < stop:
+            segment_start = self.segment_start(offset)
+            segment = self.segments.get(segment_start)
+            if segment is None:
+                return
+            local = offset - segment_start
+            if local + FILLER_HEADER_BYTES > self.segment_size_bytes:
+                return
+            size, magic = FILLER.unpack_from(segment.map, local)
+            if magic == BLANK_MAGIC:
+                if size != self.segment_size_bytes - local:
+                    return
+                offset = segment_start + self.segment_size_bytes
+                self.scan_end = offset
+                continue
+            if magic != MESSAGE_MAGIC or size <= 0 or local + size + FILLER_HEADER_BYTES > self.segment_size_bytes:
+                return
+            try:
+                message = decode_record(segment.map[local : local + size], 0, check_crc=True)
+            except RecordError:
+                return
+            if message.physical_offset != offset:
+                return
+            offset += size
+            self.scan_end = offset
+            yield message
+
+    def truncate(self, end_offset: int) -> None:
+        """Forget data from ``end_offset`` on: later segments are deleted, the tail of its segment zeroed
+        up to the old end so that no stale record lies behind the new end."""
+        self._cancel_allocations()
+        for start in list(self.starts):
+            if start > end_offset or (start == end_offset and start > self.min_offset):
+                self.segments.pop(start).delete()
+                self.starts.remove(start)
+        start = self.segment_start(end_offset)
+        segment = self.segments.get(start)
+        if segment is not None:
+            local = end_offset - start
+            stale_end = min(self.segment_size_bytes, max(local, self.end_offset - start))
+            if stale_end > local:
+                segment.map[local:stale_end] = bytes(stale_end - local)
+        self.end_offset = end_offset
+
+    def delete_below(self, offset: int) -> list[int]:
+        """Delete whole segments that end at or below ``offset``, never the one holding the end."""
+        deleted = []
+        while self.starts and self.starts[0] + self.segment_size_bytes <= min(offset, self.end_offset):
+            if self.starts[0] == self.segment_start(self.end_offset):
+                break
+            start = self.starts.pop(0)
+            self.segments.pop(start).delete()
+            deleted.append(start)
+        return deleted
+
+    def flush(self, start: int, end: int) -> None:
+        """msync [start, end) across segments."""
+        if end <= start:
+            return
+        first = bisect.bisect_right(self.starts, start) - 1
+        for segment_start in self.starts[max(first, 0):]:
+            if segment_start >= end:
+                break
+            segment = self.segments[segment_start]
+            low = max(start, segment_start) - segment_start
+            high = min(end, segment_start + self.segment_size_bytes) - segment_start
+            segment.flush(low, high)
+
+    def close(self) -> None:
+        self._cancel_allocations()
+        self._allocator.shutdown(wait=True)
+        for segment in self.segments.values():
+            segment.close()

@@ -1,0 +1,86 @@
+"""Store configuration: a frozen dataclass that validates itself and rejects unknown keys."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from commitlog.message import encode_host
+
+FlushPolicy = Literal["async", "sync"]
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """Everything the local store needs.
+
+    ``store_host`` is the group's stable address (``ip:port``), written into every record and message id,
+    the same on every replica (shared/DESIGN.md). ``flush_policy``: ``sync`` msyncs the commit log, its
+    derived files and the checkpoint before :meth:`MessageStore.append` returns; ``async`` leaves them to
+    the page cache and msyncs when ``flush_interval_ms`` has passed since the last flush (checked on append
+    and by :meth:`MessageStore.flush_if_due`).
+    """
+
+    data_dir: Path
+    store_host: str = "127.0.0.1:10911"
+    segment_size_bytes: int = GIB
+    consume_queue_units_per_file: int = 300_000
+    index_slot_count: int = 1_000_000
+    index_entry_capacity: int = 4_000_000
+    body_size_max_bytes: int = 4 * MIB
+    flush_policy: FlushPolicy = "async"
+    flush_interval_ms: int = 500
+
+    def validate(self) -> StoreConfig:
+        if not isinstance(self.data_dir, Path):
+            raise ConfigError(f"data_dir must be a path, got {self.data_dir!r}")
+        host, _, port = self.store_host.rpartition(":")
+        try:
+            encode_host(host, int(port))
+        except ValueError as exc:
+            raise ConfigError(f"store_host must be IPv4:port, got {self.store_host!r}") from exc
+        positive = {
+            "segment_size_bytes": (self.segment_size_bytes, 4096, 1 << 40),
+            "consume_queue_units_per_file": (self.consume_queue_units_per_file, 16, 1 << 26),
+            "index_slot_count": (self.index_slot_count, 16, 1 << 28),
+            "index_entry_capacity": (self.index_entry_capacity, 16, 1 << 30),
+            "body_size_max_bytes": (self.body_size_max_bytes, 1, 64 * MIB),
+            "flush_interval_ms": (self.flush_interval_ms, 1, 3_600_000),
+        }
+        for name, (value, low, high) in positive.items():
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise ConfigError(f"{name} must be an integer in {low}..{high}, got {value!r}")
+        if self.segment_size_bytes % 4096:
+            raise ConfigError("segment_size_bytes must be a multiple of 4096")
+        if self.body_size_max_bytes + 64 * 1024 > self.segment_size_bytes:
+            raise ConfigError("segment_size_bytes must hold the largest message (body_size_max_bytes + 64 KiB)")
+        if self.flush_policy not in ("async", "sync"):
+            raise ConfigError(f"flush_policy must be 'async' or 'sync', got {self.flush_policy!r}")
+        return self
+
+    @property
+    def store_host_bytes(self) -> bytes:
+        host, _, port = self.store_host.rpartition(":")
+        return encode_host(host, int(port))
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> StoreConfig:
+        """Build from a parsed TOML table: unknown keys and wrong types are errors."""
+        names = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ConfigError(f"unknown store settings: {', '.join(unknown)}")
+        if "data_dir" not in values:
+            raise ConfigError("data_dir is required")
+        arguments = dict(values)
+        arguments["data_dir"] = Path(str(arguments["data_dir"]))
+        return cls(**arguments).validate()

@@ -1,0 +1,161 @@
+"""Consume queues: per topic and queue, 20-byte units ``commitLogOffset i64 | size i32 | tagsHashCode i64``.
+
+A unit lives at byte ``queue_offset * 20`` of the queue's logical space, split into files of
+``units_per_file`` units named by their 20-digit start byte offset (RocketMQ's layout). Writes are
+positional, so dispatching the same record twice writes the same bytes: rebuilding is idempotent. A unit
+with size 0 is empty; the first empty unit after the last file's start marks the queue's end.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from pathlib import Path
+from typing import Final
+
+from commitlog.errors import CorruptionError, invariant
+from commitlog.mapped_file import MappedFile
+
+CQ_UNIT: Final = struct.Struct(">qiq")
+invariant(CQ_UNIT.size == 20, "a consume-queue unit is 20 bytes")
+UNIT_BYTES: Final = CQ_UNIT.size
+FILE_NAME = re.compile(r"^\d{20}$")
+
+Unit = tuple[int, int, int]  # (commit-log offset, size, tags hash code)
+
+
+class ConsumeQueue:
+    """One queue's units. The apply thread writes; readers read units below :attr:`max_offset`."""
+
+    def __init__(self, directory: Path, topic: str, queue_id: int, units_per_file: int) -> None:
+        self.directory = directory
+        self.topic = topic
+        self.queue_id = queue_id
+        self.units_per_file = units_per_file
+        self.file_bytes = units_per_file * UNIT_BYTES
+        directory.mkdir(parents=True, exist_ok=True)
+        self.files: dict[int, MappedFile] = {}  # keyed by first unit index
+        for path in sorted(directory.iterdir()):
+            if FILE_NAME.match(path.name):
+                start_byte = int(path.name)
+                if start_byte % self.file_bytes:
+                    raise CorruptionError(f"consume-queue file {path} is not aligned to its size")
+                self.files[start_byte // UNIT_BYTES] = MappedFile(path, self.file_bytes, create=False)
+        self.min_offset = min(self.files) if self.files else 0
+        self.max_offset = self._find_end()
+        self._flushed_offset = self.max_offset
+
+    def _find_end(self) -> int:
+        """Binary search for the first empty unit in the last file (units fill in order)."""
+        if not self.files:
+            return 0
+        first = max(self.files)
+        mapped = self.files[first].map
+        low, high = 0, self.units_per_file
+        while low < high:
+            middle = (low + high) // 2
+            _, size, _ = CQ_UNIT.unpack_from(mapped, middle * UNIT_BYTES)
+            if size > 0:
+                low = middle + 1
+            else:
+                high = middle
+        return first + low
+
+    def file_start(self, queue_offset: int) -> int:
+        return queue_offset - queue_offset % self.units_per_file
+
+    def ensure_capacity(self, queue_offset: int) -> None:
+        """Create the file that will hold ``queue_offset``. May raise DiskFullError; writes nothing."""
+        start = self.file_start(queue_offset)
+        if start not in self.files:
+            path = self.directory / f"{start * UNIT_BYTES:020d}"
+            self.files[start] = MappedFile(path, self.file_bytes, create=True)
+
+    def put(self, queue_offset: int, physical_offset: int, size: int, tags_code: int) -> None:
+        start = self.file_start(queue_offset)
+        CQ_UNIT.pack_into(
+            self.files[start].map, (queue_offset - start) * UNIT_BYTES, physical_offset, size, tags_code
+        )
+        if queue_offset >= self.max_offset:
+            self.max_offset = queue_offset + 1
+
+    def put_run(self, first_offset: int, units: list[Unit]) -> None:
+        """Write consecutive units starting at ``first_offset`` (files ensured), one write per file."""
+        position = 0
+        while position < len(units):
+            offset = first_offset + position
+            start = self.file_start(offset)
+            take = min(len(units) - position, start + self.units_per_file - offset)
+            blob = b"".join([CQ_UNIT.pack(*unit) for unit in units[position : position + take]])
+            local = (offset - start) * UNIT_BYTES
+            self.files[start].map[local : local + len(blob)] = blob
+            position += take
+        if first_offset + len(units) > self.max_offset:
+            self.max_offset = first_offset + len(units)
+
+    def units(self, queue_offset: int, max_count: int) -> list[Unit]:
+        """Up to ``max_count`` units from ``queue_offset`` (clamped to the queue's range)."""
+        queue_offset = max(queue_offset, self.min_offset)
+        result: list[Unit] = []
+        while len(result) < max_count and queue_offset < self.max_offset:
+            start = self.file_start(queue_offset)
+            mapped = self.files[start].map
+            count = min(max_count - len(result), self.max_offset - queue_offset, start + self.units_per_file - queue_offset)
+            low = (queue_offset - start) * UNIT_BYTES
+            result.extend(CQ_UNIT.iter_unpack(mapped[low : low + count * UNIT_BYTES]))
+            queue_offset += count
+        return result
+
+    def unit(self, queue_offset: int) -> Unit:
+        invariant(self.min_offset <= queue_offset < self.max_offset, "unit offset out of range")
+        start = self.file_start(queue_offset)
+        result: Unit = CQ_UNIT.unpack_from(self.files[start].map, (queue_offset - start) * UNIT_BYTES)
+        return result
+
+    def first_at_or_after(self, physical_offset: int) -> int:
+        """The first queue offset whose unit points at or after ``physical_offset`` (binary search)."""
+        low, high = self.min_offset, self.max_offset
+        while low < high:
+            middle = (low + high) // 2
+            if self.unit(middle)[0] < physical_offset:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    def truncate_physical(self, physical_offset: int) -> None:
+        """Remove units that point at or after ``physical_offset`` (their records were cut)."""
+        cut = self.first_at_or_after(physical_offset)
+        for offset in range(cut, self.max_offset):
+            start = self.file_start(offset)
+            local = (offset - start) * UNIT_BYTES
+            self.files[start].map[local : local + UNIT_BYTES] = bytes(UNIT_BYTES)
+        for start in [s for s in self.files if s > cut and s > self.min_offset]:
+            self.files.pop(start).delete()
+        self.max_offset = cut
+        self._flushed_offset = min(self._flushed_offset, cut)
+
+    def prune_below(self, physical_offset: int) -> None:
+        """Retention: drop files whose units all point below ``physical_offset``; raise min_offset."""
+        self.min_offset = self.first_at_or_after(physical_offset)
+        for start in sorted(self.files):
+            if start + self.units_per_file <= self.min_offset and start != self.file_start(self.max_offset):
+                self.files.pop(start).delete()
+
+    def flush(self) -> None:
+        offset = self._flushed_offset
+        while offset < self.max_offset:
+            start = self.file_start(offset)
+            end = min(self.max_offset, start + self.units_per_file)
+            self.files[start].flush((offset - start) * UNIT_BYTES, (end - start) * UNIT_BYTES)
+            offset = end
+        self._flushed_offset = self.max_offset
+
+    def close(self) -> None:
+        for mapped in self.files.values():
+            mapped.close()
+
+    def delete(self) -> None:
+        for mapped in self.files.values():
+            mapped.delete()
+        self.files.clear()

@@ -1,0 +1,204 @@
+"""The key index: on-disk hash index by ``topic#key`` (KEYS and UNIQ_KEY), like RocketMQ's IndexFile.
+
+Each file: a 64-byte header, ``slot_count`` 4-byte slots, ``entry_capacity`` 20-byte entries::
+
+    header: magic u32 | version u16 | pad u16 | begin_physical i64 | end_physical i64 |
+            begin_timestamp i64 | end_timestamp i64 | entry_count u32
+    slot:   entry number + 1 of the newest entry in the bucket (0 = empty)
+    entry:  key_hash u32 | physical_offset i64 | time_difference_s i32 | previous entry number + 1 u32
+
+Memory stays bounded: everything is in mapped files; a full file is followed by a new one named by the
+physical offset of its first entry. Lookups return candidate offsets; callers confirm each against the
+record itself (hashes collide). The hash is CRC32 of the UTF-8 key: the same on every replica.
+
+Write order per entry: entry, then header count, then slot. Undoing entries newest first (recovery after
+a cut tail) restores each slot to its previous value.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from commitlog.errors import CorruptionError, invariant
+from commitlog.mapped_file import MappedFile
+
+INDEX_MAGIC: Final = 0x524D4958  # "RMIX"
+INDEX_VERSION: Final = 1
+HEADER: Final = struct.Struct(">IHHqqqqI")
+HEADER_BYTES: Final = 64
+invariant(HEADER.size <= HEADER_BYTES, "index header must fit")
+SLOT: Final = struct.Struct(">I")
+ENTRY: Final = struct.Struct(">Iqii")
+invariant(ENTRY.size == 20, "an index entry is 20 bytes")
+COUNT_POSITION: Final = HEADER.size - 4
+END_POSITION: Final = 16  # end_physical, end_timestamp (two i64) at bytes 16..31 and 32..39
+TAIL: Final = struct.Struct(">q")
+FILE_NAME = re.compile(r"^\d{20}$")
+
+IndexEntry = tuple[int, int, int]  # (key hash, physical offset, store timestamp ms)
+
+
+def key_hash(topic: str, key: str) -> int:
+    return zlib.crc32(f"{topic}#{key}".encode())
+
+
+@dataclass(slots=True)
+class IndexFile:
+    file: MappedFile
+    slot_count: int
+    entry_capacity: int
+    begin_physical: int
+    begin_timestamp: int
+    entry_count: int
+
+    @property
+    def entries_base(self) -> int:
+        return HEADER_BYTES + self.slot_count * SLOT.size
+
+    def entry(self, number: int) -> tuple[int, int, int, int]:
+        result: tuple[int, int, int, int] = ENTRY.unpack_from(self.file.map, self.entries_base + number * ENTRY.size)
+        return result
+
+
+class KeyIndex:
+    def __init__(self, directory: Path, slot_count: int, entry_capacity: int) -> None:
+        self.directory = directory
+        self.slot_count = slot_count
+        self.entry_capacity = entry_capacity
+        self.file_bytes = HEADER_BYTES + slot_count * SLOT.size + entry_capacity * ENTRY.size
+        directory.mkdir(parents=True, exist_ok=True)
+        self.files: list[IndexFile] = []
+        for path in sorted(directory.iterdir()):
+            if FILE_NAME.match(path.name):
+                self.files.append(self._open(path))
+
+    def _open(self, path: Path) -> IndexFile:
+        mapped = MappedFile(path, self.file_bytes, create=False)
+        magic, version, _, begin_physical, _, begin_ts, _, count = HEADER.unpack_from(mapped.map, 0)
+        if magic != INDEX_MAGIC or version != INDEX_VERSION or count > self.entry_capacity:
+            mapped.close()
+            raise CorruptionError(f"index file {path} has a bad header")
+        return IndexFile(mapped, self.slot_count, self.entry_capacity, begin_physical, begin_ts, count)
+
+    def _create(self, begin_physical: int, begin_timestamp: int) -> IndexFile:
+        path = self.directory / f"{begin_physical:020d}"
+        if path.exists():  # an empty file left by an earlier, undone attempt
+            path.unlink()
+        mapped = MappedFile(path, self.file_bytes, create=True)
+        HEADER.pack_into(mapped.map, 0, INDEX_MAGIC, INDEX_VERSION, 0, begin_physical, begin_physical,
+                         begin_timestamp, begin_timestamp, 0)
+        index_file = IndexFile(mapped, self.slot_count, self.entry_capacity, begin_physical, begin_timestamp, 0)
+        self.files.append(index_file)
+        return index_file
+
+    def prepare(self, entries: list[IndexEntry]) -> None:
+        """Create the files ``entries`` will need. May raise DiskFullError; writes no entry."""
+        free = (self.entry_capacity - self.files[-1].entry_count) if self.files else 0
+        position = free
+        while position < len(entries):
+            _, physical, timestamp = entries[position]
+            self._create(physical, timestamp)
+            position += self.entry_capacity
+
+    def insert_many(self, entries: list[IndexEntry]) -> None:
+        """Append ``entries`` (files prepared). Per file: all entries as one write, then the header count
+        and tail, then the slots; a crash between leaves either unreachable entries past the count or
+        entries whose slot still holds the previous value, both of which :meth:`undo_from` handles."""
+        position = 0
+        while position < len(entries):
+            index_file = next((f for f in self.files if f.entry_count < self.entry_capacity), None)
+            invariant(index_file is not None, "prepare must run before insert")
+            assert index_file is not None
+            take = min(len(entries) - position, self.entry_capacity - index_file.entry_count)
+            self._insert_into(index_file, entries[position : position + take])
+            position += take
+
+    def _insert_into(self, index_file: IndexFile, entries: list[IndexEntry]) -> None:
+        mapped = index_file.file.map
+        slot_count = self.slot_count
+        begin_seconds = index_file.begin_timestamp // 1000
+        count = index_file.entry_count
+        new_slots: dict[int, int] = {}
+        packed = []
+        pack = ENTRY.pack
+        for hash_value, physical, timestamp in entries:
+            slot_position = HEADER_BYTES + (hash_value % slot_count) * 4
+            previous = new_slots.get(slot_position)
+            if previous is None:
+                (previous,) = SLOT.unpack_from(mapped, slot_position)
+            packed.append(pack(hash_value, physical, timestamp // 1000 - begin_seconds, previous))
+            count += 1
+            new_slots[slot_position] = count
+        base = index_file.entries_base + index_file.entry_count * ENTRY.size
+        blob = b"".join(packed)
+        mapped[base : base + len(blob)] = blob
+        _, last_physical, last_timestamp = entries[-1]
+        TAIL.pack_into(mapped, END_POSITION, last_physical)
+        TAIL.pack_into(mapped, END_POSITION + 16, last_timestamp)
+        SLOT.pack_into(mapped, COUNT_POSITION, count)
+        for slot_position, number in new_slots.items():
+            SLOT.pack_into(mapped, slot_position, number)
+        index_file.entry_count = count
+
+    def lookup(self, hash_value: int, max_count: int, begin_timestamp: int = 0,
+               end_timestamp: int = 2**63 - 1) -> list[int]:
+        """Physical offsets of entries with ``hash_value``, newest first, at most ``max_count``."""
+        found: list[int] = []
+        for index_file in reversed(self.files):
+            if index_file.begin_timestamp > end_timestamp:
+                continue
+            mapped = index_file.file.map
+            (number,) = SLOT.unpack_from(mapped, HEADER_BYTES + (hash_value % self.slot_count) * 4)
+            begin_seconds = index_file.begin_timestamp // 1000
+            steps = 0
+            while 0 < number <= index_file.entry_count and steps <= index_file.entry_count and len(found) < max_count:
+                entry_hash, physical, time_difference, previous = index_file.entry(number - 1)
+                timestamp_seconds = begin_seconds + time_difference
+                if entry_hash == hash_value and begin_timestamp // 1000 <= timestamp_seconds <= end_timestamp // 1000:
+                    found.append(physical)
+                if previous >= number:  # chains only point backwards; anything else is damage
+                    break
+                number = previous
+                steps += 1
+            if len(found) >= max_count:
+                break
+        return found
+
+    def undo_from(self, physical_offset: int) -> None:
+        """Remove entries pointing at or after ``physical_offset``, newest first (recovery of a cut tail)."""
+        while self.files:
+            index_file = self.files[-1]
+            mapped = index_file.file.map
+            count = index_file.entry_count
+            while count > 0:
+                entry_hash, physical, _, previous = index_file.entry(count - 1)
+                if physical < physical_offset:
+                    break
+                slot_position = HEADER_BYTES + (entry_hash % self.slot_count) * 4
+                (current,) = SLOT.unpack_from(mapped, slot_position)
+                if current == count:
+                    SLOT.pack_into(mapped, slot_position, previous)
+                count -= 1
+                SLOT.pack_into(mapped, COUNT_POSITION, count)
+            index_file.entry_count = count
+            if count > 0:
+                return
+            self.files.pop().file.delete()
+
+    def prune_below(self, physical_offset: int) -> None:
+        """Retention: drop whole files whose successor starts at or below ``physical_offset``."""
+        while len(self.files) > 1 and self.files[1].begin_physical <= physical_offset:
+            self.files.pop(0).file.delete()
+
+    def flush(self) -> None:
+        for index_file in self.files[-2:]:
+            index_file.file.flush(0, self.file_bytes)
+
+    def close(self) -> None:
+        for index_file in self.files:
+            index_file.file.close()

@@ -1,0 +1,93 @@
+"""A fixed-size, preallocated, memory-mapped file (RocketMQ's MappedFile).
+
+Space is reserved with ``posix_fallocate`` when the file is created, so a full disk fails there, with
+:class:`DiskFullError`, before any record is written: writing into a sparse mapping on a full disk would
+kill the process with SIGBUS instead.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+from pathlib import Path
+
+from commitlog.errors import DiskFullError, StoreError, invariant
+
+PAGE_SIZE = mmap.PAGESIZE
+
+
+def fsync_directory(path: Path) -> None:
+    """Make a rename or a new file in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically: temp file, fsync, rename, fsync directory."""
+    temp = path.with_name(path.name + ".tmp")
+    try:
+        with open(temp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except OSError as exc:
+        temp.unlink(missing_ok=True)
+        if exc.errno == errno.ENOSPC:
+            raise DiskFullError(f"no space left writing {path}") from exc
+        raise
+    fsync_directory(path.parent)
+
+
+class MappedFile:
+    """``size_bytes`` of ``path`` mapped read-write. Writes go to the page cache; :meth:`flush` msyncs."""
+
+    def __init__(self, path: Path, size_bytes: int, create: bool) -> None:
+        invariant(size_bytes > 0, "mapped file size must be positive")
+        self.path = path
+        self.size_bytes = size_bytes
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        try:
+            fd = os.open(path, flags, 0o644)
+        except OSError as exc:
+            raise StoreError(f"cannot open {path}: {exc.strerror}") from exc
+        try:
+            if create:
+                try:
+                    os.posix_fallocate(fd, 0, size_bytes)
+                except OSError as exc:
+                    path.unlink(missing_ok=True)
+                    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                        raise DiskFullError(f"no space for {size_bytes} bytes at {path}") from exc
+                    raise StoreError(f"cannot allocate {path}: {exc.strerror}") from exc
+            else:
+                actual = os.fstat(fd).st_size
+                if actual != size_bytes:
+                    raise StoreError(f"{path} has {actual} bytes, expected {size_bytes}")
+            # A new file is mapped with MAP_POPULATE: its extents are unwritten, so populating costs ~20 ms
+            # per 256 MiB, and later writes skip a page fault per 4 KiB (measured 10x faster appends).
+            # An existing file is not populated: that would read all of it from disk.
+            flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if create else 0)
+            # mmap keeps its own duplicate of the descriptor
+            self.map = mmap.mmap(fd, size_bytes, flags, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+
+    def flush(self, start: int, end: int) -> None:
+        """msync bytes [start, end) (page aligned outward)."""
+        if end <= start:
+            return
+        aligned = start - start % PAGE_SIZE
+        self.map.flush(aligned, min(end, self.size_bytes) - aligned)
+
+    def close(self) -> None:
+        if not self.map.closed:
+            self.map.close()
+
+    def delete(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)

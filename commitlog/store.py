@@ -1,0 +1,691 @@
+"""The message store: commit log plus the files derived from it, behind the API apply uses.
+
+Ordering and durability rules:
+
+* :meth:`MessageStore.append` is called by apply, in Raft-index order, from one thread. It plans every
+  position first and creates every file it will need (a full disk fails here, with nothing written), then
+  writes the records, dispatches them to the consume queues and the key index, and finally records the
+  Raft index in the apply marker. A call with an index already applied changes nothing.
+* Appended data is in the page cache when ``append`` returns; with ``flush_policy = "sync"`` it is also
+  msync'ed, followed by the checkpoint. With ``"async"`` a flush happens once ``flush_interval_ms`` passed.
+* Recovery trusts the checkpoint (durable), validates the tail past it record by record, keeps what the
+  apply marker vouches for, cuts the rest, and re-dispatches the tail to the derived files. A derived file
+  that is missing or shorter than the checkpoint says is rebuilt from the commit log.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import re
+import shutil
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from commitlog.checkpoint import ApplyPositionFile, Checkpoint, read_checkpoint, write_checkpoint
+from commitlog.commit_log import CommitLog
+from commitlog.config import StoreConfig
+from commitlog.consume_queue import CQ_UNIT, UNIT_BYTES, ConsumeQueue
+from commitlog.errors import CorruptionError, StoreError, invariant
+from commitlog.key_index import IndexEntry, KeyIndex, key_hash
+from commitlog.message import (
+    FILLER_HEADER_BYTES,
+    HEAD_A,
+    INT16,
+    KEY_SEPARATOR,
+    MESSAGE_MAGIC,
+    PROPERTIES_BYTES_MAX,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    SYSFLAG_BORNHOST_V6,
+    SYSFLAG_STOREHOST_V6,
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+    TRANSACTION_TYPE_MASK,
+    TOPIC_BYTES_MAX,
+    MessageInput,
+    StoredMessage,
+    decode_message_id,
+    decode_properties,
+    encode_message_id,
+    record_size,
+    tags_hash_code,
+    validate_input,
+)
+
+log = logging.getLogger(__name__)
+
+#: RocketMQ's topic name rule (TopicValidator): letters, digits, and %|_-
+TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+CHECKPOINT_NAME = "checkpoint"
+#: bound on the tag-code and topic caches
+CACHE_ENTRIES_MAX = 100_000
+APPLY_POSITION_NAME = "apply.pos"
+
+
+class AppendStatus(enum.Enum):
+    OK = "ok"
+    REJECTED = "rejected"
+
+
+class AppendResult(NamedTuple):
+    """The outcome of one message of an append. ``reason`` says why a rejected message was not stored.
+    (A NamedTuple: one is built per message on the apply path.)"""
+
+    status: AppendStatus
+    physical_offset: int = -1
+    queue_offset: int = -1
+    size: int = 0
+    store_host: bytes = b""
+    reason: str | None = None
+
+    @property
+    def msg_id(self) -> str:
+        invariant(self.status is AppendStatus.OK, "only stored messages have an id")
+        return encode_message_id(self.store_host, self.physical_offset)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendOutcome:
+    """``applied`` is False when ``raft_index`` had already been applied (nothing changed)."""
+
+    raft_index: int
+    applied: bool
+    results: tuple[AppendResult, ...] = ()
+
+
+class GetStatus(enum.Enum):
+    """RocketMQ's GetMessageStatus, which the pull processor maps to response codes."""
+
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+
+
+@dataclass(frozen=True, slots=True)
+class GetResult:
+    status: GetStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    #: raw stored records, in queue order, ready to be concatenated into a PULL response body
+    messages: list[bytes] = field(default_factory=list)
+    #: queue offset of each record in ``messages``
+    queue_offsets: list[int] = field(default_factory=list)
+
+
+# the fixed head of a record up to bodyLen, for an IPv4 and an IPv6 born host (store host is IPv4)
+_HEAD_V4 = struct.Struct(">iIIiiqqiq8sq8siqi")
+_HEAD_V6 = struct.Struct(">iIIiiqqiq20sq8siqi")
+_INT16 = struct.Struct(">h")
+invariant(_HEAD_V4.size == 88 and _HEAD_V6.size == 100, "record heads are 88 / 100 bytes")
+invariant(UNIT_BYTES == CQ_UNIT.size == 20, "consume-queue units are 20 bytes")
+
+
+_DISPATCH_PROPERTY = re.compile(rb"(?:^|\x02)(TAGS|KEYS|UNIQ_KEY)\x01([^\x02]*)")
+
+
+def _dispatch_fields(properties: bytes) -> tuple[bytes | None, bytes | None, bytes | None]:
+    """(TAGS, KEYS, UNIQ_KEY) as raw bytes from encoded properties, in one C-level pass."""
+    tags = keys = uniq_key = None
+    for match in _DISPATCH_PROPERTY.finditer(properties):
+        name, value = match.groups()
+        if name == b"TAGS":
+            tags = value
+        elif name == b"KEYS":
+            keys = value
+        else:
+            uniq_key = value
+    return tags, keys, uniq_key
+
+
+def _index_hashes(topic_prefix_crc: int, keys: bytes | None, uniq_key: bytes | None) -> list[int]:
+    """Key-index hashes (CRC32 of ``topic#key``, continued from the topic prefix's CRC)."""
+    hashes = []
+    if uniq_key:
+        hashes.append(zlib.crc32(uniq_key, topic_prefix_crc))
+    if keys:
+        hashes.extend(zlib.crc32(key, topic_prefix_crc) for key in keys.split(b" ") if key)
+    return hashes
+
+
+def _topic_prefix_crc(topic: str) -> int:
+    return zlib.crc32(f"{topic}#".encode())
+
+
+class MessageStore:
+    """One replica's store. ``append``/``delete_below`` come from the apply thread; reads from any thread."""
+
+    def __init__(self, config: StoreConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config.validate()
+        self.clock = clock
+        self.store_host = config.store_host_bytes
+        self.root = config.data_dir
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._tag_codes: dict[bytes, int] = {}
+        self._topics: dict[str, tuple[bytes, int]] = {}  # topic -> (length + bytes, prefix CRC)
+        self.commit_log = CommitLog(self.root / "commitlog", config.segment_size_bytes)
+        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._open_queues()
+        self.index = KeyIndex(self.root / "index", config.index_slot_count, config.index_entry_capacity)
+        self.apply_position = ApplyPositionFile(self.root / APPLY_POSITION_NAME)
+        self.applied_raft_index = 0
+        self.min_offset = 0
+        self._flushed_end = 0
+        self._dirty_queues: set[ConsumeQueue] = set()
+        self._last_flush = clock()
+        self._recover()
+
+    # ------------------------------------------------------------------ opening and recovery
+
+    def _queue_directory(self, topic: str, queue_id: int) -> Path:
+        return self.root / "consumequeue" / topic / str(queue_id)
+
+    def _open_queues(self) -> None:
+        base = self.root / "consumequeue"
+        if not base.is_dir():
+            return
+        for topic_dir in sorted(base.iterdir()):
+            if not topic_dir.is_dir() or not TOPIC_PATTERN.match(topic_dir.name):
+                continue
+            for queue_dir in sorted(topic_dir.iterdir()):
+                if queue_dir.is_dir() and queue_dir.name.isdigit():
+                    queue_id = int(queue_dir.name)
+                    self.queues[(topic_dir.name, queue_id)] = ConsumeQueue(
+                        queue_dir, topic_dir.name, queue_id, self.config.consume_queue_units_per_file
+                    )
+
+    def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        queue = self.queues.get((topic, queue_id))
+        if queue is None:
+            queue = ConsumeQueue(
+                self._queue_directory(topic, queue_id), topic, queue_id, self.config.consume_queue_units_per_file
+            )
+            self.queues[(topic, queue_id)] = queue
+        return queue
+
+    def _recover(self) -> None:
+        checkpoint_path = self.root / CHECKPOINT_NAME
+        marker = self.apply_position.last
+        try:
+            checkpoint = read_checkpoint(checkpoint_path)
+        except CorruptionError as exc:
+            if marker is None:
+                raise CorruptionError(
+                    f"{checkpoint_path} is damaged ({exc}) and there is no apply marker: the applied Raft "
+                    "index cannot be known; wipe this replica's data directory to resync it from the group"
+                ) from exc
+            log.warning("checkpoint damaged (%s): validating the whole commit log instead", exc)
+            checkpoint = Checkpoint(0, self.commit_log.min_offset, self.commit_log.min_offset)
+        if checkpoint is None:
+            if self.commit_log.starts and marker is None:
+                raise CorruptionError(f"{self.root} has commit-log segments but no checkpoint and no marker")
+            checkpoint = Checkpoint(0, self.commit_log.min_offset, self.commit_log.min_offset)
+        durable_end = max(checkpoint.commit_log_end, self.commit_log.min_offset)
+        self.commit_log.end_offset = max(durable_end, marker.commit_log_end if marker else 0)
+
+        # 1. How far does valid data go past the durable point, and does the marker vouch for it?
+        end, applied = durable_end, checkpoint.applied_raft_index
+        if marker is not None and marker.applied_raft_index >= applied and marker.commit_log_end >= durable_end:
+            for _ in self.commit_log.scan(durable_end, marker.commit_log_end):
+                pass
+            if self.commit_log.scan_end == marker.commit_log_end:
+                end, applied = marker.commit_log_end, marker.applied_raft_index
+            else:
+                log.warning(
+                    "commit log is damaged at %d before the apply marker's end %d: "
+                    "falling back to the checkpoint at %d (index %d)",
+                    self.commit_log.scan_end, marker.commit_log_end, durable_end, applied,
+                )
+        self.commit_log.truncate(end)
+        self.applied_raft_index = applied
+        self.min_offset = max(checkpoint.min_offset, self.commit_log.min_offset)
+        self.commit_log.delete_below(self.min_offset)
+
+        # 2. Which derived data must be rebuilt, and from where?
+        queue_from = durable_end
+        expected_queues = {(topic, queue_id): offset for topic, queue_id, offset in checkpoint.queue_offsets}
+        for key, max_offset in expected_queues.items():
+            queue = self.queues.get(key)
+            if queue is None or queue.max_offset < max_offset:
+                log.warning("consume queue %s/%d is missing or short: rebuilding consume queues", *key)
+                queue_from = self.commit_log.min_offset
+                break
+        index_from = durable_end
+        present = {f.begin_physical: f.entry_count for f in self.index.files}
+        for begin, count in checkpoint.index_files:
+            if begin >= self.min_offset and present.get(begin, -1) < count:
+                log.warning("key index file %020d is missing or short: rebuilding the key index", begin)
+                index_from = self.commit_log.min_offset
+                break
+        if queue_from < durable_end:
+            for queue in self.queues.values():
+                queue.close()
+            shutil.rmtree(self.root / "consumequeue", ignore_errors=True)
+            self.queues.clear()
+        else:
+            for queue in self.queues.values():
+                queue.truncate_physical(queue_from)
+        if index_from < durable_end:
+            self.index.close()
+            shutil.rmtree(self.root / "index", ignore_errors=True)
+            self.index = KeyIndex(self.root / "index", self.config.index_slot_count, self.config.index_entry_capacity)
+        else:
+            self.index.undo_from(index_from)
+
+        # 3. Re-dispatch the tail (or everything, for a rebuild).
+        start = min(queue_from, index_from)
+        pending_index: list[IndexEntry] = []
+        for message in self.commit_log.scan(start, end):
+            offset = message.physical_offset
+            transaction = message.sys_flag & TRANSACTION_TYPE_MASK
+            tags, keys, uniq_key = _dispatch_fields(message.properties)
+            if offset >= queue_from and transaction not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
+                queue = self._queue(message.topic, message.queue_id)
+                queue.ensure_capacity(message.queue_offset)
+                queue.put(message.queue_offset, offset, message.total_size, self._tag_code(tags))
+            if offset >= index_from and transaction != TRANSACTION_ROLLBACK_TYPE:
+                prefix = _topic_prefix_crc(message.topic)
+                pending_index.extend(
+                    (h, offset, message.store_timestamp) for h in _index_hashes(prefix, keys, uniq_key)
+                )
+        invariant(self.commit_log.scan_end == end or start == end, "validated data must re-scan cleanly")
+        self.index.prepare(pending_index)
+        self.index.insert_many(pending_index)
+        for queue in self.queues.values():
+            queue.prune_below(self.min_offset)
+        self.next_queue_offsets = {key: queue.max_offset for key, queue in self.queues.items()}
+        self.apply_position.write(self.applied_raft_index, end)
+        self._dirty_queues = set(self.queues.values())
+        self._flushed_end = durable_end
+        self.flush()
+
+    # ------------------------------------------------------------------ apply
+
+    def _tag_code(self, tags: bytes | None) -> int:
+        if not tags:
+            return 0
+        code = self._tag_codes.get(tags)
+        if code is None:
+            code = tags_hash_code(tags.decode("utf-8", "replace"))
+            if len(self._tag_codes) < CACHE_ENTRIES_MAX:
+                self._tag_codes[tags] = code
+        return code
+
+    def _topic_entry(self, topic: str) -> tuple[bytes, int] | str:
+        """(length byte + topic bytes, CRC of ``topic#``) for a valid topic, else why it is invalid."""
+        entry = self._topics.get(topic)
+        if entry is None:
+            reason = _topic_problem(topic)
+            if reason is not None:
+                return reason
+            encoded = topic.encode()
+            entry = (bytes((len(encoded),)) + encoded, _topic_prefix_crc(topic))
+            if len(self._topics) < CACHE_ENTRIES_MAX:
+                self._topics[topic] = entry
+        return entry
+
+    def append(self, raft_index: int, messages: Sequence[MessageInput]) -> AppendOutcome:
+        """Store ``messages`` as the effect of Raft entry ``raft_index``.
+
+        Returns one result per message, in order; a message that cannot be stored is rejected with a
+        reason and takes no offset. Never raises for bad messages. Raises DiskFullError only when a new
+        file cannot be allocated, before anything is written: calling again later is safe.
+        """
+        with self._lock:
+            if raft_index <= self.applied_raft_index:
+                return AppendOutcome(raft_index, False)
+            return self._append_locked(raft_index, messages)
+
+    def mark_applied(self, raft_index: int) -> bool:
+        """Record ``raft_index`` as applied for a command with no commit-log effect."""
+        return self.append(raft_index, ()).applied
+
+    def _append_locked(self, raft_index: int, messages: Sequence[MessageInput]) -> AppendOutcome:
+        segment_size = self.config.segment_size_bytes
+        body_max = self.config.body_size_max_bytes
+        store_host = self.store_host
+        position = self.commit_log.end_offset
+        new_offsets: dict[tuple[str, int], int] = {}
+        results: list[AppendResult] = []
+        # plan: one (offset, record, queue key, size, queue offset, tag code or None) per stored message
+        plan: list[tuple[int, bytes, tuple[str, int], int, int, int | None]] = []
+        index_entries: list[IndexEntry] = []
+        fillers: list[int] = []
+        crc32 = zlib.crc32
+        for message in messages:
+            topic_entry = self._topic_entry(message.topic)
+            if isinstance(topic_entry, str):
+                results.append(AppendResult(AppendStatus.REJECTED, reason=topic_entry))
+                continue
+            topic_segment, prefix_crc = topic_entry
+            body = message.body
+            properties = message.properties
+            born_length = len(message.born_host)
+            if (len(body) > body_max or len(properties) > PROPERTIES_BYTES_MAX or born_length not in (8, 20)
+                    or not 0 <= message.queue_id < 2**31):
+                reason = validate_input(message, body_max) or "invalid message"
+                results.append(AppendResult(AppendStatus.REJECTED, reason=reason))
+                continue
+            size = 82 + born_length + len(body) + len(topic_segment) + len(properties)
+            if size + FILLER_HEADER_BYTES > segment_size:
+                results.append(AppendResult(AppendStatus.REJECTED, reason=f"record of {size} bytes exceeds a segment"))
+                continue
+            segment_end = position - position % segment_size + segment_size
+            filler = position + size + FILLER_HEADER_BYTES > segment_end
+            record_offset = segment_end if filler else position
+            tags, keys, uniq_key = _dispatch_fields(properties)
+            transaction = message.sys_flag & TRANSACTION_TYPE_MASK
+            queue_key = (message.topic, message.queue_id)
+            tag_code: int | None
+            if transaction == TRANSACTION_PREPARED_TYPE or transaction == TRANSACTION_ROLLBACK_TYPE:
+                queue_offset, tag_code = 0, None  # RocketMQ: not dispatched to a consume queue
+            else:
+                queue_offset = new_offsets.get(queue_key, -1)
+                if queue_offset < 0:
+                    queue_offset = self.next_queue_offsets.get(queue_key, 0)
+                tag_code = self._tag_code(tags)
+            try:
+                record = _encode(message, topic_segment, size, queue_offset, record_offset, store_host)
+            except (struct.error, OverflowError):
+                reason = validate_input(message, body_max) or "a field does not fit its stored width"
+                results.append(AppendResult(AppendStatus.REJECTED, reason=reason))
+                continue
+            if filler:
+                fillers.append(position)
+            if tag_code is not None:
+                new_offsets[queue_key] = queue_offset + 1
+            if transaction != TRANSACTION_ROLLBACK_TYPE:  # inlined _index_hashes: this loop is the hot path
+                if uniq_key:
+                    index_entries.append((crc32(uniq_key, prefix_crc), record_offset, message.store_timestamp))
+                if keys:
+                    for key in keys.split(b" "):
+                        if key:
+                            index_entries.append((crc32(key, prefix_crc), record_offset, message.store_timestamp))
+            plan.append((record_offset, record, queue_key, size, queue_offset, tag_code))
+            results.append(AppendResult(AppendStatus.OK, record_offset, queue_offset, size, store_host))
+            position = record_offset + size
+
+        # allocate every file first: DiskFullError leaves nothing written
+        if plan:
+            first = self.commit_log.segment_start(self.commit_log.end_offset)
+            last = self.commit_log.segment_start(plan[-1][0])
+            for start in range(first, last + 1, segment_size):
+                self.commit_log.ensure_segment(start)
+            for (topic, queue_id), next_offset in new_offsets.items():
+                self._queue(topic, queue_id).ensure_capacity(next_offset - 1)
+            self.index.prepare(index_entries)
+
+        # write records, one contiguous chunk per segment
+        for filler_offset in fillers:
+            self.commit_log.write_filler(filler_offset)
+        chunk: list[bytes] = []
+        chunk_start = chunk_end = -1
+        for offset, record, _, size, _, _ in plan:
+            if offset != chunk_end:
+                if chunk:
+                    self.commit_log.write(chunk_start, b"".join(chunk))
+                chunk, chunk_start = [], offset
+            chunk.append(record)
+            chunk_end = offset + size
+        if chunk:
+            self.commit_log.write(chunk_start, b"".join(chunk))
+
+        # dispatch
+        runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]] = {}
+        for offset, _, queue_key, size, queue_offset, tag_code in plan:
+            if tag_code is not None:
+                run = runs.get(queue_key)
+                if run is None:
+                    runs[queue_key] = (queue_offset, [(offset, size, tag_code)])
+                else:  # queue offsets of one queue are consecutive within an append
+                    run[1].append((offset, size, tag_code))
+        for queue_key, (first_offset, units) in runs.items():
+            queue = self.queues[queue_key]
+            queue.put_run(first_offset, units)
+            self._dirty_queues.add(queue)
+        self.index.insert_many(index_entries)
+        self.next_queue_offsets.update(new_offsets)
+        self.commit_log.end_offset = position
+        self.applied_raft_index = raft_index
+        self.apply_position.write(raft_index, position)
+        if self.config.flush_policy == "sync" or (
+            self.clock() - self._last_flush >= self.config.flush_interval_ms / 1000
+        ):
+            self.flush()
+        return AppendOutcome(raft_index, True, tuple(results))
+
+    def delete_below(self, raft_index: int, physical_offset: int) -> AppendOutcome:
+        """Retention as a replicated command: delete whole segments below ``physical_offset`` (chosen by the
+        leader, never by a local clock) and prune the derived files to match. Idempotent by Raft index."""
+        with self._lock:
+            if raft_index <= self.applied_raft_index:
+                return AppendOutcome(raft_index, False)
+            self.commit_log.delete_below(physical_offset)
+            self.min_offset = max(self.min_offset, self.commit_log.min_offset)
+            for queue in self.queues.values():
+                queue.prune_below(self.min_offset)
+            self.index.prune_below(self.min_offset)
+            self.applied_raft_index = raft_index
+            self.apply_position.write(raft_index, self.commit_log.end_offset)
+            self.flush()
+            return AppendOutcome(raft_index, True)
+
+    # ------------------------------------------------------------------ durability
+
+    def flush_if_due(self) -> None:
+        with self._lock:
+            if self.clock() - self._last_flush >= self.config.flush_interval_ms / 1000:
+                self.flush()
+
+    def flush(self) -> None:
+        """msync the commit log and derived files, then write the checkpoint that vouches for them."""
+        with self._lock:
+            end = self.commit_log.end_offset
+            self.commit_log.flush(self._flushed_end, end)
+            for queue in self._dirty_queues:
+                queue.flush()
+            self._dirty_queues.clear()
+            self.index.flush()
+            write_checkpoint(
+                self.root / CHECKPOINT_NAME,
+                Checkpoint(
+                    self.applied_raft_index,
+                    end,
+                    self.min_offset,
+                    tuple((t, q, queue.max_offset) for (t, q), queue in sorted(self.queues.items())),
+                    tuple((f.begin_physical, f.entry_count) for f in self.index.files),
+                ),
+            )
+            self._flushed_end = end
+            self._last_flush = self.clock()
+
+    def close(self) -> None:
+        with self._lock:
+            self.flush()
+            self.commit_log.close()
+            for queue in self.queues.values():
+                queue.close()
+            self.index.close()
+            self.apply_position.close()
+
+    # ------------------------------------------------------------------ reads
+
+    @property
+    def max_physical_offset(self) -> int:
+        return self.commit_log.end_offset
+
+    def queue_ids(self) -> list[tuple[str, int]]:
+        with self._lock:
+            return sorted(self.queues)
+
+    def min_queue_offset(self, topic: str, queue_id: int) -> int:
+        queue = self.queues.get((topic, queue_id))
+        return queue.min_offset if queue else 0
+
+    def max_queue_offset(self, topic: str, queue_id: int) -> int:
+        queue = self.queues.get((topic, queue_id))
+        return queue.max_offset if queue else 0
+
+    def get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        max_count: int,
+        max_bytes: int = 4 << 20,
+        tag_codes: Iterable[int] | None = None,
+    ) -> GetResult:
+        """Up to ``max_count`` records (and about ``max_bytes``) of a queue from ``queue_offset``, skipping
+        records whose tag code is not in ``tag_codes`` (None = all), as RocketMQ's getMessage does."""
+        wanted = None if tag_codes is None else frozenset(tag_codes)
+        with self._lock:
+            queue = self.queues.get((topic, queue_id))
+            if queue is None:
+                return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+            low, high = queue.min_offset, queue.max_offset
+            if high == 0:
+                return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, low, high)
+            if queue_offset < low:
+                return GetResult(GetStatus.OFFSET_TOO_SMALL, low, low, high)
+            if queue_offset == high:
+                return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, queue_offset, low, high)
+            if queue_offset > high:
+                return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, low if low == 0 else high, low, high)
+            segment_size = self.config.segment_size_bytes
+            segments = self.commit_log.segments
+            min_physical = self.commit_log.min_offset
+            messages: list[bytes] = []
+            offsets: list[int] = []
+            total = 0
+            scanned = 0
+            # scan at most a bounded number of units per call, like RocketMQ's maxFilterMessageCount
+            for physical, size, tag_code in queue.units(queue_offset, max(max_count, 16) if wanted else max_count):
+                if len(messages) >= max_count or (messages and total + size > max_bytes):
+                    break
+                scanned += 1
+                if physical < min_physical or (wanted is not None and tag_code not in wanted):
+                    continue
+                start = physical - physical % segment_size
+                local = physical - start
+                messages.append(segments[start].map[local : local + size])
+                offsets.append(queue_offset + scanned - 1)
+                total += size
+            status = GetStatus.FOUND if messages else GetStatus.NO_MATCHED_MESSAGE
+            return GetResult(status, queue_offset + scanned, low, high, messages, offsets)
+
+    def read_record(self, physical_offset: int) -> bytes:
+        """The raw record at ``physical_offset``; StoreError when there is no record there."""
+        with self._lock:
+            if physical_offset < self.commit_log.min_offset:
+                raise StoreError(f"physical offset {physical_offset} was deleted by retention")
+            size = self.commit_log.record_size_at(physical_offset)
+            return self.commit_log.read(physical_offset, size)
+
+    def read_message(self, physical_offset: int) -> StoredMessage:
+        with self._lock:
+            if physical_offset < self.commit_log.min_offset:
+                raise StoreError(f"physical offset {physical_offset} was deleted by retention")
+            return self.commit_log.read_message(physical_offset)
+
+    def view_message_by_id(self, msg_id: str) -> StoredMessage:
+        """The message a store-based id names; ValueError for a malformed id, StoreError when absent."""
+        host, physical_offset = decode_message_id(msg_id)
+        if host != self.store_host:
+            raise StoreError(f"message id {msg_id} belongs to another store host")
+        return self.read_message(physical_offset)
+
+    def query_by_key(
+        self, topic: str, key: str, max_count: int, begin_timestamp: int = 0, end_timestamp: int = 2**63 - 1
+    ) -> list[StoredMessage]:
+        """Messages of ``topic`` whose KEYS contain ``key`` or whose UNIQ_KEY is ``key``, newest first."""
+        with self._lock:
+            found: list[StoredMessage] = []
+            seen: set[int] = set()
+            candidates = self.index.lookup(key_hash(topic, key), max_count * 4 + 16, begin_timestamp, end_timestamp)
+            for physical in candidates:
+                if physical in seen or physical < self.commit_log.min_offset or physical >= self.commit_log.end_offset:
+                    continue
+                seen.add(physical)
+                try:
+                    message = self.commit_log.read_message(physical, check_crc=False)
+                except StoreError:
+                    continue
+                if message.topic != topic:
+                    continue
+                properties = message.property_map
+                keys = properties.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR)
+                if key in keys or properties.get(PROPERTY_UNIQ_KEY) == key:
+                    found.append(message)
+                    if len(found) >= max_count:
+                        break
+            return found
+
+    def store_timestamp_at(self, physical_offset: int) -> int:
+        head = self.commit_log.read(physical_offset, HEAD_A.size + 20)
+        sys_flag = int.from_bytes(head[36:40], "big")
+        position = HEAD_A.size + (20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8)
+        return int.from_bytes(head[position : position + 8], "big", signed=True)
+
+    def offset_by_timestamp(self, topic: str, queue_id: int, timestamp: int) -> int:
+        """The first queue offset whose store timestamp is at or after ``timestamp`` (max offset if none)."""
+        with self._lock:
+            queue = self.queues.get((topic, queue_id))
+            if queue is None:
+                return 0
+            low = max(queue.min_offset, queue.first_at_or_after(self.commit_log.min_offset))
+            high = queue.max_offset
+            while low < high:
+                middle = (low + high) // 2
+                if self.store_timestamp_at(queue.unit(middle)[0]) < timestamp:
+                    low = middle + 1
+                else:
+                    high = middle
+            return low
+
+
+def _topic_problem(topic: str) -> str | None:
+    try:
+        length = len(topic.encode())
+    except UnicodeEncodeError:
+        return "topic is not valid unicode"
+    if not 0 < length <= TOPIC_BYTES_MAX:
+        return f"topic length {length} outside 1..{TOPIC_BYTES_MAX} bytes"
+    if not TOPIC_PATTERN.match(topic):
+        return f"topic {topic!r} has characters outside [%|a-zA-Z0-9_-]"
+    return None
+
+
+def _encode(message: MessageInput, topic_segment: bytes, size: int, queue_offset: int, physical_offset: int,
+            store_host: bytes) -> bytes:
+    """The stored record; equal to :func:`commitlog.message.encode_record` (tested), inlined for speed.
+    ``topic_segment`` is the topic's length byte followed by its bytes."""
+    body = message.body
+    properties = message.properties
+    born_host = message.born_host
+    sys_flag = message.sys_flag & ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
+    head = _HEAD_V4
+    if len(born_host) == 20:
+        sys_flag |= SYSFLAG_BORNHOST_V6
+        head = _HEAD_V6
+    return b"".join((
+        head.pack(size, MESSAGE_MAGIC, zlib.crc32(body), message.queue_id, message.flag, queue_offset,
+                  physical_offset, sys_flag, message.born_timestamp, born_host, message.store_timestamp,
+                  store_host, message.reconsume_times, message.prepared_transaction_offset, len(body)),
+        body,
+        topic_segment,
+        _INT16.pack(len(properties)),
+        properties,
+    ))
