@@ -26,7 +26,7 @@ from commitlog.mapped_file import MappedFile, atomic_write
 CHECKPOINT_MAGIC: Final = 0x524D4350  # "RMCP"
 CHECKPOINT_VERSION: Final = 1
 CHECKPOINT: Final = struct.Struct(">IHHqqqII")
-QUEUE_ENTRY: Final = struct.Struct(">iq")
+QUEUE_ENTRY: Final = struct.Struct(">iqq")
 INDEX_FILE_ENTRY: Final = struct.Struct(">qI")
 CRC: Final = struct.Struct(">I")
 invariant(CHECKPOINT.size == 40, "checkpoint head must be 40 bytes")
@@ -43,7 +43,7 @@ invariant(APPLY_SLOT.size + CRC.size <= APPLY_SLOT_BYTES, "apply slot must fit")
 class Checkpoint:
     """What was durable at the last flush.
 
-    ``queue_offsets`` maps (topic, queue id) to the queue's max offset then, and ``index_files`` lists the
+    ``queue_offsets`` holds (topic, queue id, min offset, max offset) of every queue, and ``index_files`` the
     key-index files (begin physical offset, entry count): recovery compares them with the files it finds,
     and rebuilds a derived file that is missing or shorter from the commit log.
     """
@@ -51,7 +51,7 @@ class Checkpoint:
     applied_raft_index: int
     commit_log_end: int
     min_offset: int
-    queue_offsets: tuple[tuple[str, int, int], ...] = ()
+    queue_offsets: tuple[tuple[str, int, int, int], ...] = ()
     index_files: tuple[tuple[int, int], ...] = ()
 
 
@@ -68,9 +68,9 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
             len(checkpoint.index_files),
         )
     ]
-    for topic, queue_id, max_offset in checkpoint.queue_offsets:
+    for topic, queue_id, min_offset, max_offset in checkpoint.queue_offsets:
         encoded = topic.encode()
-        parts.append(bytes((len(encoded),)) + encoded + QUEUE_ENTRY.pack(queue_id, max_offset))
+        parts.append(bytes((len(encoded),)) + encoded + QUEUE_ENTRY.pack(queue_id, min_offset, max_offset))
     parts.extend(INDEX_FILE_ENTRY.pack(begin, count) for begin, count in checkpoint.index_files)
     body = b"".join(parts)
     return body + CRC.pack(zlib.crc32(body))
@@ -96,9 +96,9 @@ def decode_checkpoint(raw: bytes) -> Checkpoint:
             length = body[position]
             topic = body[position + 1 : position + 1 + length].decode()
             position += 1 + length
-            queue_id, max_offset = QUEUE_ENTRY.unpack_from(body, position)
+            queue_id, queue_min, queue_max = QUEUE_ENTRY.unpack_from(body, position)
             position += QUEUE_ENTRY.size
-            queues.append((topic, queue_id, max_offset))
+            queues.append((topic, queue_id, queue_min, queue_max))
         index_files = []
         for _ in range(index_count):
             index_files.append(INDEX_FILE_ENTRY.unpack_from(body, position))

@@ -8,6 +8,7 @@ covers the rest of the segment and the record starts the next one.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import re
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -90,10 +91,9 @@ class CommitLog:
     def _cancel_allocations(self) -> None:
         """Wait for background allocations and delete what they made (the data never reached it)."""
         for pending in self._allocating.values():
-            try:
+            # a failed preallocation (disk full) left nothing to delete
+            with contextlib.suppress(StoreError):
                 pending.result().delete()
-            except Exception:  # noqa: BLE001 - a failed preallocation left nothing to delete
-                pass
         self._allocating.clear()
 
     def write(self, offset: int, data: bytes | bytearray) -> None:

@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from commitlog.message import encode_host
+from commitlog.message import PROPERTIES_BYTES_MAX, TOPIC_BYTES_MAX, encode_host
 
 FlushPolicy = Literal["async", "sync"]
 GIB = 1 << 30
+#: the most a record adds to its body: fixed head with IPv6 hosts, topic, properties, and a filler header
+RECORD_OVERHEAD_MAX_BYTES = 128 + TOPIC_BYTES_MAX + PROPERTIES_BYTES_MAX + 8
 MIB = 1 << 20
 
 
@@ -61,8 +63,11 @@ class StoreConfig:
                 raise ConfigError(f"{name} must be an integer in {low}..{high}, got {value!r}")
         if self.segment_size_bytes % 4096:
             raise ConfigError("segment_size_bytes must be a multiple of 4096")
-        if self.body_size_max_bytes + 64 * 1024 > self.segment_size_bytes:
-            raise ConfigError("segment_size_bytes must hold the largest message (body_size_max_bytes + 64 KiB)")
+        if self.body_size_max_bytes + RECORD_OVERHEAD_MAX_BYTES > self.segment_size_bytes:
+            raise ConfigError(
+                "segment_size_bytes must hold the largest record "
+                f"(body_size_max_bytes + {RECORD_OVERHEAD_MAX_BYTES} bytes of head, topic and properties)"
+            )
         if self.flush_policy not in ("async", "sync"):
             raise ConfigError(f"flush_policy must be 'async' or 'sync', got {self.flush_policy!r}")
         return self

@@ -61,15 +61,24 @@ class ConsumeQueue:
                 high = middle
         return first + low
 
+    def covers(self, min_offset: int, max_offset: int) -> bool:
+        """True when files exist, without a hole, for every unit in [min_offset, max_offset)."""
+        if max_offset <= min_offset:
+            return True
+        needed = range(self.file_start(min_offset), self.file_start(max_offset - 1) + 1, self.units_per_file)
+        return self.max_offset >= max_offset and all(start in self.files for start in needed)
+
     def file_start(self, queue_offset: int) -> int:
         return queue_offset - queue_offset % self.units_per_file
 
-    def ensure_capacity(self, queue_offset: int) -> None:
-        """Create the file that will hold ``queue_offset``. May raise DiskFullError; writes nothing."""
-        start = self.file_start(queue_offset)
-        if start not in self.files:
-            path = self.directory / f"{start * UNIT_BYTES:020d}"
-            self.files[start] = MappedFile(path, self.file_bytes, create=True)
+    def ensure_capacity(self, queue_offset: int, last_offset: int | None = None) -> None:
+        """Create the files that will hold units ``queue_offset`` .. ``last_offset`` (default: just the
+        first). May raise DiskFullError; writes nothing."""
+        last = queue_offset if last_offset is None else last_offset
+        for start in range(self.file_start(queue_offset), self.file_start(last) + 1, self.units_per_file):
+            if start not in self.files:
+                path = self.directory / f"{start * UNIT_BYTES:020d}"
+                self.files[start] = MappedFile(path, self.file_bytes, create=True)
 
     def put(self, queue_offset: int, physical_offset: int, size: int, tags_code: int) -> None:
         start = self.file_start(queue_offset)
@@ -143,7 +152,7 @@ class ConsumeQueue:
                 self.files.pop(start).delete()
 
     def flush(self) -> None:
-        offset = self._flushed_offset
+        offset = max(self._flushed_offset, self.min_offset)  # retention may have deleted what lay below
         while offset < self.max_offset:
             start = self.file_start(offset)
             end = min(self.max_offset, start + self.units_per_file)

@@ -37,25 +37,21 @@ from commitlog.key_index import IndexEntry, KeyIndex, key_hash
 from commitlog.message import (
     FILLER_HEADER_BYTES,
     HEAD_A,
-    INT16,
     KEY_SEPARATOR,
     MESSAGE_MAGIC,
     PROPERTIES_BYTES_MAX,
     PROPERTY_KEYS,
-    PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6,
+    TOPIC_BYTES_MAX,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
-    TOPIC_BYTES_MAX,
     MessageInput,
     StoredMessage,
     decode_message_id,
-    decode_properties,
     encode_message_id,
-    record_size,
     tags_hash_code,
     validate_input,
 )
@@ -256,10 +252,10 @@ class MessageStore:
 
         # 2. Which derived data must be rebuilt, and from where?
         queue_from = durable_end
-        expected_queues = {(topic, queue_id): offset for topic, queue_id, offset in checkpoint.queue_offsets}
-        for key, max_offset in expected_queues.items():
+        for topic, queue_id, queue_min, queue_max in checkpoint.queue_offsets:
+            key = (topic, queue_id)
             queue = self.queues.get(key)
-            if queue is None or queue.max_offset < max_offset:
+            if queue_max > queue_min and (queue is None or not queue.covers(queue_min, queue_max)):
                 log.warning("consume queue %s/%d is missing or short: rebuilding consume queues", *key)
                 queue_from = self.commit_log.min_offset
                 break
@@ -390,7 +386,7 @@ class MessageStore:
             transaction = message.sys_flag & TRANSACTION_TYPE_MASK
             queue_key = (message.topic, message.queue_id)
             tag_code: int | None
-            if transaction == TRANSACTION_PREPARED_TYPE or transaction == TRANSACTION_ROLLBACK_TYPE:
+            if transaction in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
                 queue_offset, tag_code = 0, None  # RocketMQ: not dispatched to a consume queue
             else:
                 queue_offset = new_offsets.get(queue_key, -1)
@@ -425,7 +421,8 @@ class MessageStore:
             for start in range(first, last + 1, segment_size):
                 self.commit_log.ensure_segment(start)
             for (topic, queue_id), next_offset in new_offsets.items():
-                self._queue(topic, queue_id).ensure_capacity(next_offset - 1)
+                first_offset = self.next_queue_offsets.get((topic, queue_id), 0)
+                self._queue(topic, queue_id).ensure_capacity(first_offset, next_offset - 1)
             self.index.prepare(index_entries)
 
         # write records, one contiguous chunk per segment
@@ -464,8 +461,16 @@ class MessageStore:
         if self.config.flush_policy == "sync" or (
             self.clock() - self._last_flush >= self.config.flush_interval_ms / 1000
         ):
-            self.flush()
+            self._flush_after_apply()
         return AppendOutcome(raft_index, True, tuple(results))
+
+    def _flush_after_apply(self) -> None:
+        """Flush once the command is applied. A failure here (no space for the checkpoint) must not undo
+        or hide the apply: the records and the marker are in place, and the next flush tries again."""
+        try:
+            self.flush()
+        except StoreError as exc:
+            log.warning("flush after apply failed, will retry: %s", exc)
 
     def delete_below(self, raft_index: int, physical_offset: int) -> AppendOutcome:
         """Retention as a replicated command: delete whole segments below ``physical_offset`` (chosen by the
@@ -480,7 +485,7 @@ class MessageStore:
             self.index.prune_below(self.min_offset)
             self.applied_raft_index = raft_index
             self.apply_position.write(raft_index, self.commit_log.end_offset)
-            self.flush()
+            self._flush_after_apply()
             return AppendOutcome(raft_index, True)
 
     # ------------------------------------------------------------------ durability
@@ -491,7 +496,7 @@ class MessageStore:
                 self.flush()
 
     def flush(self) -> None:
-        """msync the commit log and derived files, then write the checkpoint that vouches for them."""
+        """msync the commit log and derived files, then the apply marker, then write the checkpoint."""
         with self._lock:
             end = self.commit_log.end_offset
             self.commit_log.flush(self._flushed_end, end)
@@ -499,13 +504,16 @@ class MessageStore:
                 queue.flush()
             self._dirty_queues.clear()
             self.index.flush()
+            # The marker is preallocated: once msync'ed after the data it vouches for, the data is durable
+            # even if the checkpoint below cannot be written (no space for its temp file).
+            self.apply_position.flush()
             write_checkpoint(
                 self.root / CHECKPOINT_NAME,
                 Checkpoint(
                     self.applied_raft_index,
                     end,
                     self.min_offset,
-                    tuple((t, q, queue.max_offset) for (t, q), queue in sorted(self.queues.items())),
+                    tuple((t, q, queue.min_offset, queue.max_offset) for (t, q), queue in sorted(self.queues.items())),
                     tuple((f.begin_physical, f.entry_count) for f in self.index.files),
                 ),
             )

@@ -1,0 +1,63 @@
+"""Builders shared by the store tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from commitlog.config import StoreConfig
+from commitlog.message import MessageInput, encode_host, encode_properties
+
+BORN_HOST = encode_host("192.168.0.10", 40123)
+
+
+def small_config(directory: Path, **overrides: Any) -> StoreConfig:
+    """Small files so tests cross segment, consume-queue and index-file boundaries quickly."""
+    values: dict[str, Any] = {
+        "data_dir": directory,
+        "store_host": "10.1.2.3:10911",
+        "segment_size_bytes": 128 * 1024,
+        "consume_queue_units_per_file": 64,
+        "index_slot_count": 64,
+        "index_entry_capacity": 256,
+        "body_size_max_bytes": 32 * 1024,
+        "flush_interval_ms": 3_600_000,
+    }
+    values.update(overrides)
+    return StoreConfig(**values).validate()
+
+
+def message(
+    number: int,
+    topic: str = "TopicTest",
+    queue_id: int = 0,
+    body: bytes | None = None,
+    tags: str | None = "TagA",
+    keys: str | None = None,
+    sys_flag: int = 0,
+    born_host: bytes = BORN_HOST,
+    **properties: str,
+) -> MessageInput:
+    values = {"UNIQ_KEY": f"C0A8000A9CB3{number:020X}", "WAIT": "true"}
+    if tags is not None:
+        values["TAGS"] = tags
+    values["KEYS"] = keys if keys is not None else f"key-{number}"
+    values.update(properties)
+    return MessageInput(
+        topic=topic,
+        queue_id=queue_id,
+        flag=0,
+        sys_flag=sys_flag,
+        born_timestamp=1_700_000_000_000 + number,
+        born_host=born_host,
+        store_timestamp=1_700_000_100_000 + number * 10,
+        reconsume_times=0,
+        prepared_transaction_offset=0,
+        body=body if body is not None else f"body-{number}-".encode() * 20,
+        properties=encode_properties(values),
+    )
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (relative path -> content), for byte-equality checks."""
+    return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
