@@ -1,0 +1,86 @@
+"""RocketMQ 4.x remoting, sans-IO: wire constants, the command value, limits and the frame codec.
+
+Nothing here touches a socket or an event loop; the asyncio server and our client wrap
+:class:`FrameDecoder` and :func:`encode_frame`.
+"""
+
+from broker.remoting.codec import (
+    BodyTooLargeError,
+    DecoderUsageError,
+    EncodeError,
+    ExtFieldValueTooLargeError,
+    FrameDecoder,
+    FrameError,
+    FrameLengthError,
+    FrameLimitError,
+    FrameTooLargeError,
+    HeaderEncodingError,
+    HeaderFieldError,
+    HeaderLengthError,
+    HeaderSyntaxError,
+    HeaderTooLargeError,
+    RemarkTooLargeError,
+    TooManyExtFieldsError,
+    TruncatedHeaderError,
+    UnknownSerializeTypeError,
+    decode_frame,
+    encode_frame,
+    make_error_response,
+)
+from broker.remoting.codes import (
+    LanguageCode,
+    RequestCode,
+    ResponseCode,
+    SerializeType,
+    describe_request_code,
+    describe_response_code,
+)
+from broker.remoting.command import (
+    ONEWAY_FLAG,
+    REMOTING_VERSION,
+    RESPONSE_FLAG,
+    InvalidCommandError,
+    RemotingCommand,
+    make_request,
+    make_response,
+)
+from broker.remoting.limits import DEFAULT_LIMITS, CodecLimits
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "ONEWAY_FLAG",
+    "REMOTING_VERSION",
+    "RESPONSE_FLAG",
+    "BodyTooLargeError",
+    "CodecLimits",
+    "DecoderUsageError",
+    "EncodeError",
+    "ExtFieldValueTooLargeError",
+    "FrameDecoder",
+    "FrameError",
+    "FrameLengthError",
+    "FrameLimitError",
+    "FrameTooLargeError",
+    "HeaderEncodingError",
+    "HeaderFieldError",
+    "HeaderLengthError",
+    "HeaderSyntaxError",
+    "HeaderTooLargeError",
+    "InvalidCommandError",
+    "LanguageCode",
+    "RemarkTooLargeError",
+    "RemotingCommand",
+    "RequestCode",
+    "ResponseCode",
+    "SerializeType",
+    "TooManyExtFieldsError",
+    "TruncatedHeaderError",
+    "UnknownSerializeTypeError",
+    "decode_frame",
+    "describe_request_code",
+    "describe_response_code",
+    "encode_frame",
+    "make_error_response",
+    "make_request",
+    "make_response",
+]
