@@ -28,6 +28,7 @@ CHECKPOINT_VERSION: Final = 1
 CHECKPOINT: Final = struct.Struct(">IHHqqqII")
 QUEUE_ENTRY: Final = struct.Struct(">iqq")
 INDEX_FILE_ENTRY: Final = struct.Struct(">qI")
+EXTENSION_LENGTH: Final = struct.Struct(">I")
 CRC: Final = struct.Struct(">I")
 invariant(CHECKPOINT.size == 40, "checkpoint head must be 40 bytes")
 CHECKPOINT_BYTES_MAX: Final = 64 << 20
@@ -53,6 +54,9 @@ class Checkpoint:
     min_offset: int
     queue_offsets: tuple[tuple[str, int, int, int], ...] = ()
     index_files: tuple[tuple[int, int], ...] = ()
+    #: opaque bytes a layer above persists atomically with the positions (the replicated state that is
+    #: not in the commit log, with its own applied index)
+    extension: bytes = b""
 
 
 def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
@@ -72,6 +76,8 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
         encoded = topic.encode()
         parts.append(bytes((len(encoded),)) + encoded + QUEUE_ENTRY.pack(queue_id, min_offset, max_offset))
     parts.extend(INDEX_FILE_ENTRY.pack(begin, count) for begin, count in checkpoint.index_files)
+    parts.append(EXTENSION_LENGTH.pack(len(checkpoint.extension)))
+    parts.append(checkpoint.extension)
     body = b"".join(parts)
     return body + CRC.pack(zlib.crc32(body))
 
@@ -103,11 +109,15 @@ def decode_checkpoint(raw: bytes) -> Checkpoint:
         for _ in range(index_count):
             index_files.append(INDEX_FILE_ENTRY.unpack_from(body, position))
             position += INDEX_FILE_ENTRY.size
+        (extension_length,) = EXTENSION_LENGTH.unpack_from(body, position)
+        position += EXTENSION_LENGTH.size
+        extension = body[position : position + extension_length]
+        position += extension_length
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise CorruptionError(f"checkpoint body is malformed: {exc}") from exc
     if position != len(body):
-        raise CorruptionError("checkpoint has trailing bytes")
-    return Checkpoint(applied, end, min_offset, tuple(queues), tuple(index_files))
+        raise CorruptionError("checkpoint has trailing or missing bytes")
+    return Checkpoint(applied, end, min_offset, tuple(queues), tuple(index_files), extension)
 
 
 def read_checkpoint(path: Path) -> Checkpoint | None:

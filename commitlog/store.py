@@ -163,9 +163,19 @@ def _topic_prefix_crc(topic: str) -> int:
 class MessageStore:
     """One replica's store. ``append``/``delete_below`` come from the apply thread; reads from any thread."""
 
-    def __init__(self, config: StoreConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: StoreConfig,
+        clock: Callable[[], float] = time.monotonic,
+        extension_provider: Callable[[], bytes] | None = None,
+    ) -> None:
+        """Open (and recover) the store. ``extension_provider`` is called under the store lock at every
+        flush; its bytes are written atomically with the checkpoint and read back as :attr:`extension`."""
         self.config = config.validate()
         self.clock = clock
+        self.extension_provider = extension_provider
+        #: the extension bytes of the checkpoint found at open (b"" when none)
+        self.extension = b""
         self.store_host = config.store_host_bytes
         self.root = config.data_dir
         self.root.mkdir(parents=True, exist_ok=True)
@@ -229,6 +239,7 @@ class MessageStore:
             if self.commit_log.starts and marker is None:
                 raise CorruptionError(f"{self.root} has commit-log segments but no checkpoint and no marker")
             checkpoint = Checkpoint(0, self.commit_log.min_offset, self.commit_log.min_offset)
+        self.extension = checkpoint.extension
         durable_end = max(checkpoint.commit_log_end, self.commit_log.min_offset)
         self.commit_log.end_offset = max(durable_end, marker.commit_log_end if marker else 0)
 
@@ -515,6 +526,7 @@ class MessageStore:
                     self.min_offset,
                     tuple((t, q, queue.min_offset, queue.max_offset) for (t, q), queue in sorted(self.queues.items())),
                     tuple((f.begin_physical, f.entry_count) for f in self.index.files),
+                    self.extension_provider() if self.extension_provider else self.extension,
                 ),
             )
             self._flushed_end = end

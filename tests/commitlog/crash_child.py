@@ -42,7 +42,7 @@ def main() -> None:
                 die()
             original_marker(applied, end)
 
-        store.apply_position.write = marker_or_die  # type: ignore[method-assign]
+        store.apply_position.write = marker_or_die  # type: ignore[method-assign, assignment]
     assert store_module  # the module is patched through the instance only
     while True:
         raft_index += 1

@@ -183,9 +183,9 @@ def test_clean_reopen_does_not_scan_the_store(tmp_path: Path, monkeypatch: pytes
     directory = tmp_path / "s"
     fill(directory, 50).close()
     scanned: list[int] = []
-    from commitlog import commit_log
+    from commitlog import commit_log, message
 
-    original = commit_log.decode_record
+    original = message.decode_record
 
     def counting(*args: object, **kwargs: object) -> object:
         scanned.append(1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import itertools
 import os
@@ -82,7 +83,7 @@ def test_bad_messages_are_rejected_individually(store: MessageStore) -> None:
     bad_topic = message(2, topic="bad topic!")
     too_big = message(3, body=b"x" * (32 * 1024 + 1))
     bad_host = message(4, born_host=b"abc")
-    bad_flag = MessageInput(**{**{f: getattr(good, f) for f in good.__dataclass_fields__}, "flag": 2**40})
+    bad_flag = dataclasses.replace(good, flag=2**40)
     long_topic = message(5, topic="T" * 128)
     outcome = store.append(1, [bad_topic, good, too_big, bad_host, bad_flag, long_topic, message(6)])
     statuses = [r.status for r in outcome.results]
@@ -99,7 +100,7 @@ def test_bad_messages_are_rejected_individually(store: MessageStore) -> None:
 
 def test_records_never_span_segments_and_fillers_close_segments(store: MessageStore) -> None:
     segment = store.config.segment_size_bytes
-    offsets = []
+    offsets: list[int] = []
     for index in range(1, 120):
         offsets.extend(r.physical_offset for r in store.append(index, [message(index, body=os.urandom(3000))]).results)
     assert store.max_physical_offset > 2 * segment
@@ -254,7 +255,7 @@ def test_config_rejects_bad_values(tmp_path: Path) -> None:
         StoreConfig.from_mapping({"data_dir": str(tmp_path), "colour": "red"})
     with pytest.raises(ConfigError, match="data_dir is required"):
         StoreConfig.from_mapping({})
-    bad_values = [
+    bad_values: list[dict[str, object]] = [
         {"segment_size_bytes": 1000},
         {"segment_size_bytes": 4097 * 4096 + 1},
         {"flush_policy": "sometimes"},

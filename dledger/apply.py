@@ -1,0 +1,141 @@
+"""The deterministic, total, idempotent apply: ``apply(raft_index, command_bytes) -> ApplyResult``.
+
+Rules (shared/DESIGN.md):
+
+* It reads nothing but its arguments, the store and the replicated state: no clock, no randomness.
+* It is idempotent by Raft index, per kind of effect: commit-log effects are skipped when the store has
+  already applied the index (the store knows that exactly, even after a crash), state effects when the
+  state has (it is persisted with the store's checkpoint, so after a crash it may lag the store, and
+  replayed entries re-apply exactly what it lost).
+* It is total: a command that cannot be decoded or applied is recorded as a no-op with a reason. It never
+  raises into pysyncobj's tick thread, where an exception would stall the replica forever. A full disk
+  blocks it (retrying) rather than skipping a command, which would make this replica diverge.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from commitlog.errors import DiskFullError
+from commitlog.message import MessageInput
+from commitlog.store import AppendOutcome, AppendResult, MessageStore
+from dledger.command import (
+    CommandError,
+    ConsumerOffsets,
+    LeaderStamp,
+    Messages,
+    Retention,
+    SubscriptionGroup,
+    TimerProgress,
+    TopicConfig,
+    TransactionOp,
+    decode_command,
+)
+from dledger.state import ReplicatedState
+
+log = logging.getLogger(__name__)
+
+#: how many no-op reasons are kept for status pages
+NOOP_HISTORY_MAX = 100
+DISK_FULL_RETRY_SECONDS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """What the leader hands back to the callers of a command."""
+
+    raft_index: int
+    #: one tuple of results per Messages operation, in order (empty when already applied)
+    message_results: tuple[tuple[AppendResult, ...], ...] = ()
+    #: why the command was a no-op, if it was
+    noop_reason: str | None = None
+    already_applied: bool = False
+
+
+class StateMachine:
+    def __init__(
+        self,
+        store: MessageStore,
+        state: ReplicatedState,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.store = store
+        self.state = state
+        self.sleep = sleep
+        self.noops: deque[tuple[int, str]] = deque(maxlen=NOOP_HISTORY_MAX)
+
+    @property
+    def applied_index(self) -> int:
+        return max(self.store.applied_raft_index, self.state.applied_index)
+
+    def apply(self, raft_index: int, data: bytes) -> ApplyResult:
+        """Apply the command at ``raft_index``. Never raises for anything a command can contain."""
+        if raft_index <= self.store.applied_raft_index and raft_index <= self.state.applied_index:
+            return ApplyResult(raft_index, already_applied=True)
+        try:
+            command = decode_command(data)
+        except CommandError as exc:
+            return self._noop(raft_index, f"undecodable command: {exc}")
+        messages: list[MessageInput] = []
+        message_ops: list[int] = []
+        for operation in command.operations:
+            if isinstance(operation, Messages):
+                message_ops.append(len(operation.messages))
+                messages.extend(operation.messages)
+        results: tuple[tuple[AppendResult, ...], ...] = ()
+        if messages and raft_index > self.store.applied_raft_index:
+            outcome = self._append(raft_index, messages)
+            flat = outcome.results
+            split = []
+            position = 0
+            for count in message_ops:
+                split.append(flat[position : position + count])
+                position += count
+            results = tuple(split)
+        if raft_index > self.state.applied_index:
+            for operation in command.operations:
+                self._apply_state(raft_index, operation)
+            self.state.applied_index = raft_index
+        return ApplyResult(raft_index, results)
+
+    def _append(self, raft_index: int, messages: list[MessageInput]) -> AppendOutcome:
+        while True:
+            try:
+                return self.store.append(raft_index, messages)
+            except DiskFullError as exc:
+                # Skipping would diverge from the other replicas: wait for space (an operator, or retention
+                # once this node can apply again). The group keeps going on the other members.
+                log.error("disk full applying index %d, retrying in %.0f s: %s", raft_index,
+                          DISK_FULL_RETRY_SECONDS, exc)
+                self.sleep(DISK_FULL_RETRY_SECONDS)
+
+    def _apply_state(self, raft_index: int, operation: object) -> None:
+        match operation:
+            case ConsumerOffsets(offsets):
+                self.state.apply_offsets(offsets)
+            case TopicConfig():
+                self.state.apply_topic(operation)
+            case SubscriptionGroup():
+                self.state.apply_group(operation)
+            case LeaderStamp():
+                self.state.leader_stamp = operation
+            case Retention(min_physical_offset):
+                if raft_index > self.store.applied_raft_index:
+                    self.store.delete_below(raft_index, min_physical_offset)
+            case TransactionOp() | TimerProgress():
+                # The transaction and timer state machines arrive with their issue; until then these
+                # operations are recorded (they travel in the log) and have no further effect.
+                self.noops.append((raft_index, f"{type(operation).__name__} not handled yet"))
+            case Messages():
+                pass
+
+    def _noop(self, raft_index: int, reason: str) -> ApplyResult:
+        log.warning("index %d applied as a no-op: %s", raft_index, reason)
+        self.noops.append((raft_index, reason))
+        if raft_index > self.state.applied_index:
+            self.state.applied_index = raft_index
+        return ApplyResult(raft_index, noop_reason=reason)

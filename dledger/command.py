@@ -1,0 +1,367 @@
+"""The replicated command: our own versioned binary format (no pickled method calls in it).
+
+A command is what one Raft entry carries: a version byte, a flags byte, and a list of operations that
+apply atomically, in order, at one Raft index::
+
+    command   = version u8 | flags u8 | body            (flags bit 0: body is an lz4 block)
+    body      = count u32 | operation*
+    operation = type u8 | length u32 | payload
+
+Everything apply needs travels inside: store timestamps, hosts, target queues, delivery times. Apply never
+reads a clock, a random number, the host name or the environment.
+
+Payloads (all big-endian; ``str`` is ``u16 length + UTF-8``, ``bytes`` is ``u32 length + bytes``):
+
+* MESSAGES: ``count u32`` then per message: topic str, queue_id i32, flag i32, sys_flag i32,
+  born_timestamp i64, born_host (u8 length + bytes), store_timestamp i64, reconsume_times i32,
+  prepared_transaction_offset i64, body bytes, properties bytes.
+* CONSUMER_OFFSETS: ``count u32`` then group str, topic str, queue_id i32, offset i64.
+* TOPIC_CONFIG: topic str, read_queue_nums i32, write_queue_nums i32, perm i32, topic_sys_flag i32,
+  order u8, deleted u8.
+* SUBSCRIPTION_GROUP: group str, consume_enable u8, consume_broadcast_enable u8, retry_max_times i32,
+  broker_id i64, deleted u8.
+* TRANSACTION_OP: half_offset i64, action u8 (1 commit, 2 rollback, 3 check, 4 discard), producer_group str,
+  timestamp i64. (Issue: transactions) The real message and op record travel as MESSAGES in the same command.
+* TIMER_PROGRESS: timer_key str, delivered_up_to i64. (Issue: delay/timer)
+* RETENTION: min_physical_offset i64.
+* LEADER_STAMP: term i64, node str, timestamp i64: the first command of a new leader's term.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import lz4.block
+
+from commitlog.message import MessageInput
+
+COMMAND_VERSION: Final = 1
+FLAG_LZ4: Final = 0x1
+#: commands whose body is at least this large are lz4-compressed when that saves at least an eighth
+COMPRESS_MIN_BYTES: Final = 4096
+#: a decoded command may not claim more than this (guards decompression)
+COMMAND_BYTES_MAX: Final = 64 << 20
+
+U8 = struct.Struct(">B")
+U16 = struct.Struct(">H")
+U32 = struct.Struct(">I")
+I64 = struct.Struct(">q")
+OP_HEAD = struct.Struct(">BI")
+MESSAGE_FIXED_A = struct.Struct(">iiiq")  # queue_id, flag, sys_flag, born_timestamp
+MESSAGE_FIXED_B = struct.Struct(">qiq")  # store_timestamp, reconsume_times, prepared_transaction_offset
+OFFSET_FIXED = struct.Struct(">iq")
+TOPIC_FIXED = struct.Struct(">iiiiBB")
+GROUP_FIXED = struct.Struct(">BBiqB")
+
+
+class OpType(enum.IntEnum):
+    MESSAGES = 1
+    CONSUMER_OFFSETS = 2
+    TOPIC_CONFIG = 3
+    SUBSCRIPTION_GROUP = 4
+    TRANSACTION_OP = 5
+    TIMER_PROGRESS = 6
+    RETENTION = 7
+    LEADER_STAMP = 8
+
+
+class CommandError(ValueError):
+    """Bytes that are not a valid command of a version we know. Apply turns it into a recorded no-op."""
+
+
+@dataclass(frozen=True, slots=True)
+class Messages:
+    messages: tuple[MessageInput, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerOffset:
+    group: str
+    topic: str
+    queue_id: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerOffsets:
+    offsets: tuple[ConsumerOffset, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    topic: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    topic_sys_flag: int = 0
+    order: bool = False
+    deleted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionGroup:
+    group: str
+    consume_enable: bool = True
+    consume_broadcast_enable: bool = True
+    retry_max_times: int = 16
+    broker_id: int = 0
+    deleted: bool = False
+
+
+class TransactionAction(enum.IntEnum):
+    COMMIT = 1
+    ROLLBACK = 2
+    CHECK = 3
+    DISCARD = 4
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionOp:
+    half_offset: int
+    action: TransactionAction
+    producer_group: str
+    timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimerProgress:
+    timer_key: str
+    delivered_up_to: int
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    min_physical_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderStamp:
+    term: int
+    node: str
+    timestamp: int
+
+
+Operation = (
+    Messages | ConsumerOffsets | TopicConfig | SubscriptionGroup | TransactionOp | TimerProgress | Retention
+    | LeaderStamp
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    operations: tuple[Operation, ...]
+
+
+# ---------------------------------------------------------------------------------------------- encoding
+
+
+def _str(value: str) -> bytes:
+    encoded = value.encode()
+    return U16.pack(len(encoded)) + encoded
+
+
+def _bytes(value: bytes) -> bytes:
+    return U32.pack(len(value)) + value
+
+
+def _encode_messages(operation: Messages) -> bytes:
+    parts = [U32.pack(len(operation.messages))]
+    for message in operation.messages:
+        parts += (
+            _str(message.topic),
+            MESSAGE_FIXED_A.pack(message.queue_id, message.flag, message.sys_flag, message.born_timestamp),
+            U8.pack(len(message.born_host)),
+            message.born_host,
+            MESSAGE_FIXED_B.pack(message.store_timestamp, message.reconsume_times, message.prepared_transaction_offset),
+            U32.pack(len(message.body)),
+            message.body,
+            U32.pack(len(message.properties)),
+            message.properties,
+        )
+    return b"".join(parts)
+
+
+def _encode_operation(operation: Operation) -> tuple[OpType, bytes]:
+    match operation:
+        case Messages():
+            return OpType.MESSAGES, _encode_messages(operation)
+        case ConsumerOffsets(offsets):
+            return OpType.CONSUMER_OFFSETS, U32.pack(len(offsets)) + b"".join(
+                _str(o.group) + _str(o.topic) + OFFSET_FIXED.pack(o.queue_id, o.offset) for o in offsets
+            )
+        case TopicConfig():
+            return OpType.TOPIC_CONFIG, _str(operation.topic) + TOPIC_FIXED.pack(
+                operation.read_queue_nums, operation.write_queue_nums, operation.perm, operation.topic_sys_flag,
+                operation.order, operation.deleted,
+            )
+        case SubscriptionGroup():
+            return OpType.SUBSCRIPTION_GROUP, _str(operation.group) + GROUP_FIXED.pack(
+                operation.consume_enable, operation.consume_broadcast_enable, operation.retry_max_times,
+                operation.broker_id, operation.deleted,
+            )
+        case TransactionOp():
+            return OpType.TRANSACTION_OP, (
+                I64.pack(operation.half_offset) + U8.pack(operation.action) + _str(operation.producer_group)
+                + I64.pack(operation.timestamp)
+            )
+        case TimerProgress():
+            return OpType.TIMER_PROGRESS, _str(operation.timer_key) + I64.pack(operation.delivered_up_to)
+        case Retention():
+            return OpType.RETENTION, I64.pack(operation.min_physical_offset)
+        case LeaderStamp():
+            return OpType.LEADER_STAMP, I64.pack(operation.term) + _str(operation.node) + I64.pack(operation.timestamp)
+    raise TypeError(f"not an operation: {operation!r}")  # pragma: no cover - exhaustive above
+
+
+def encode_command(command: Command, compress: bool = True) -> bytes:
+    """Encode ``command``; struct.error / ValueError when a field does not fit (callers validate first)."""
+    parts = [U32.pack(len(command.operations))]
+    for operation in command.operations:
+        op_type, payload = _encode_operation(operation)
+        parts.append(OP_HEAD.pack(op_type, len(payload)))
+        parts.append(payload)
+    body = b"".join(parts)
+    if compress and len(body) >= COMPRESS_MIN_BYTES:
+        compressed = bytes(lz4.block.compress(body, store_size=True))
+        if len(compressed) <= len(body) - len(body) // 8:
+            return bytes((COMMAND_VERSION, FLAG_LZ4)) + compressed
+    return bytes((COMMAND_VERSION, 0)) + body
+
+
+# ---------------------------------------------------------------------------------------------- decoding
+
+
+class _Reader:
+    __slots__ = ("data", "position")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.position = 0
+
+    def take(self, size: int) -> bytes:
+        end = self.position + size
+        if size < 0 or end > len(self.data):
+            raise CommandError(f"truncated command: need {size} bytes at {self.position}")
+        chunk = self.data[self.position : end]
+        self.position = end
+        return chunk
+
+    def unpack(self, layout: struct.Struct) -> tuple[int, ...]:
+        values: tuple[int, ...] = layout.unpack(self.take(layout.size))
+        return values
+
+    def string(self) -> str:
+        (length,) = self.unpack(U16)
+        try:
+            return self.take(length).decode()
+        except UnicodeDecodeError as exc:
+            raise CommandError("string is not UTF-8") from exc
+
+    def blob(self) -> bytes:
+        (length,) = self.unpack(U32)
+        return self.take(length)
+
+    def done(self) -> None:
+        if self.position != len(self.data):
+            raise CommandError(f"{len(self.data) - self.position} trailing bytes")
+
+
+def _decode_messages(reader: _Reader) -> Messages:
+    (count,) = reader.unpack(U32)
+    if count > len(reader.data):
+        raise CommandError(f"message count {count} exceeds the payload")
+    messages = []
+    for _ in range(count):
+        topic = reader.string()
+        queue_id, flag, sys_flag, born_timestamp = reader.unpack(MESSAGE_FIXED_A)
+        (host_length,) = reader.unpack(U8)
+        born_host = reader.take(host_length)
+        store_timestamp, reconsume_times, prepared = reader.unpack(MESSAGE_FIXED_B)
+        body = reader.blob()
+        properties = reader.blob()
+        messages.append(MessageInput(topic, queue_id, flag, sys_flag, born_timestamp, born_host, store_timestamp,
+                                     reconsume_times, prepared, body, properties))
+    return Messages(tuple(messages))
+
+
+def _decode_operation(op_type: int, reader: _Reader) -> Operation:
+    if op_type == OpType.MESSAGES:
+        return _decode_messages(reader)
+    if op_type == OpType.CONSUMER_OFFSETS:
+        (count,) = reader.unpack(U32)
+        if count > len(reader.data):
+            raise CommandError(f"offset count {count} exceeds the payload")
+        offsets = []
+        for _ in range(count):
+            group, topic = reader.string(), reader.string()
+            queue_id, offset = reader.unpack(OFFSET_FIXED)
+            offsets.append(ConsumerOffset(group, topic, queue_id, offset))
+        return ConsumerOffsets(tuple(offsets))
+    if op_type == OpType.TOPIC_CONFIG:
+        topic = reader.string()
+        read, write, perm, sys_flag, order, deleted = reader.unpack(TOPIC_FIXED)
+        return TopicConfig(topic, read, write, perm, sys_flag, bool(order), bool(deleted))
+    if op_type == OpType.SUBSCRIPTION_GROUP:
+        group = reader.string()
+        enable, broadcast, retry, broker_id, deleted = reader.unpack(GROUP_FIXED)
+        return SubscriptionGroup(group, bool(enable), bool(broadcast), retry, broker_id, bool(deleted))
+    if op_type == OpType.TRANSACTION_OP:
+        (half_offset,) = reader.unpack(I64)
+        (action,) = reader.unpack(U8)
+        if action not in TransactionAction.__members__.values():
+            raise CommandError(f"unknown transaction action {action}")
+        group = reader.string()
+        (timestamp,) = reader.unpack(I64)
+        return TransactionOp(half_offset, TransactionAction(action), group, timestamp)
+    if op_type == OpType.TIMER_PROGRESS:
+        key = reader.string()
+        (delivered,) = reader.unpack(I64)
+        return TimerProgress(key, delivered)
+    if op_type == OpType.RETENTION:
+        (offset,) = reader.unpack(I64)
+        return Retention(offset)
+    if op_type == OpType.LEADER_STAMP:
+        (term,) = reader.unpack(I64)
+        node = reader.string()
+        (timestamp,) = reader.unpack(I64)
+        return LeaderStamp(term, node, timestamp)
+    raise CommandError(f"unknown operation type {op_type}")
+
+
+def decode_command(data: bytes) -> Command:
+    """Decode a command; :class:`CommandError` for anything malformed or of an unknown version."""
+    if len(data) < 2:
+        raise CommandError("command shorter than its header")
+    version, flags = data[0], data[1]
+    if version != COMMAND_VERSION:
+        raise CommandError(f"unsupported command version {version}")
+    if flags & ~FLAG_LZ4:
+        raise CommandError(f"unknown command flags {flags:#x}")
+    body = data[2:]
+    if flags & FLAG_LZ4:
+        if len(body) < 4 or int.from_bytes(body[:4], "little") > COMMAND_BYTES_MAX:
+            raise CommandError("compressed command claims an impossible size")
+        try:
+            body = bytes(lz4.block.decompress(body))
+        except lz4.block.LZ4BlockError as exc:
+            raise CommandError(f"corrupt lz4 body: {exc}") from exc
+    reader = _Reader(body)
+    (count,) = reader.unpack(U32)
+    if count > len(body):
+        raise CommandError(f"operation count {count} exceeds the command")
+    operations = []
+    for _ in range(count):
+        op_type, length = reader.unpack(OP_HEAD)
+        payload = _Reader(reader.take(length))
+        operations.append(_decode_operation(op_type, payload))
+        payload.done()
+    reader.done()
+    return Command(tuple(operations))
+
+
+def messages_command(messages: Sequence[MessageInput]) -> Command:
+    return Command((Messages(tuple(messages)),))

@@ -1,0 +1,155 @@
+"""Replicated state that is not in the commit log: consumer offsets, topic configuration, subscription
+groups, the last leader stamp. Derived only from applied commands, identical on every replica.
+
+It is persisted as the store checkpoint's extension (atomically with the store's positions) and inside
+Raft snapshots, each time with :attr:`ReplicatedState.applied_index`, the Raft index it reflects.
+
+Snapshot layout: ``magic u32 | version u16 | applied_index i64 | sections | crc u32`` where each section is
+a count followed by its entries (strings as u16 length + UTF-8).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import Final
+
+from dledger.command import ConsumerOffset, LeaderStamp, SubscriptionGroup, TopicConfig
+
+STATE_MAGIC: Final = 0x524D5354  # "RMST"
+STATE_VERSION: Final = 1
+HEAD = struct.Struct(">IHq")
+COUNT = struct.Struct(">I")
+CRC = struct.Struct(">I")
+OFFSET_ENTRY = struct.Struct(">iq")
+TOPIC_ENTRY = struct.Struct(">iiiiB")
+GROUP_ENTRY = struct.Struct(">BBiq")
+STAMP = struct.Struct(">qq")
+
+
+class StateError(ValueError):
+    """Snapshot bytes that are damaged or of an unknown version."""
+
+
+@dataclass
+class ReplicatedState:
+    applied_index: int = 0
+    #: (group, topic, queue id) -> committed consume offset
+    consumer_offsets: dict[tuple[str, str, int], int] = field(default_factory=dict)
+    topics: dict[str, TopicConfig] = field(default_factory=dict)
+    groups: dict[str, SubscriptionGroup] = field(default_factory=dict)
+    leader_stamp: LeaderStamp | None = None
+
+    # ------------------------------------------------------------------ apply (deterministic)
+
+    def apply_offsets(self, offsets: tuple[ConsumerOffset, ...]) -> None:
+        for entry in offsets:
+            self.consumer_offsets[(entry.group, entry.topic, entry.queue_id)] = entry.offset
+
+    def apply_topic(self, config: TopicConfig) -> None:
+        if config.deleted:
+            self.topics.pop(config.topic, None)
+            for key in [k for k in self.consumer_offsets if k[1] == config.topic]:
+                del self.consumer_offsets[key]
+        else:
+            self.topics[config.topic] = config
+
+    def apply_group(self, group: SubscriptionGroup) -> None:
+        if group.deleted:
+            self.groups.pop(group.group, None)
+        else:
+            self.groups[group.group] = group
+
+    # ------------------------------------------------------------------ queries
+
+    def consumer_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        return self.consumer_offsets.get((group, topic, queue_id))
+
+    # ------------------------------------------------------------------ snapshot
+
+    def encode(self) -> bytes:
+        parts = [HEAD.pack(STATE_MAGIC, STATE_VERSION, self.applied_index)]
+        parts.append(COUNT.pack(len(self.consumer_offsets)))
+        for (group, topic, queue_id), offset in sorted(self.consumer_offsets.items()):
+            parts += (_string(group), _string(topic), OFFSET_ENTRY.pack(queue_id, offset))
+        parts.append(COUNT.pack(len(self.topics)))
+        for name, config in sorted(self.topics.items()):
+            parts += (_string(name), TOPIC_ENTRY.pack(config.read_queue_nums, config.write_queue_nums, config.perm,
+                                                     config.topic_sys_flag, config.order))
+        parts.append(COUNT.pack(len(self.groups)))
+        for name, subscription in sorted(self.groups.items()):
+            parts += (_string(name), GROUP_ENTRY.pack(subscription.consume_enable,
+                                                     subscription.consume_broadcast_enable,
+                                                     subscription.retry_max_times, subscription.broker_id))
+        if self.leader_stamp is None:
+            parts.append(COUNT.pack(0))
+        else:
+            parts += (COUNT.pack(1), STAMP.pack(self.leader_stamp.term, self.leader_stamp.timestamp),
+                      _string(self.leader_stamp.node))
+        body = b"".join(parts)
+        return body + CRC.pack(zlib.crc32(body))
+
+    @classmethod
+    def decode(cls, data: bytes) -> ReplicatedState:
+        if len(data) < HEAD.size + CRC.size:
+            raise StateError("state snapshot too short")
+        body, (crc,) = data[:-4], CRC.unpack_from(data, len(data) - 4)
+        if zlib.crc32(body) != crc:
+            raise StateError("state snapshot CRC mismatch")
+        magic, version, applied = HEAD.unpack_from(body)
+        if magic != STATE_MAGIC or version != STATE_VERSION:
+            raise StateError(f"unknown state snapshot (magic {magic:#x}, version {version})")
+        reader = _Reader(body, HEAD.size)
+        state = cls(applied_index=applied)
+        try:
+            for _ in range(reader.count()):
+                group, topic = reader.string(), reader.string()
+                queue_id, offset = reader.unpack(OFFSET_ENTRY)
+                state.consumer_offsets[(group, topic, queue_id)] = offset
+            for _ in range(reader.count()):
+                name = reader.string()
+                read, write, perm, sys_flag, order = reader.unpack(TOPIC_ENTRY)
+                state.topics[name] = TopicConfig(name, read, write, perm, sys_flag, bool(order))
+            for _ in range(reader.count()):
+                name = reader.string()
+                enable, broadcast, retry, broker_id = reader.unpack(GROUP_ENTRY)
+                state.groups[name] = SubscriptionGroup(name, bool(enable), bool(broadcast), retry, broker_id)
+            if reader.count():
+                term, timestamp = reader.unpack(STAMP)
+                state.leader_stamp = LeaderStamp(term, reader.string(), timestamp)
+        except (struct.error, IndexError, UnicodeDecodeError) as exc:
+            raise StateError(f"state snapshot is malformed: {exc}") from exc
+        if reader.position != len(body):
+            raise StateError("state snapshot has trailing bytes")
+        return state
+
+
+def _string(value: str) -> bytes:
+    encoded = value.encode()
+    return struct.pack(">H", len(encoded)) + encoded
+
+
+class _Reader:
+    def __init__(self, data: bytes, position: int) -> None:
+        self.data = data
+        self.position = position
+
+    def unpack(self, layout: struct.Struct) -> tuple[int, ...]:
+        values: tuple[int, ...] = layout.unpack_from(self.data, self.position)
+        self.position += layout.size
+        return values
+
+    def count(self) -> int:
+        (value,) = self.unpack(COUNT)
+        if value > len(self.data):
+            raise StateError(f"count {value} exceeds the snapshot")
+        return value
+
+    def string(self) -> str:
+        (length,) = struct.unpack_from(">H", self.data, self.position)
+        start = self.position + 2
+        self.position = start + length
+        if self.position > len(self.data):
+            raise StateError("string runs past the snapshot")
+        return self.data[start : self.position].decode()

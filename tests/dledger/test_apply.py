@@ -1,0 +1,131 @@
+"""The apply function without Raft: deterministic, total, idempotent per kind of effect."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from commitlog.store import AppendStatus, MessageStore
+from dledger.apply import StateMachine
+from dledger.command import (
+    Command,
+    ConsumerOffset,
+    ConsumerOffsets,
+    LeaderStamp,
+    Messages,
+    Retention,
+    SubscriptionGroup,
+    TopicConfig,
+    encode_command,
+)
+from dledger.state import ReplicatedState, StateError
+from tests.commitlog.helpers import message, small_config, tree_bytes
+
+
+def machine(directory: Path) -> StateMachine:
+    state = ReplicatedState()
+    store = MessageStore(small_config(directory), extension_provider=lambda: state.encode())
+    return StateMachine(store, state)
+
+
+def offsets(group: str, offset: int) -> bytes:
+    return encode_command(Command((ConsumerOffsets((ConsumerOffset(group, "TopicTest", 0, offset),)),)))
+
+
+def test_messages_and_state_in_one_command(tmp_path: Path) -> None:
+    sm = machine(tmp_path / "a")
+    command = Command((
+        Messages((message(1), message(2, queue_id=1))),
+        ConsumerOffsets((ConsumerOffset("g", "TopicTest", 0, 5),)),
+        Messages((message(3),)),
+        TopicConfig("TopicTest", 4, 4, 6),
+        SubscriptionGroup("g"),
+        LeaderStamp(3, "n1", 1234),
+    ))
+    result = sm.apply(1, encode_command(command))
+    assert [len(r) for r in result.message_results] == [2, 1]
+    assert [r.queue_offset for r in result.message_results[0]] == [0, 0]
+    assert result.message_results[1][0].queue_offset == 1
+    assert sm.state.consumer_offset("g", "TopicTest", 0) == 5
+    assert sm.state.topics["TopicTest"].write_queue_nums == 4 and "g" in sm.state.groups
+    assert sm.state.leader_stamp == LeaderStamp(3, "n1", 1234)
+    assert sm.applied_index == 1
+
+
+def test_replay_is_idempotent(tmp_path: Path) -> None:
+    sm = machine(tmp_path / "a")
+    sm.apply(1, encode_command(Command((Messages((message(1),)),))))
+    sm.apply(2, offsets("g", 7))
+    again = sm.apply(1, encode_command(Command((Messages((message(1),)),))))
+    assert again.already_applied
+    sm.apply(2, offsets("g", 99))
+    assert sm.state.consumer_offset("g", "TopicTest", 0) == 7
+    assert sm.store.max_queue_offset("TopicTest", 0) == 1
+
+
+def test_state_lost_in_a_crash_is_reapplied_without_duplicating_messages(tmp_path: Path) -> None:
+    directory = tmp_path / "a"
+    sm = machine(directory)
+    sm.apply(1, offsets("g", 1))
+    sm.store.flush()  # the checkpoint holds the state at index 1
+    sm.apply(2, encode_command(Command((Messages((message(2),)), ConsumerOffsets((ConsumerOffset("g", "TopicTest", 0, 2),)),))))
+    # crash: no flush. Reopen: the store (via its marker) has index 2, the state only index 1
+    state = ReplicatedState.decode(MessageStore(small_config(directory)).extension)
+    assert state.applied_index == 1
+    store = MessageStore(small_config(directory), extension_provider=lambda: state.encode())
+    reopened = StateMachine(store, state)
+    assert store.applied_raft_index == 2
+    replay = reopened.apply(2, encode_command(Command((Messages((message(2),)), ConsumerOffsets((ConsumerOffset("g", "TopicTest", 0, 2),)),))))
+    assert replay.message_results == ()  # the message was not stored twice
+    assert store.max_queue_offset("TopicTest", 0) == 1
+    assert state.consumer_offset("g", "TopicTest", 0) == 2
+
+
+def test_bad_commands_are_recorded_noops(tmp_path: Path) -> None:
+    sm = machine(tmp_path / "a")
+    result = sm.apply(1, b"\x07garbage")
+    assert result.noop_reason is not None and "unsupported command version" in result.noop_reason
+    assert sm.applied_index == 1 and sm.noops[-1][0] == 1
+    bad_message = message(2, topic="bad topic")
+    outcome = sm.apply(2, encode_command(Command((Messages((bad_message, message(3))),))))
+    assert [r.status for r in outcome.message_results[0]] == [AppendStatus.REJECTED, AppendStatus.OK]
+
+
+def test_replicas_fed_the_same_log_are_byte_identical(tmp_path: Path) -> None:
+    log = [encode_command(Command((Messages(tuple(message(i * 10 + j, queue_id=j % 3) for j in range(8))),
+                                   ConsumerOffsets((ConsumerOffset("g", "TopicTest", i % 3, i),)))))
+           for i in range(1, 60)]
+    for name in ("a", "b"):
+        sm = machine(tmp_path / name)
+        for index, data in enumerate(log, start=1):
+            sm.apply(index, data)
+        sm.store.close()
+    assert tree_bytes(tmp_path / "a") == tree_bytes(tmp_path / "b")
+
+
+def test_retention_operation(tmp_path: Path) -> None:
+    sm = machine(tmp_path / "a")
+    for index in range(1, 200):
+        sm.apply(index, encode_command(Command((Messages((message(index, body=b"x" * 2000),)),))))
+    segment = sm.store.config.segment_size_bytes
+    sm.apply(200, encode_command(Command((Retention(2 * segment),))))
+    assert sm.store.commit_log.min_offset == 2 * segment
+
+
+def test_state_snapshot_round_trip_and_damage() -> None:
+    state = ReplicatedState(applied_index=9)
+    state.apply_offsets((ConsumerOffset("g", "t", 1, 5), ConsumerOffset("h", "t", 0, 2)))
+    state.apply_topic(TopicConfig("t", 8, 4, 6, 0, True))
+    state.apply_group(SubscriptionGroup("g", retry_max_times=3))
+    state.leader_stamp = LeaderStamp(4, "n2", 99)
+    raw = state.encode()
+    assert ReplicatedState.decode(raw) == state
+    damaged = bytearray(raw)
+    damaged[12] ^= 1
+    for bad in (bytes(damaged), raw[:10], b""):
+        try:
+            ReplicatedState.decode(bad)
+        except StateError:
+            continue
+        raise AssertionError("damaged state decoded")
+    state.apply_topic(TopicConfig("t", 0, 0, 0, deleted=True))
+    assert "t" not in state.topics and state.consumer_offsets == {}

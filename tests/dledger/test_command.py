@@ -1,0 +1,112 @@
+"""The replicated command format: round trips of every operation type, compression, and rejection of
+anything malformed (apply turns a CommandError into a recorded no-op)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from commitlog.message import MessageInput
+from dledger.command import (
+    COMMAND_VERSION,
+    Command,
+    CommandError,
+    ConsumerOffset,
+    ConsumerOffsets,
+    LeaderStamp,
+    Messages,
+    Retention,
+    SubscriptionGroup,
+    TimerProgress,
+    TopicConfig,
+    TransactionAction,
+    TransactionOp,
+    decode_command,
+    encode_command,
+)
+
+text = st.text(max_size=20)
+int32 = st.integers(-(2**31), 2**31 - 1)
+int64 = st.integers(-(2**63), 2**63 - 1)
+messages = st.builds(
+    MessageInput,
+    topic=text, queue_id=int32, flag=int32, sys_flag=int32, born_timestamp=int64,
+    born_host=st.binary(max_size=20), store_timestamp=int64, reconsume_times=int32,
+    prepared_transaction_offset=int64, body=st.binary(max_size=200), properties=st.binary(max_size=100),
+)
+operations = st.one_of(
+    st.builds(Messages, st.lists(messages, max_size=5).map(tuple)),
+    st.builds(ConsumerOffsets, st.lists(st.builds(ConsumerOffset, text, text, int32, int64), max_size=4).map(tuple)),
+    st.builds(TopicConfig, text, int32, int32, int32, int32, st.booleans(), st.booleans()),
+    st.builds(SubscriptionGroup, text, st.booleans(), st.booleans(), int32, int64, st.booleans()),
+    st.builds(TransactionOp, int64, st.sampled_from(TransactionAction), text, int64),
+    st.builds(TimerProgress, text, int64),
+    st.builds(Retention, int64),
+    st.builds(LeaderStamp, int64, text, int64),
+)
+commands = st.builds(Command, st.lists(operations, max_size=6).map(tuple))
+
+
+@settings(derandomize=True, max_examples=300)
+@given(commands, st.booleans())
+def test_round_trip(command: Command, compress: bool) -> None:
+    assert decode_command(encode_command(command, compress)) == command
+
+
+def test_large_compressible_batches_are_compressed() -> None:
+    batch = tuple(MessageInput("T", 0, 0, 0, i, bytes(8), i, 0, 0, b"hello world " * 80, b"TAGS\x01a\x02")
+                  for i in range(100))
+    encoded = encode_command(Command((Messages(batch),)))
+    assert encoded[0] == COMMAND_VERSION and encoded[1] == 1
+    assert len(encoded) < sum(len(m.body) for m in batch) / 4
+    assert decode_command(encoded) == Command((Messages(batch),))
+
+
+def test_incompressible_batches_are_stored_plain() -> None:
+    import random
+
+    rng = random.Random(3)
+    batch = tuple(MessageInput("T", 0, 0, 0, i, bytes(8), i, 0, 0, rng.randbytes(1000), b"") for i in range(20))
+    encoded = encode_command(Command((Messages(batch),)))
+    assert encoded[1] == 0
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"", "shorter than its header"),
+        (bytes((9, 0)) + bytes(4), "unsupported command version 9"),
+        (bytes((1, 4)) + bytes(4), "unknown command flags"),
+        (bytes((1, 1)) + b"\xff\xff\xff\x7f" + b"x", "impossible size"),
+        (bytes((1, 1)) + b"\x10\x00\x00\x00" + b"garbage", "corrupt lz4"),
+        (bytes((1, 0)) + b"\x00\x00\x00\x01" + b"\x63\x00\x00\x00\x00", "unknown operation type 99"),
+        (bytes((1, 0)) + b"\x00\x00\x00\x01" + b"\x07\x00\x00\x00\x08" + bytes(4), "truncated"),
+        (bytes((1, 0)) + b"\x00\x00\x00\x00" + b"x", "trailing"),
+        (bytes((1, 0)) + b"\xff\xff\xff\xff", "operation count"),
+    ],
+)
+def test_malformed_commands_are_rejected(data: bytes, reason: str) -> None:
+    with pytest.raises(CommandError, match=reason):
+        decode_command(data)
+
+
+@settings(derandomize=True, max_examples=500)
+@given(commands, st.data())
+def test_mutations_only_raise_command_error(command: Command, data: st.DataObject) -> None:
+    encoded = bytearray(encode_command(command, compress=data.draw(st.booleans())))
+    if len(encoded) > 2:
+        position = data.draw(st.integers(2, len(encoded) - 1))
+        encoded[position] ^= data.draw(st.integers(1, 255))
+    cut = data.draw(st.integers(0, len(encoded)))
+    with contextlib.suppress(CommandError):
+        decode_command(bytes(encoded[:cut]))
+
+
+@settings(derandomize=True, max_examples=300)
+@given(st.binary(max_size=300))
+def test_random_bytes_only_raise_command_error(data: bytes) -> None:
+    with contextlib.suppress(CommandError):
+        decode_command(data)
