@@ -192,6 +192,8 @@ class MessageStore:
         self._flushed_end = 0
         self._dirty_queues: set[ConsumeQueue] = set()
         self._last_flush = clock()
+        #: end of raw bytes copied from a peer and not yet dispatched (-1: none)
+        self._ingested_end = -1
         self._recover()
 
     # ------------------------------------------------------------------ opening and recovery
@@ -499,6 +501,86 @@ class MessageStore:
             self._flush_after_apply()
             return AppendOutcome(raft_index, True)
 
+    # ------------------------------------------------------------------ catch-up from a peer
+
+    def reset_to(self, start_offset: int) -> None:
+        """Drop everything and continue at ``start_offset`` (a segment start): a replica that is behind a
+        peer's retention point cannot append that peer's bytes to its own."""
+        with self._lock:
+            invariant(start_offset % self.config.segment_size_bytes == 0, "reset to a segment start")
+            self.commit_log.truncate(self.commit_log.min_offset)
+            for start in list(self.commit_log.starts):
+                self.commit_log.segments.pop(start).delete()
+            self.commit_log.starts.clear()
+            self.commit_log.end_offset = start_offset
+            for queue in self.queues.values():
+                queue.delete()
+            self.queues.clear()
+            self._dirty_queues.clear()
+            shutil.rmtree(self.root / "consumequeue", ignore_errors=True)
+            self.index.close()
+            shutil.rmtree(self.root / "index", ignore_errors=True)
+            self.index = KeyIndex(self.root / "index", self.config.index_slot_count, self.config.index_entry_capacity)
+            self.next_queue_offsets = {}
+            self.min_offset = start_offset
+            self._flushed_end = start_offset
+            self.apply_position.write(self.applied_raft_index, start_offset)
+            self.flush()
+
+    def ingest_raw(self, offset: int, data: bytes) -> None:
+        """Append raw commit-log bytes copied from a peer at ``offset`` (== the current end). They are not
+        visible until :meth:`finish_ingest` validates and dispatches them."""
+        with self._lock:
+            invariant(offset == self._ingest_end(), "raw bytes must continue the commit log")
+            segment_size = self.config.segment_size_bytes
+            position = 0
+            while position < len(data):
+                start = self.commit_log.segment_start(offset + position)
+                self.commit_log.ensure_segment(start)
+                take = min(len(data) - position, start + segment_size - (offset + position))
+                self.commit_log.write(offset + position, data[position : position + take])
+                position += take
+            self._ingested_end = offset + len(data)
+
+    def _ingest_end(self) -> int:
+        return self._ingested_end if self._ingested_end >= 0 else self.commit_log.end_offset
+
+    def finish_ingest(self, raft_index: int) -> None:
+        """Validate the ingested bytes record by record, dispatch them, and mark ``raft_index`` applied.
+        CorruptionError (and nothing made visible) when they do not form valid records."""
+        with self._lock:
+            start, end = self.commit_log.end_offset, self._ingest_end()
+            pending_index: list[IndexEntry] = []
+            runs: list[StoredMessage] = []
+            for message in self.commit_log.scan(start, end):
+                runs.append(message)
+            if self.commit_log.scan_end != end:
+                self._ingested_end = -1
+                raise CorruptionError(f"copied bytes are not valid records at {self.commit_log.scan_end}")
+            for message in runs:
+                offset = message.physical_offset
+                transaction = message.sys_flag & TRANSACTION_TYPE_MASK
+                tags, keys, uniq_key = _dispatch_fields(message.properties)
+                if transaction not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
+                    queue = self._queue(message.topic, message.queue_id)
+                    queue.ensure_capacity(message.queue_offset)
+                    queue.put(message.queue_offset, offset, message.total_size, self._tag_code(tags))
+                    self._dirty_queues.add(queue)
+                    self.next_queue_offsets[(message.topic, message.queue_id)] = queue.max_offset
+                if transaction != TRANSACTION_ROLLBACK_TYPE:
+                    prefix = _topic_prefix_crc(message.topic)
+                    pending_index.extend((h, offset, message.store_timestamp)
+                                         for h in _index_hashes(prefix, keys, uniq_key))
+            self.index.prepare(pending_index)
+            self.index.insert_many(pending_index)
+            for queue in self._dirty_queues:  # a queue first seen after a reset starts mid-way
+                queue.prune_below(self.min_offset)
+            self.commit_log.end_offset = end
+            self._ingested_end = -1
+            self.applied_raft_index = max(self.applied_raft_index, raft_index)
+            self.apply_position.write(self.applied_raft_index, end)
+            self.flush()
+
     # ------------------------------------------------------------------ durability
 
     def flush_if_due(self) -> None:
@@ -605,6 +687,22 @@ class MessageStore:
                 total += size
             status = GetStatus.FOUND if messages else GetStatus.NO_MATCHED_MESSAGE
             return GetResult(status, queue_offset + scanned, low, high, messages, offsets)
+
+    def read_committed(self, offset: int, max_bytes: int) -> bytes:
+        """Raw commit-log bytes from ``offset`` (records and fillers, across segments), at most
+        ``max_bytes``, ending at the commit log's end: what a catching-up peer copies."""
+        with self._lock:
+            if offset < self.commit_log.min_offset or offset > self.commit_log.end_offset:
+                raise StoreError(f"offset {offset} is outside [{self.commit_log.min_offset}, {self.commit_log.end_offset}]")
+            end = min(self.commit_log.end_offset, offset + max_bytes)
+            parts = []
+            position = offset
+            while position < end:
+                segment_end = self.commit_log.segment_start(position) + self.config.segment_size_bytes
+                take = min(end, segment_end) - position
+                parts.append(self.commit_log.read(position, take))
+                position += take
+            return b"".join(parts)
 
     def read_record(self, physical_offset: int) -> bytes:
         """The raw record at ``physical_offset``; StoreError when there is no record there."""

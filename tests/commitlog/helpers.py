@@ -61,3 +61,10 @@ def message(
 def tree_bytes(root: Path) -> dict[str, bytes]:
     """Every file under ``root`` (relative path -> content), for byte-equality checks."""
     return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+def data_bytes(root: Path) -> dict[str, bytes]:
+    """The replicated data files (commit log, consume queues, key index), without local bookkeeping
+    (the apply marker's sequence number differs between a replica that applied and one that copied)."""
+    return {name: data for name, data in tree_bytes(root).items()
+            if name.startswith(("commitlog/", "consumequeue/", "index/"))}

@@ -12,7 +12,7 @@ import pytest
 
 from commitlog.config import ConfigError, StoreConfig
 from commitlog.consume_queue import CQ_UNIT
-from commitlog.errors import DiskFullError
+from commitlog.errors import CorruptionError, DiskFullError
 from commitlog.message import (
     BLANK_MAGIC,
     FILLER,
@@ -26,7 +26,7 @@ from commitlog.message import (
     java_string_hash,
 )
 from commitlog.store import AppendStatus, GetStatus, MessageStore
-from tests.commitlog.helpers import message, small_config, tree_bytes
+from tests.commitlog.helpers import data_bytes, message, small_config, tree_bytes
 
 
 @pytest.fixture
@@ -287,3 +287,55 @@ def test_properties_are_stored_exactly_as_sent(store: MessageStore) -> None:
     assert stored.properties == properties and stored.body == sent.body
     assert store.queues[("TopicTest", 0)].unit(0)[2] == java_string_hash("x")
     assert [m.physical_offset for m in store.query_by_key("TopicTest", "b", 2)] == [result.physical_offset]
+
+
+def test_catch_up_by_copying_raw_bytes_is_byte_identical(tmp_path: Path) -> None:
+    source = MessageStore(small_config(tmp_path / "source"))
+    for index in range(1, 150):
+        source.append(index, [message(index * 10 + j, queue_id=j % 3, body=os.urandom(900)) for j in range(3)])
+    target = MessageStore(small_config(tmp_path / "target"))
+    end = source.max_physical_offset
+    for offset in range(0, end, 50_000):  # chunks that cross segment ends
+        target.ingest_raw(offset, source.read_committed(offset, 50_000))
+    target.finish_ingest(149)
+    assert target.applied_raft_index == 149 and target.max_physical_offset == end
+    for queue_id in range(3):
+        assert target.get_messages("TopicTest", queue_id, 0, 500).messages == source.get_messages("TopicTest", queue_id, 0, 500).messages
+    source.close()
+    target.close()
+    assert data_bytes(tmp_path / "source") == data_bytes(tmp_path / "target")
+
+
+def test_reset_then_catch_up_from_a_retained_peer(tmp_path: Path) -> None:
+    source = MessageStore(small_config(tmp_path / "source"))
+    for index in range(1, 200):
+        source.append(index, [message(index, queue_id=index % 2, body=os.urandom(2000))])
+    segment = source.config.segment_size_bytes
+    source.delete_below(200, 2 * segment)
+    target = MessageStore(small_config(tmp_path / "target"))
+    target.append(1, [message(1)])  # some old data, behind the source's retention point
+    target.reset_to(source.commit_log.min_offset)
+    offset = source.commit_log.min_offset
+    while offset < source.max_physical_offset:
+        chunk = source.read_committed(offset, 70_000)
+        target.ingest_raw(offset, chunk)
+        offset += len(chunk)
+    target.finish_ingest(200)
+    for queue_id in range(2):
+        low = source.min_queue_offset("TopicTest", queue_id)
+        assert target.min_queue_offset("TopicTest", queue_id) == low
+        assert target.max_queue_offset("TopicTest", queue_id) == source.max_queue_offset("TopicTest", queue_id)
+        assert target.get_messages("TopicTest", queue_id, low, 100).messages == source.get_messages("TopicTest", queue_id, low, 100).messages
+    assert target.append(201, [message(999)]).results[0].physical_offset == source.max_physical_offset
+
+
+def test_ingest_of_damaged_bytes_is_refused(tmp_path: Path) -> None:
+    source = MessageStore(small_config(tmp_path / "source"))
+    source.append(1, [message(i) for i in range(5)])
+    data = bytearray(source.commit_log.read(0, source.max_physical_offset))
+    data[150] ^= 0xFF
+    target = MessageStore(small_config(tmp_path / "target"))
+    target.ingest_raw(0, bytes(data))
+    with pytest.raises(CorruptionError):
+        target.finish_ingest(1)
+    assert target.max_physical_offset == 0 and target.applied_raft_index == 0

@@ -1,0 +1,239 @@
+"""One TOML file per node: identity, peers, ports, data directory, timeouts, batch limits.
+
+Example::
+
+    [node]
+    id = "n0"
+    raft_address = "127.0.0.1:20010"
+    catchup_address = "127.0.0.1:20011"
+    data_dir = "/var/lib/raftmq/n0"
+    secret_file = "/etc/raftmq/group.secret"     # or: secret = "..." (at least 16 characters)
+
+    [[peers]]
+    id = "n1"
+    raft_address = "127.0.0.1:20020"
+    catchup_address = "127.0.0.1:20021"
+
+    [raft]                # every key optional
+    election_timeout_min_ms = 400
+
+    [group_commit]        # every key optional
+    batch_messages_max = 256
+
+    [store]               # StoreConfig keys except data_dir (it is <data_dir>/store)
+    flush_policy = "async"
+
+Every value is checked; an unknown key or a bad value is a :class:`ConfigError` naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from commitlog.config import ConfigError, StoreConfig
+
+SECRET_LENGTH_MIN = 16
+SettingsT = TypeVar("SettingsT", "RaftSettings", "GroupCommitSettings")
+
+
+def parse_address(value: object, name: str) -> tuple[str, int]:
+    if not isinstance(value, str) or value.count(":") != 1:
+        raise ConfigError(f"{name} must be 'host:port', got {value!r}")
+    host, _, port_text = value.partition(":")
+    parts = host.split(".")
+    if len(parts) != 4 or not all(p.isdigit() and int(p) <= 255 for p in parts):
+        raise ConfigError(f"{name} must have an IPv4 host, got {host!r}")
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ConfigError(f"{name} must have a port in 1..65535, got {port_text!r}")
+    return host, int(port_text)
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    id: str
+    raft_address: str
+    catchup_address: str
+
+
+@dataclass(frozen=True, slots=True)
+class RaftSettings:
+    election_timeout_min_ms: int = 400
+    election_timeout_max_ms: int = 1400
+    append_entries_period_ms: int = 5
+    #: a leader that hears from no majority for this long steps down
+    leader_fallback_timeout_ms: int = 2000
+    connection_timeout_ms: int = 3500
+    #: compact the Raft log after this many entries (bounds journal size and member memory)
+    log_compaction_entries: int = 500
+    log_compaction_seconds: int = 60
+
+    def validate(self) -> None:
+        _check_range(self, "election_timeout_min_ms", 50, 60_000)
+        _check_range(self, "election_timeout_max_ms", self.election_timeout_min_ms + 1, 120_000)
+        _check_range(self, "append_entries_period_ms", 1, self.election_timeout_min_ms // 3 - 1)
+        _check_range(self, "leader_fallback_timeout_ms", self.append_entries_period_ms + 1, 600_000)
+        _check_range(self, "connection_timeout_ms", self.election_timeout_max_ms, 600_000)
+        _check_range(self, "log_compaction_entries", 2, 10_000_000)
+        _check_range(self, "log_compaction_seconds", 1, 86_400)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCommitSettings:
+    """Bounds of one Raft entry and of what waits for one."""
+
+    batch_messages_max: int = 256
+    batch_bytes_max: int = 1 << 20
+    linger_ms: int = 1
+    #: entries proposed but not yet applied on the leader (DESIGN: ~1-2 MB in flight is the sweet spot)
+    in_flight_entries_max: int = 4
+    #: bytes waiting to be proposed; beyond it appends are refused as busy (SYSTEM_BUSY)
+    pending_bytes_max: int = 64 << 20
+    #: how long a caller waits for its entry to apply before the outcome is reported unknown
+    apply_timeout_ms: int = 10_000
+
+    def validate(self) -> None:
+        _check_range(self, "batch_messages_max", 1, 65_536)
+        _check_range(self, "batch_bytes_max", 1024, 16 << 20)
+        _check_range(self, "linger_ms", 0, 1000)
+        _check_range(self, "in_flight_entries_max", 1, 1024)
+        _check_range(self, "pending_bytes_max", self.batch_bytes_max, 1 << 34)
+        _check_range(self, "apply_timeout_ms", 10, 3_600_000)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    id: str
+    raft_address: str
+    catchup_address: str
+    data_dir: Path
+    secret: bytes
+    peers: tuple[Peer, ...]
+    raft: RaftSettings = field(default_factory=RaftSettings)
+    group_commit: GroupCommitSettings = field(default_factory=GroupCommitSettings)
+    store: StoreConfig | None = None
+
+    @property
+    def store_config(self) -> StoreConfig:
+        return self.store if self.store is not None else StoreConfig(data_dir=self.data_dir / "store")
+
+    @property
+    def members(self) -> tuple[Peer, ...]:
+        """Every member, this node included, sorted by id."""
+        return tuple(sorted((Peer(self.id, self.raft_address, self.catchup_address), *self.peers),
+                            key=lambda peer: peer.id))
+
+    def validate(self) -> NodeConfig:
+        if not self.id or not self.id.replace("-", "").replace("_", "").isalnum():
+            raise ConfigError(f"node.id must be letters, digits, '-' or '_', got {self.id!r}")
+        if len(self.secret) < SECRET_LENGTH_MIN:
+            raise ConfigError(f"the group secret must have at least {SECRET_LENGTH_MIN} bytes")
+        seen_ids = {self.id}
+        seen_addresses = set()
+        for peer in self.members:
+            for name, address in (("raft_address", peer.raft_address), ("catchup_address", peer.catchup_address)):
+                parse_address(address, f"{peer.id}.{name}")
+                if address in seen_addresses:
+                    raise ConfigError(f"address {address} is used twice")
+                seen_addresses.add(address)
+        for peer in self.peers:
+            if peer.id in seen_ids:
+                raise ConfigError(f"member id {peer.id!r} appears twice")
+            seen_ids.add(peer.id)
+        if not self.peers:
+            raise ConfigError("a group needs peers (at least 2 for a 3-member group)")
+        self.raft.validate()
+        self.group_commit.validate()
+        self.store_config.validate()
+        return self
+
+    @classmethod
+    def from_toml(cls, path: Path) -> NodeConfig:
+        try:
+            document = tomllib.loads(path.read_text())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read {path}: {exc}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+        return cls.from_mapping(document, base=path.parent)
+
+    @classmethod
+    def from_mapping(cls, document: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
+        _reject_unknown(document, {"node", "peers", "raft", "group_commit", "store"}, "top level")
+        node = _table(document, "node")
+        _reject_unknown(node, {"id", "raft_address", "catchup_address", "data_dir", "secret", "secret_file"}, "node")
+        for required in ("id", "raft_address", "catchup_address", "data_dir"):
+            if not isinstance(node.get(required), str):
+                raise ConfigError(f"node.{required} is required and must be a string")
+        secret = _secret(node, base)
+        data_dir = (base / node["data_dir"]).resolve()
+        peers_raw = document.get("peers", [])
+        if not isinstance(peers_raw, list):
+            raise ConfigError("peers must be an array of tables")
+        peers = []
+        for position, peer in enumerate(peers_raw):
+            if not isinstance(peer, dict):
+                raise ConfigError(f"peers[{position}] must be a table")
+            _reject_unknown(peer, {"id", "raft_address", "catchup_address"}, f"peers[{position}]")
+            for required in ("id", "raft_address", "catchup_address"):
+                if not isinstance(peer.get(required), str):
+                    raise ConfigError(f"peers[{position}].{required} is required and must be a string")
+            peers.append(Peer(peer["id"], peer["raft_address"], peer["catchup_address"]))
+        raft = _dataclass_from(RaftSettings, document.get("raft", {}), "raft")
+        group_commit = _dataclass_from(GroupCommitSettings, document.get("group_commit", {}), "group_commit")
+        store_values = dict(_table(document, "store", required=False))
+        if "data_dir" in store_values:
+            raise ConfigError("store.data_dir is derived from node.data_dir; remove it")
+        store = StoreConfig.from_mapping({**store_values, "data_dir": str(data_dir / "store")})
+        return cls(node["id"], node["raft_address"], node["catchup_address"], data_dir, secret, tuple(peers),
+                   raft, group_commit, store).validate()
+
+
+def _secret(node: Mapping[str, Any], base: Path) -> bytes:
+    if ("secret" in node) == ("secret_file" in node):
+        raise ConfigError("node needs exactly one of secret and secret_file")
+    if "secret" in node:
+        if not isinstance(node["secret"], str):
+            raise ConfigError("node.secret must be a string")
+        return node["secret"].encode()
+    try:
+        return (base / str(node["secret_file"])).read_bytes().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read node.secret_file: {exc}") from exc
+
+
+def _table(document: Mapping[str, Any], name: str, required: bool = True) -> Mapping[str, Any]:
+    value = document.get(name)
+    if value is None and not required:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"[{name}] must be a table")
+    return value
+
+
+def _reject_unknown(values: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(values) - allowed)
+    if unknown:
+        raise ConfigError(f"unknown key(s) in {where}: {', '.join(unknown)}")
+
+
+def _dataclass_from(kind: type[SettingsT], values: object, where: str) -> SettingsT:
+    if not isinstance(values, dict):
+        raise ConfigError(f"[{where}] must be a table")
+    names = {f.name for f in dataclasses.fields(kind)}
+    _reject_unknown(values, names, where)
+    for key, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{where}.{key} must be an integer, got {value!r}")
+    return kind(**values)
+
+
+def _check_range(settings: object, name: str, low: int, high: int) -> None:
+    value = getattr(settings, name)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        section = type(settings).__name__
+        raise ConfigError(f"{section}.{name} must be an integer in {low}..{high}, got {value!r}")
