@@ -14,6 +14,7 @@ Rules (shared/DESIGN.md):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -87,6 +88,11 @@ class StateMachine:
                 message_ops.append(len(operation.messages))
                 messages.extend(operation.messages)
         results: tuple[tuple[AppendResult, ...], ...] = ()
+        floor = self.state.last_store_timestamp
+        if any(message.store_timestamp < floor for message in messages):
+            # store timestamps never decrease in log order, whatever clocks past leaders had
+            messages = [m if m.store_timestamp >= floor else dataclasses.replace(m, store_timestamp=floor)
+                        for m in messages]
         if messages and raft_index > self.store.applied_raft_index:
             outcome = self._append(raft_index, messages)
             flat = outcome.results
@@ -99,6 +105,9 @@ class StateMachine:
         if raft_index > self.state.applied_index:
             for operation in command.operations:
                 self._apply_state(raft_index, operation)
+            if messages:
+                newest = max(message.store_timestamp for message in messages)
+                self.state.last_store_timestamp = max(self.state.last_store_timestamp, newest)
             self.state.applied_index = raft_index
         return ApplyResult(raft_index, results)
 

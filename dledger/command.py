@@ -168,15 +168,16 @@ def _bytes(value: bytes) -> bytes:
     return U32.pack(len(value)) + value
 
 
-def _encode_messages(operation: Messages) -> bytes:
+def _encode_messages(operation: Messages, store_timestamp: int | None = None) -> bytes:
     parts = [U32.pack(len(operation.messages))]
     for message in operation.messages:
+        stamp = message.store_timestamp if store_timestamp is None else store_timestamp
         parts += (
             _str(message.topic),
             MESSAGE_FIXED_A.pack(message.queue_id, message.flag, message.sys_flag, message.born_timestamp),
             U8.pack(len(message.born_host)),
             message.born_host,
-            MESSAGE_FIXED_B.pack(message.store_timestamp, message.reconsume_times, message.prepared_transaction_offset),
+            MESSAGE_FIXED_B.pack(stamp, message.reconsume_times, message.prepared_transaction_offset),
             U32.pack(len(message.body)),
             message.body,
             U32.pack(len(message.properties)),
@@ -224,7 +225,17 @@ def encode_command(command: Command, compress: bool = True) -> bytes:
         op_type, payload = _encode_operation(operation)
         parts.append(OP_HEAD.pack(op_type, len(payload)))
         parts.append(payload)
-    body = b"".join(parts)
+    return _frame(b"".join(parts), compress)
+
+
+def encode_messages_command(messages: Sequence[MessageInput], store_timestamp: int, compress: bool = True) -> bytes:
+    """A command of one Messages operation whose messages all get ``store_timestamp`` (the leader's
+    stamp), without building new message objects."""
+    payload = _encode_messages(Messages(tuple(messages)), store_timestamp)
+    return _frame(U32.pack(1) + OP_HEAD.pack(OpType.MESSAGES, len(payload)) + payload, compress)
+
+
+def _frame(body: bytes, compress: bool) -> bytes:
     if compress and len(body) >= COMPRESS_MIN_BYTES:
         compressed = bytes(lz4.block.compress(body, store_size=True))
         if len(compressed) <= len(body) - len(body) // 8:

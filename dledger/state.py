@@ -4,7 +4,8 @@ groups, the last leader stamp. Derived only from applied commands, identical on 
 It is persisted as the store checkpoint's extension (atomically with the store's positions) and inside
 Raft snapshots, each time with :attr:`ReplicatedState.applied_index`, the Raft index it reflects.
 
-Snapshot layout: ``magic u32 | version u16 | applied_index i64 | sections | crc u32`` where each section is
+Snapshot layout: ``magic u32 | version u16 | applied_index i64 | last_store_timestamp i64 | sections |
+crc u32`` where each section is
 a count followed by its entries (strings as u16 length + UTF-8).
 """
 
@@ -19,7 +20,7 @@ from dledger.command import ConsumerOffset, LeaderStamp, SubscriptionGroup, Topi
 
 STATE_MAGIC: Final = 0x524D5354  # "RMST"
 STATE_VERSION: Final = 1
-HEAD = struct.Struct(">IHq")
+HEAD = struct.Struct(">IHqq")
 COUNT = struct.Struct(">I")
 CRC = struct.Struct(">I")
 OFFSET_ENTRY = struct.Struct(">iq")
@@ -40,6 +41,8 @@ class ReplicatedState:
     topics: dict[str, TopicConfig] = field(default_factory=dict)
     groups: dict[str, SubscriptionGroup] = field(default_factory=dict)
     leader_stamp: LeaderStamp | None = None
+    #: the highest store timestamp applied: a new leader never stamps below it
+    last_store_timestamp: int = 0
 
     # ------------------------------------------------------------------ apply (deterministic)
 
@@ -69,7 +72,7 @@ class ReplicatedState:
     # ------------------------------------------------------------------ snapshot
 
     def encode(self) -> bytes:
-        parts = [HEAD.pack(STATE_MAGIC, STATE_VERSION, self.applied_index)]
+        parts = [HEAD.pack(STATE_MAGIC, STATE_VERSION, self.applied_index, self.last_store_timestamp)]
         parts.append(COUNT.pack(len(self.consumer_offsets)))
         for (group, topic, queue_id), offset in sorted(self.consumer_offsets.items()):
             parts += (_string(group), _string(topic), OFFSET_ENTRY.pack(queue_id, offset))
@@ -97,11 +100,11 @@ class ReplicatedState:
         body, (crc,) = data[:-4], CRC.unpack_from(data, len(data) - 4)
         if zlib.crc32(body) != crc:
             raise StateError("state snapshot CRC mismatch")
-        magic, version, applied = HEAD.unpack_from(body)
+        magic, version, applied, last_store_timestamp = HEAD.unpack_from(body)
         if magic != STATE_MAGIC or version != STATE_VERSION:
             raise StateError(f"unknown state snapshot (magic {magic:#x}, version {version})")
         reader = _Reader(body, HEAD.size)
-        state = cls(applied_index=applied)
+        state = cls(applied_index=applied, last_store_timestamp=last_store_timestamp)
         try:
             for _ in range(reader.count()):
                 group, topic = reader.string(), reader.string()

@@ -1,0 +1,193 @@
+"""Catch-up: a member copies committed commit-log bytes from a peer.
+
+Used when a follower installs a snapshot (pysyncobj sends it when the follower is behind the leader's
+compacted log, e.g. after its data directory was wiped): the commit log is byte-identical across
+replicas and only ever holds committed data, so the missing range ``[own end, snapshot end)`` is an
+immutable prefix of any peer's commit log. The follower copies it, the store validates every record
+(CRC) and dispatches it, and Raft continues after the snapshot.
+
+Protocol (blocking TCP, one request per connection), after mutual authentication with the group secret::
+
+    server -> client: nonce_s (32 bytes)
+    client -> server: nonce_c (32) | HMAC-SHA256(secret, "catchup-client" | nonce_s | nonce_c)
+    server -> client: HMAC-SHA256(secret, "catchup-server" | nonce_c | nonce_s)
+    client -> server: from_offset i64 | to_offset i64
+    server -> client: status u8 | min_offset i64 | end_offset i64
+                      (status 0: serving; 1: from_offset below my retention point, restart from min_offset;
+                       2: I do not have to_offset yet)
+    server -> client: chunk* then u32 0, where chunk = u32 compressed length | lz4 block (size stored)
+
+Nothing is read from an unauthenticated peer beyond the 64 handshake bytes; nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import socket
+import struct
+import threading
+from collections.abc import Sequence
+from typing import Final
+
+import lz4.block
+
+from commitlog.errors import StoreError
+from commitlog.store import MessageStore
+
+log = logging.getLogger(__name__)
+
+NONCE_BYTES: Final = 32
+MAC_BYTES: Final = 32
+REQUEST = struct.Struct(">qq")
+RESPONSE = struct.Struct(">Bqq")
+U32 = struct.Struct(">I")
+CHUNK_BYTES: Final = 4 << 20
+#: a compressed chunk may not claim more than this
+CHUNK_BYTES_MAX: Final = 2 * CHUNK_BYTES
+CONNECTIONS_MAX: Final = 4
+SOCKET_TIMEOUT_SECONDS: Final = 10.0
+
+STATUS_OK: Final = 0
+STATUS_BELOW_RETENTION: Final = 1
+STATUS_NOT_YET: Final = 2
+
+
+class CatchupError(Exception):
+    """The copy could not be made from any peer (unreachable, refused, behind, or sent damaged data)."""
+
+
+def _mac(secret: bytes, label: bytes, first: bytes, second: bytes) -> bytes:
+    return hmac.new(secret, label + first + second, hashlib.sha256).digest()
+
+
+def _receive_exactly(sock: socket.socket, size: int) -> bytes:
+    chunks = []
+    remaining = size
+    while remaining:
+        chunk = sock.recv(min(remaining, 1 << 20))
+        if not chunk:
+            raise ConnectionError("peer closed the connection")
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+class CatchupServer:
+    """Serves this member's committed commit-log bytes to authenticated peers."""
+
+    def __init__(self, address: tuple[str, int], secret: bytes, store: MessageStore) -> None:
+        self.secret = secret
+        self.store = store
+        self.listener = socket.create_server(address, reuse_port=False)
+        self.listener.settimeout(0.5)
+        self.address = self.listener.getsockname()
+        self._slots = threading.BoundedSemaphore(CONNECTIONS_MAX)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._accept_loop, name="catchup-server", daemon=True)
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                connection, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not self._slots.acquire(blocking=False):
+                connection.close()  # over the connection limit: the client tries another peer
+                continue
+            threading.Thread(target=self._serve, args=(connection,), name="catchup-conn", daemon=True).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        try:
+            connection.settimeout(SOCKET_TIMEOUT_SECONDS)
+            server_nonce = os.urandom(NONCE_BYTES)
+            connection.sendall(server_nonce)
+            hello = _receive_exactly(connection, NONCE_BYTES + MAC_BYTES)
+            client_nonce, proof = hello[:NONCE_BYTES], hello[NONCE_BYTES:]
+            if not hmac.compare_digest(proof, _mac(self.secret, b"catchup-client", server_nonce, client_nonce)):
+                log.warning("catch-up connection failed authentication")
+                return
+            connection.sendall(_mac(self.secret, b"catchup-server", client_nonce, server_nonce))
+            from_offset, to_offset = REQUEST.unpack(_receive_exactly(connection, REQUEST.size))
+            low, end = self.store.commit_log.min_offset, self.store.max_physical_offset
+            if from_offset < low:
+                connection.sendall(RESPONSE.pack(STATUS_BELOW_RETENTION, low, end))
+                return
+            if to_offset > end or from_offset > to_offset:
+                connection.sendall(RESPONSE.pack(STATUS_NOT_YET, low, end))
+                return
+            connection.sendall(RESPONSE.pack(STATUS_OK, low, end))
+            position = from_offset
+            while position < to_offset:
+                data = self.store.read_committed(position, min(CHUNK_BYTES, to_offset - position))
+                compressed = lz4.block.compress(data, store_size=True)
+                connection.sendall(U32.pack(len(compressed)) + compressed)
+                position += len(data)
+            connection.sendall(U32.pack(0))
+        except (OSError, ConnectionError, StoreError, struct.error) as exc:
+            log.info("catch-up connection ended: %s", exc)
+        finally:
+            connection.close()
+            self._slots.release()
+
+    def close(self) -> None:
+        self._stopped.set()
+        self.listener.close()
+        self._thread.join(timeout=5)
+
+
+def fetch(peers: Sequence[tuple[str, int]], secret: bytes, store: MessageStore, to_offset: int,
+          raft_index: int) -> None:
+    """Make ``store`` hold the commit log up to ``to_offset`` (the snapshot's end) and mark ``raft_index``
+    applied, copying from the first peer that can serve. Raises :class:`CatchupError` when none can."""
+    errors = []
+    for peer in peers:
+        try:
+            _fetch_from(peer, secret, store, to_offset)
+            store.finish_ingest(raft_index)
+            return
+        except (OSError, ConnectionError, CatchupError, StoreError, struct.error, lz4.block.LZ4BlockError) as exc:
+            store.discard_ingest()
+            errors.append(f"{peer[0]}:{peer[1]}: {exc}")
+    raise CatchupError("no peer could serve the catch-up: " + "; ".join(errors))
+
+
+def _fetch_from(peer: tuple[str, int], secret: bytes, store: MessageStore, to_offset: int) -> None:
+    for _ in range(2):  # the second round after a reset below the peer's retention point
+        with socket.create_connection(peer, timeout=SOCKET_TIMEOUT_SECONDS) as connection:
+            server_nonce = _receive_exactly(connection, NONCE_BYTES)
+            client_nonce = os.urandom(NONCE_BYTES)
+            connection.sendall(client_nonce + _mac(secret, b"catchup-client", server_nonce, client_nonce))
+            proof = _receive_exactly(connection, MAC_BYTES)
+            if not hmac.compare_digest(proof, _mac(secret, b"catchup-server", client_nonce, server_nonce)):
+                raise CatchupError("the peer failed authentication")
+            from_offset = store.max_physical_offset
+            connection.sendall(REQUEST.pack(from_offset, to_offset))
+            status, low, end = RESPONSE.unpack(_receive_exactly(connection, RESPONSE.size))
+            if status == STATUS_BELOW_RETENTION:
+                store.reset_to(low)
+                continue
+            if status != STATUS_OK:
+                raise CatchupError(f"the peer holds [{low}, {end}), not up to {to_offset}")
+            position = from_offset
+            while True:
+                (length,) = U32.unpack(_receive_exactly(connection, U32.size))
+                if length == 0:
+                    break
+                if length > CHUNK_BYTES_MAX:
+                    raise CatchupError(f"chunk of {length} bytes is over the limit")
+                compressed = _receive_exactly(connection, length)
+                if int.from_bytes(compressed[:4], "little") > CHUNK_BYTES:
+                    raise CatchupError("chunk claims an impossible size")
+                data = bytes(lz4.block.decompress(compressed))
+                store.ingest_raw(position, data)
+                position += len(data)
+            if position != to_offset:
+                raise CatchupError(f"the copy stopped at {position}, expected {to_offset}")
+            return
+    raise CatchupError("the peer's retention point moved twice during the copy")

@@ -1,0 +1,325 @@
+"""The Raft transport's wire protocol, sans-IO: a mutual HMAC-SHA256 handshake, then authenticated frames.
+
+No socket in sight (house style 1): :class:`SecureChannel` is fed received bytes with
+:meth:`SecureChannel.receive_data`, hands back handshake bytes to send with
+:meth:`SecureChannel.data_to_send`, yields verified frame payloads with :meth:`SecureChannel.next_frame`
+and encodes outgoing frames with :meth:`SecureChannel.encode_frame`. ``dledger.transport`` is the thin
+socket shell around it.
+
+Wire format (all integers big-endian)::
+
+    HELLO  = magic "RMQDLG" (6) | version u16 (2) | nonce (32)                      40 bytes, both sides
+    PROOF  = HMAC-SHA256(secret, label | HELLO_initiator | HELLO_acceptor)            32 bytes
+    FRAME  = payload length u32 | tag (16) | payload
+    tag    = HMAC-SHA256(direction key, sequence u64 | payload length u32 | payload)[:16]
+    direction key = HMAC-SHA256(secret, direction label | HELLO_initiator | HELLO_acceptor)
+
+Ordering: both sides send HELLO at once (a nonce reveals nothing). The initiator (the side that called
+``connect``) sends its PROOF when it has the acceptor's HELLO. The acceptor verifies that PROOF before it
+sends its own, so a peer that does not know the secret never obtains a keyed value computed over a nonce
+it chose. The initiator verifies the acceptor's PROOF before it sends any frame. Every PROOF and key is
+bound to both nonces and to a role or direction label, so a proof or a frame cannot be reflected back, replayed
+on another connection or moved to the other direction. Frame tags cover an implicit per-direction sequence
+number, so frames cannot be dropped, reordered or replayed inside a connection without detection.
+Tags are compared in constant time (:func:`hmac.compare_digest`).
+
+Nothing here deserializes anything: a frame payload is opaque bytes, returned only after its tag verified.
+An empty payload is a keepalive; the socket shell sends one on idle connections and discards it on receipt.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import os
+import struct
+from collections.abc import Callable
+from typing import Any, Final
+
+from commitlog.errors import fail, invariant
+
+PROTOCOL_MAGIC: Final = b"RMQDLG"
+PROTOCOL_VERSION: Final = 1
+NONCE_BYTES: Final = 32
+HELLO: Final = struct.Struct(">6sH32s")
+invariant(HELLO.size == 40, "HELLO must be 40 bytes")
+PROOF_BYTES: Final = 32
+TAG_BYTES: Final = 16
+FRAME_HEADER: Final = struct.Struct(">I16s")
+invariant(FRAME_HEADER.size == 4 + TAG_BYTES, "frame header must be 20 bytes")
+TAG_PREFIX: Final = struct.Struct(">QI")  # sequence number, payload length
+#: the u32 length field's own limit; a configured frame limit above it is a programmer error
+FRAME_SIZE_LIMIT_BYTES: Final = 2**32 - 1
+
+_LABEL_INITIATOR_PROOF: Final = b"raftmq/dledger/v1 proof initiator\x00"
+_LABEL_ACCEPTOR_PROOF: Final = b"raftmq/dledger/v1 proof acceptor\x00"
+_LABEL_INITIATOR_TO_ACCEPTOR_KEY: Final = b"raftmq/dledger/v1 key initiator->acceptor\x00"
+_LABEL_ACCEPTOR_TO_INITIATOR_KEY: Final = b"raftmq/dledger/v1 key acceptor->initiator\x00"
+
+#: compact the receive buffer once this many consumed bytes sit at its front (and they are at least half
+#: of it), so the cost of moving the unread tail stays amortized O(1) per byte received
+_COMPACT_THRESHOLD_BYTES: Final = 1 << 20
+
+
+class ProtocolError(Exception):
+    """The peer broke the protocol: the connection must be closed and nothing it sent may be used."""
+
+
+class HandshakeError(ProtocolError):
+    """Wrong magic or version, or a proof that does not verify (the peer does not know the secret)."""
+
+
+class FrameError(ProtocolError):
+    """A received frame that is too large or fails its tag, or a channel used after it failed."""
+
+
+class FrameTooLargeError(ValueError):
+    """A local caller tried to send a frame above the limit: a configuration or programmer error."""
+
+
+class Role(enum.Enum):
+    """Which end of the TCP connection this channel is: the roles choose the proof and key labels."""
+
+    INITIATOR = "initiator"
+    ACCEPTOR = "acceptor"
+
+
+class ChannelState(enum.Enum):
+    AWAITING_HELLO = "awaiting hello"
+    AWAITING_PROOF = "awaiting proof"
+    ESTABLISHED = "established"
+    FAILED = "failed"
+
+
+def validate_secret(secret: bytes) -> None:
+    """Operating error for a secret that cannot authenticate anything."""
+    if not isinstance(secret, bytes):
+        raise TypeError(f"the shared secret must be bytes, not {type(secret).__name__}")
+    if not secret:
+        raise ValueError("the shared secret must not be empty")
+
+
+class ReceiveBuffer:
+    """Received bytes with a read offset: consuming is O(1), appending is amortized O(len(data)).
+
+    A ``bytearray`` grows in place (no ``bytes +=``) and consumed bytes are only dropped from its front
+    when they are at least half of it, so no byte is moved more than a constant number of times.
+    """
+
+    __slots__ = ("_buffer", "_offset")
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._offset = 0
+
+    def __len__(self) -> int:
+        return len(self._buffer) - self._offset
+
+    def append(self, data: bytes) -> None:
+        if self._offset == len(self._buffer):
+            self._buffer.clear()
+            self._offset = 0
+        elif self._offset >= _COMPACT_THRESHOLD_BYTES and self._offset * 2 >= len(self._buffer):
+            del self._buffer[: self._offset]
+            self._offset = 0
+        self._buffer += data
+
+    def peek_unpack(self, layout: struct.Struct) -> tuple[Any, ...]:
+        invariant(len(self) >= layout.size, "peek beyond the received bytes")
+        return layout.unpack_from(self._buffer, self._offset)
+
+    def take(self, size: int) -> bytes:
+        """The next ``size`` bytes as one copy, consumed."""
+        invariant(0 <= size <= len(self), "take beyond the received bytes")
+        start = self._offset
+        self._offset += size
+        # A memoryview slice copies once; it is released at once because a live export would stop the
+        # bytearray from resizing on the next append.
+        with memoryview(self._buffer) as view:
+            return bytes(view[start : start + size])
+
+    def skip(self, size: int) -> None:
+        invariant(0 <= size <= len(self), "skip beyond the received bytes")
+        self._offset += size
+
+
+def _keyed_digest(secret: bytes, label: bytes, transcript: bytes) -> bytes:
+    return hmac.digest(secret, label + transcript, hashlib.sha256)
+
+
+class SecureChannel:
+    """One connection's protocol state: handshake, then authenticated frames in both directions.
+
+    ``random_bytes`` is injected (house style 7) so tests can make nonces deterministic; production uses
+    :func:`os.urandom`. Any :class:`ProtocolError` leaves the channel ``FAILED`` for good.
+    """
+
+    def __init__(
+        self,
+        role: Role,
+        secret: bytes,
+        *,
+        frame_size_max_bytes: int,
+        random_bytes: Callable[[int], bytes] = os.urandom,
+    ) -> None:
+        validate_secret(secret)
+        if not 0 < frame_size_max_bytes <= FRAME_SIZE_LIMIT_BYTES:
+            raise ValueError(f"frame_size_max_bytes must be in 1..{FRAME_SIZE_LIMIT_BYTES}")
+        nonce = random_bytes(NONCE_BYTES)
+        invariant(len(nonce) == NONCE_BYTES, "random_bytes returned the wrong length")
+        self._role = role
+        self._secret = secret
+        self._frame_size_max_bytes = frame_size_max_bytes
+        self._own_hello = HELLO.pack(PROTOCOL_MAGIC, PROTOCOL_VERSION, nonce)
+        self._peer_hello = b""
+        self._state = ChannelState.AWAITING_HELLO
+        self._received = ReceiveBuffer()
+        self._outgoing_handshake: list[bytes] = [self._own_hello]
+        self._send_mac: hmac.HMAC | None = None
+        self._receive_mac: hmac.HMAC | None = None
+        self._send_sequence = 0
+        self._receive_sequence = 0
+
+    @property
+    def state(self) -> ChannelState:
+        return self._state
+
+    @property
+    def established(self) -> bool:
+        return self._state is ChannelState.ESTABLISHED
+
+    @property
+    def role(self) -> Role:
+        return self._role
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Received bytes not consumed yet (a partial handshake message or frame)."""
+        return len(self._received)
+
+    def data_to_send(self) -> bytes:
+        """Handshake bytes produced so far and not yet taken; empty once nothing is pending."""
+        pending = b"".join(self._outgoing_handshake)
+        self._outgoing_handshake.clear()
+        return pending
+
+    def receive_data(self, data: bytes) -> None:
+        """Buffer received bytes and advance the handshake as far as they allow.
+
+        Handshake messages are processed here, eagerly, so a peer without the secret is rejected after at
+        most one read; frames are only parsed by :meth:`next_frame`.
+        """
+        if self._state is ChannelState.FAILED:
+            raise ProtocolError("the channel already failed")
+        self._received.append(data)
+        try:
+            self._advance_handshake()
+        except ProtocolError:
+            self._fail()
+            raise
+
+    def next_frame(self) -> bytes | None:
+        """The next verified frame payload, or None if a whole frame has not arrived yet."""
+        if self._state is not ChannelState.ESTABLISHED:
+            if self._state is ChannelState.FAILED:
+                raise FrameError("the channel already failed")
+            return None
+        try:
+            return self._parse_frame()
+        except ProtocolError:
+            self._fail()
+            raise
+
+    def encode_frame(self, payload: bytes) -> bytes:
+        """The header (length and tag) to send right before ``payload``; the caller sends both in order.
+
+        Each call consumes one sequence number, so headers must be sent in the order they were made.
+        """
+        send_mac = self._send_mac
+        if self._state is not ChannelState.ESTABLISHED or send_mac is None:
+            fail("frames can only be sent on an established channel")
+        length = len(payload)
+        if length > self._frame_size_max_bytes:
+            raise FrameTooLargeError(
+                f"frame of {length} bytes exceeds the limit of {self._frame_size_max_bytes}"
+            )
+        mac = send_mac.copy()
+        mac.update(TAG_PREFIX.pack(self._send_sequence, length))
+        mac.update(payload)
+        self._send_sequence += 1
+        return FRAME_HEADER.pack(length, mac.digest()[:TAG_BYTES])
+
+    def _fail(self) -> None:
+        self._state = ChannelState.FAILED
+        self._send_mac = None
+        self._receive_mac = None
+        self._outgoing_handshake.clear()
+
+    def _transcript(self) -> bytes:
+        if self._role is Role.INITIATOR:
+            return self._own_hello + self._peer_hello
+        return self._peer_hello + self._own_hello
+
+    def _advance_handshake(self) -> None:
+        if self._state is ChannelState.AWAITING_HELLO:
+            if len(self._received) < HELLO.size:
+                return
+            magic, version, _nonce = self._received.peek_unpack(HELLO)
+            if magic != PROTOCOL_MAGIC:
+                raise HandshakeError("the peer does not speak the raftmq Raft protocol (bad magic)")
+            if version != PROTOCOL_VERSION:
+                raise HandshakeError(f"unsupported protocol version {version}")
+            self._peer_hello = self._received.take(HELLO.size)
+            if self._peer_hello == self._own_hello:
+                # Our own HELLO came back: someone is reflecting the connection onto itself.
+                raise HandshakeError("the peer echoed our nonce")
+            self._state = ChannelState.AWAITING_PROOF
+            if self._role is Role.INITIATOR:
+                self._outgoing_handshake.append(
+                    _keyed_digest(self._secret, _LABEL_INITIATOR_PROOF, self._transcript())
+                )
+        if self._state is ChannelState.AWAITING_PROOF:
+            if len(self._received) < PROOF_BYTES:
+                return
+            proof = self._received.take(PROOF_BYTES)
+            transcript = self._transcript()
+            peer_label = _LABEL_ACCEPTOR_PROOF if self._role is Role.INITIATOR else _LABEL_INITIATOR_PROOF
+            expected = _keyed_digest(self._secret, peer_label, transcript)
+            if not hmac.compare_digest(proof, expected):
+                raise HandshakeError("the peer's proof does not verify: it does not know the shared secret")
+            if self._role is Role.ACCEPTOR:
+                self._outgoing_handshake.append(
+                    _keyed_digest(self._secret, _LABEL_ACCEPTOR_PROOF, transcript)
+                )
+            initiator_to_acceptor = _keyed_digest(self._secret, _LABEL_INITIATOR_TO_ACCEPTOR_KEY, transcript)
+            acceptor_to_initiator = _keyed_digest(self._secret, _LABEL_ACCEPTOR_TO_INITIATOR_KEY, transcript)
+            if self._role is Role.INITIATOR:
+                send_key, receive_key = initiator_to_acceptor, acceptor_to_initiator
+            else:
+                send_key, receive_key = acceptor_to_initiator, initiator_to_acceptor
+            # Keyed base objects are copied per frame: the key schedule is computed once per connection.
+            self._send_mac = hmac.new(send_key, digestmod=hashlib.sha256)
+            self._receive_mac = hmac.new(receive_key, digestmod=hashlib.sha256)
+            self._state = ChannelState.ESTABLISHED
+
+    def _parse_frame(self) -> bytes | None:
+        if len(self._received) < FRAME_HEADER.size:
+            return None
+        length, tag = self._received.peek_unpack(FRAME_HEADER)
+        if length > self._frame_size_max_bytes:
+            raise FrameError(f"frame of {length} bytes exceeds the limit of {self._frame_size_max_bytes}")
+        if len(self._received) < FRAME_HEADER.size + length:
+            return None
+        receive_mac = self._receive_mac
+        if receive_mac is None:
+            fail("an established channel has a receive key")
+        self._received.skip(FRAME_HEADER.size)
+        payload = self._received.take(length)
+        mac = receive_mac.copy()
+        mac.update(TAG_PREFIX.pack(self._receive_sequence, length))
+        mac.update(payload)
+        if not hmac.compare_digest(mac.digest()[:TAG_BYTES], tag):
+            raise FrameError("frame tag does not verify (tampered, reordered or replayed)")
+        self._receive_sequence += 1
+        return payload

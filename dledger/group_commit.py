@@ -1,0 +1,237 @@
+"""Group commit on the leader: concurrent appends packed into one Raft command.
+
+Callers submit a list of messages (one send, or one batch send, which stays atomic) and get a future. A
+batcher thread takes waiting requests up to ``batch_messages_max`` messages and ``batch_bytes_max`` bytes
+(waiting up to ``linger_ms`` for more when the batch is not full), stamps them with one store timestamp
+(never lower than any earlier stamp, whatever the clocks of past leaders said), encodes one command and
+proposes it. At most ``in_flight_entries_max`` commands wait for Raft at once; beyond
+``pending_bytes_max`` waiting bytes a submit is refused as busy.
+
+Each future resolves with the caller's own results (offsets or per-message rejections), or fails with:
+:class:`NotLeaderError` (nothing was proposed), :class:`BusyError` (nothing was proposed),
+:class:`EntryTooLargeError` (nothing was proposed), or :class:`OutcomeUnknownError` (proposed, but the
+leader changed or the apply timed out: the messages may or may not be stored; retry with the same
+UNIQ_KEY, which is deduplicated).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from commitlog.message import MessageInput
+from commitlog.store import AppendResult
+from dledger.apply import ApplyResult
+from dledger.command import encode_messages_command
+from dledger.config import GroupCommitSettings
+
+log = logging.getLogger(__name__)
+
+#: bytes a message adds to its body and properties in a command
+MESSAGE_OVERHEAD_BYTES = 64
+
+# pysyncobj's FAIL_REASON values
+FAIL_SUCCESS = 0
+FAIL_QUEUE_FULL = 1
+FAIL_MISSING_LEADER = 2
+FAIL_DISCARDED = 3
+FAIL_NOT_LEADER = 4
+FAIL_LEADER_CHANGED = 5
+FAIL_REQUEST_DENIED = 6
+
+Propose = Callable[[bytes, Callable[[ApplyResult | None, int], None]], None]
+
+
+class AppendError(Exception):
+    """An append that did not produce results."""
+
+
+class NotLeaderError(AppendError):
+    """This member is not the leader: nothing was proposed. ``leader`` names the leader when known."""
+
+    def __init__(self, leader: str | None) -> None:
+        super().__init__(f"not the leader (leader: {leader or 'unknown'})")
+        self.leader = leader
+
+
+class BusyError(AppendError):
+    """Too much is waiting already: nothing was proposed (RocketMQ's SYSTEM_BUSY)."""
+
+
+class EntryTooLargeError(AppendError):
+    """The messages do not fit in one Raft entry: nothing was proposed."""
+
+
+class OutcomeUnknownError(AppendError):
+    """Proposed, but no answer: the messages may or may not be stored."""
+
+
+def request_bytes(messages: Sequence[MessageInput]) -> int:
+    return sum(len(m.body) + len(m.properties) + len(m.topic) + MESSAGE_OVERHEAD_BYTES for m in messages)
+
+
+@dataclass(slots=True)
+class _Request:
+    messages: Sequence[MessageInput]
+    size: int
+    future: Future[tuple[AppendResult, ...]] = field(default_factory=Future)
+
+
+class GroupCommitter:
+    def __init__(
+        self,
+        settings: GroupCommitSettings,
+        propose: Propose,
+        leader: Callable[[], tuple[bool, str | None]],
+        entry_bytes_max: int,
+        wall_clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.propose = propose
+        self.leader = leader
+        self.entry_bytes_max = entry_bytes_max
+        self.wall_clock_ms = wall_clock_ms
+        self.monotonic = monotonic
+        self._condition = threading.Condition()
+        self._waiting: deque[_Request] = deque()
+        self._waiting_bytes = 0
+        self._in_flight: dict[int, tuple[float, list[_Request]]] = {}
+        self._next_batch_id = 0
+        self._last_stamp_ms = 0
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
+        self._thread.start()
+
+    def raise_stamp_floor(self, stamp_ms: int) -> None:
+        """Never stamp below ``stamp_ms`` (the last store timestamp applied, on becoming leader)."""
+        with self._condition:
+            self._last_stamp_ms = max(self._last_stamp_ms, stamp_ms)
+
+    def submit(self, messages: Sequence[MessageInput]) -> Future[tuple[AppendResult, ...]]:
+        is_leader, leader = self.leader()
+        if not is_leader:
+            raise NotLeaderError(leader)
+        size = request_bytes(messages)
+        if size > self.entry_bytes_max:
+            raise EntryTooLargeError(f"{size} bytes of messages exceed one entry ({self.entry_bytes_max} bytes)")
+        request = _Request(messages, size)
+        with self._condition:
+            if self._stopped:
+                raise NotLeaderError(None)
+            if self._waiting_bytes + size > self.settings.pending_bytes_max:
+                raise BusyError(f"{self._waiting_bytes} bytes are waiting for replication")
+            self._waiting.append(request)
+            self._waiting_bytes += size
+            self._condition.notify_all()
+        return request.future
+
+    def _take_batch(self) -> list[_Request]:
+        """Called with the condition held and something waiting."""
+        batch: list[_Request] = []
+        count = size = 0
+        while self._waiting:
+            request = self._waiting[0]
+            if batch and (count + len(request.messages) > self.settings.batch_messages_max
+                          or size + request.size > self.settings.batch_bytes_max):
+                break
+            self._waiting.popleft()
+            self._waiting_bytes -= request.size
+            batch.append(request)
+            count += len(request.messages)
+            size += request.size
+        return batch
+
+    def _batch_is_full(self) -> bool:
+        count = sum(len(r.messages) for r in self._waiting)
+        size = sum(r.size for r in self._waiting)
+        return count >= self.settings.batch_messages_max or size >= self.settings.batch_bytes_max
+
+    def _run(self) -> None:
+        linger_seconds = self.settings.linger_ms / 1000
+        timeout_seconds = self.settings.apply_timeout_ms / 1000
+        while True:
+            with self._condition:
+                while not self._stopped and (
+                    not self._waiting or len(self._in_flight) >= self.settings.in_flight_entries_max
+                ):
+                    self._condition.wait(timeout=min(0.1, timeout_seconds))
+                    self._expire(timeout_seconds)
+                if self._stopped:
+                    return
+                if linger_seconds and not self._batch_is_full():
+                    self._condition.wait(timeout=linger_seconds)
+                batch = self._take_batch()
+                if not batch:
+                    continue
+                stamp = max(self.wall_clock_ms(), self._last_stamp_ms)
+                self._last_stamp_ms = stamp
+                batch_id = self._next_batch_id
+                self._next_batch_id += 1
+                self._in_flight[batch_id] = (self.monotonic(), batch)
+            messages = [message for request in batch for message in request.messages]
+            data = encode_messages_command(messages, store_timestamp=stamp)
+            self.propose(data, functools.partial(self._on_applied, batch_id))
+
+    def _expire(self, timeout_seconds: float) -> None:
+        now = self.monotonic()
+        for batch_id, (started, batch) in list(self._in_flight.items()):
+            if now - started > timeout_seconds:
+                del self._in_flight[batch_id]
+                self._fail(batch, OutcomeUnknownError(f"no apply within {timeout_seconds:.1f} s"))
+
+    def _on_applied(self, batch_id: int, result: ApplyResult | None, reason: int) -> None:
+        """pysyncobj's callback, on its tick thread: keep it short."""
+        with self._condition:
+            entry = self._in_flight.pop(batch_id, None)
+            self._condition.notify_all()
+        if entry is None:
+            return  # already failed by a timeout
+        _, batch = entry
+        if reason == FAIL_SUCCESS and result is not None:
+            if result.noop_reason is not None or not result.message_results:
+                self._fail(batch, OutcomeUnknownError(f"applied as a no-op: {result.noop_reason}"))
+                return
+            results = result.message_results[0]
+            position = 0
+            for request in batch:
+                count = len(request.messages)
+                request.future.set_result(tuple(results[position : position + count]))
+                position += count
+        elif reason in (FAIL_QUEUE_FULL, FAIL_NOT_LEADER, FAIL_MISSING_LEADER, FAIL_REQUEST_DENIED):
+            self._fail(batch, NotLeaderError(None) if reason != FAIL_QUEUE_FULL else BusyError("Raft queue full"))
+        else:
+            self._fail(batch, OutcomeUnknownError(f"leader changed before the entry applied (reason {reason})"))
+
+    @staticmethod
+    def _fail(batch: list[_Request], error: AppendError) -> None:
+        for request in batch:
+            if not request.future.done():
+                request.future.set_exception(error)
+
+    def step_down(self) -> None:
+        """Fail what waits (not proposed: NotLeaderError) when leadership is lost; in-flight entries get
+        their outcome from pysyncobj's callbacks."""
+        with self._condition:
+            waiting = list(self._waiting)
+            self._waiting.clear()
+            self._waiting_bytes = 0
+        self._fail(waiting, NotLeaderError(None))
+
+    def stop(self) -> None:
+        with self._condition:
+            self._stopped = True
+            waiting = list(self._waiting)
+            self._waiting.clear()
+            in_flight = [request for _, batch in self._in_flight.values() for request in batch]
+            self._in_flight.clear()
+            self._condition.notify_all()
+        self._fail(waiting, NotLeaderError(None))
+        self._fail(in_flight, OutcomeUnknownError("member stopped"))
+        self._thread.join(timeout=5)

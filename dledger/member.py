@@ -1,0 +1,276 @@
+"""A member of the Raft group: a pysyncobj node, the local store, the apply loop, group commit, snapshots
+and catch-up, and role-change events.
+
+Threads: pysyncobj's tick thread runs Raft, apply, the snapshot serializer and deserializer (and so a
+catch-up copy); the group-commit thread packs and proposes; the catch-up server serves peers; callers
+submit from anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pysyncobj import SyncObj, replicated
+
+from commitlog.message import MessageInput
+from commitlog.store import AppendResult, MessageStore
+from dledger.apply import ApplyResult, StateMachine
+from dledger.catchup import CatchupServer, fetch
+from dledger.command import Command, encode_command
+from dledger.config import NodeConfig, parse_address
+from dledger.group_commit import GroupCommitter, NotLeaderError, OutcomeUnknownError, request_bytes
+from dledger.snapshot import Snapshot, read_snapshot, write_snapshot
+from dledger.state import ReplicatedState, StateError
+from dledger.transport import transport_class
+from dledger.tuning import tuned_conf
+
+log = logging.getLogger(__name__)
+
+#: exit status when apply meets a programmer error: stopping beats a replica stalled or diverged
+EXIT_APPLY_INVARIANT = 70
+RAFT_STATES = {0: "follower", 1: "candidate", 2: "leader"}
+#: a command carries more than its messages: operation heads, version, pickling
+ENTRY_OVERHEAD_BYTES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class RoleChange:
+    role: str
+    term: int
+    leader: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class MemberStatus:
+    node_id: str
+    role: str
+    term: int
+    leader: str | None
+    commit_index: int
+    applied_index: int
+    commit_log_max_offset: int
+    commit_log_min_offset: int
+
+
+def encode_payload(data: bytes) -> int:
+    """The command as one Python int: pysyncobj pickles arguments with protocol 2, where an int is the
+    cheapest carrier for binary data (shared/DESIGN.md). The 0x01 prefix keeps leading zero bytes."""
+    return int.from_bytes(b"\x01" + data, "big")
+
+
+def decode_payload(payload: int) -> bytes:
+    return payload.to_bytes((payload.bit_length() + 7) // 8, "big")[1:]
+
+
+class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
+    def __init__(self, member: GroupMember, self_address: str, peers: list[str], conf: Any, transport: Any) -> None:
+        self._member = member
+        super().__init__(self_address, peers, conf=conf, transportClass=transport)
+
+    @replicated  # type: ignore[untyped-decorator]
+    def apply_command(self, payload: int) -> ApplyResult:
+        # pysyncobj advances raftLastApplied after this returns: this entry's index is one more
+        return self._member.apply(self.raftLastApplied + 1, payload)
+
+
+class GroupMember:
+    def __init__(self, config: NodeConfig, on_role_change: Callable[[RoleChange], None] | None = None) -> None:
+        self.config = config.validate()
+        self.on_role_change = on_role_change
+        self.raft_dir = config.data_dir / "raft"
+        self.raft_dir.mkdir(parents=True, exist_ok=True)
+        self.state = ReplicatedState()
+        self.store = MessageStore(config.store_config, extension_provider=lambda: self.state.encode())
+        if self.store.extension:
+            try:
+                self.state = ReplicatedState.decode(self.store.extension)
+            except StateError as exc:
+                log.warning("replicated state in the checkpoint is unreadable (%s): rebuilding from Raft", exc)
+        self.machine = StateMachine(self.store, self.state)
+        self._role = RoleChange("follower", 0, None)
+        self._apply_lock = threading.Lock()
+        self.catchup_server = CatchupServer(parse_address(config.catchup_address, "catchup_address"),
+                                            config.secret, self.store)
+        store_config = config.store_config
+        self.entry_bytes_max = max(config.group_commit.batch_bytes_max, store_config.body_size_max_bytes + 65536)
+        raft = config.raft
+        conf = tuned_conf(
+            append_entries_period_seconds=raft.append_entries_period_ms / 1000,
+            raft_min_timeout_seconds=raft.election_timeout_min_ms / 1000,
+            raft_max_timeout_seconds=raft.election_timeout_max_ms / 1000,
+            entry_size_max_bytes=self.entry_bytes_max + ENTRY_OVERHEAD_BYTES,
+            journal_file=str(self.raft_dir / "journal"),
+            full_dump_file=str(self.raft_dir / "snapshot"),
+            serializer=self._write_snapshot,
+            deserializer=self._load_snapshot,
+            log_compaction_min_entries=raft.log_compaction_entries,
+            log_compaction_min_time_seconds=raft.log_compaction_seconds,
+            extra={"onStateChanged": self._on_state_changed},
+        )
+        peers = [peer.raft_address for peer in config.peers]
+        self.committer = GroupCommitter(config.group_commit, self._propose, self._leadership, self.entry_bytes_max)
+        self.raft = _RaftNode(self, config.raft_address, peers, conf, transport_class(config.secret))
+
+    # ------------------------------------------------------------------ apply (tick thread)
+
+    def apply(self, raft_index: int, payload: int) -> ApplyResult:
+        """Total: a programmer error stops the process (a stalled or diverged replica is worse)."""
+        try:
+            with self._apply_lock:
+                return self.machine.apply(raft_index, decode_payload(payload))
+        except Exception:
+            log.critical("apply failed at index %d: stopping this member", raft_index, exc_info=True)
+            logging.shutdown()
+            os._exit(EXIT_APPLY_INVARIANT)
+
+    # ------------------------------------------------------------------ snapshots (tick thread)
+
+    def _write_snapshot(self, file_name: str, data: Any) -> None:
+        """pysyncobj's log compaction: ``data`` is (last applied entry, previous entry, cluster)."""
+        last_entry, previous_entry, cluster = data
+        with self._apply_lock:
+            if self.state.applied_index < last_entry[1]:
+                self.state.applied_index = last_entry[1]  # pysyncobj-internal entries (no-ops) apply nothing
+            self.store.flush()  # the checkpoint now covers the snapshot's index
+            snapshot = Snapshot(
+                last_entry=(bytes(last_entry[0]), last_entry[1], last_entry[2]),
+                previous_entry=(bytes(previous_entry[0]), previous_entry[1], previous_entry[2]),
+                commit_log_min=self.store.commit_log.min_offset,
+                commit_log_end=self.store.max_physical_offset,
+                members=tuple(sorted(str(node) for node in cluster)),
+                state=self.state.encode(),
+            )
+        write_snapshot(Path(file_name), snapshot)
+
+    def _load_snapshot(self, file_name: str) -> tuple[Any, Any, Any]:
+        """Install a snapshot: at start-up our own; on a lagging follower, the leader's, after copying the
+        commit-log bytes it lacks from a peer. Raising leaves everything as it was (pysyncobj retries)."""
+        snapshot = read_snapshot(Path(file_name))
+        with self._apply_lock:
+            if self.store.applied_raft_index < snapshot.index:
+                peers = [parse_address(peer.catchup_address, "catchup_address") for peer in self.config.peers]
+                log.info("catching up to index %d (commit log end %d) from peers", snapshot.index,
+                         snapshot.commit_log_end)
+                fetch(peers, self.config.secret, self.store, snapshot.commit_log_end, snapshot.index)
+            if self.state.applied_index < snapshot.index:
+                installed = ReplicatedState.decode(snapshot.state)
+                for state_field in dataclasses.fields(ReplicatedState):
+                    setattr(self.state, state_field.name, getattr(installed, state_field.name))
+                self.store.flush()
+        return snapshot.last_entry, snapshot.previous_entry, frozenset(snapshot.members)
+
+    # ------------------------------------------------------------------ roles
+
+    def _on_state_changed(self, old_state: int, new_state: int) -> None:
+        status = self.raft.getStatus() if hasattr(self, "raft") else {}
+        leader = status.get("leader")
+        change = RoleChange(RAFT_STATES.get(new_state, str(new_state)), int(status.get("raft_term", 0)),
+                            str(leader) if leader is not None else None)
+        self._role = change
+        if change.role == "leader":
+            self.committer.raise_stamp_floor(self.state.last_store_timestamp)
+        else:
+            self.committer.step_down()
+        log.info("role %s -> %s (term %d)", RAFT_STATES.get(old_state), change.role, change.term)
+        if self.on_role_change is not None:
+            self.on_role_change(change)
+
+    def _leadership(self) -> tuple[bool, str | None]:
+        leader = self.raft._getLeader()
+        is_leader = self.raft._isLeader()
+        return bool(is_leader), (str(leader) if leader is not None else None)
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leadership()[0]
+
+    def status(self) -> MemberStatus:
+        raft_status = self.raft.getStatus()
+        leader = raft_status.get("leader")
+        return MemberStatus(
+            node_id=self.config.id,
+            role=RAFT_STATES.get(int(raft_status.get("state", 0)), "unknown"),
+            term=int(raft_status.get("raft_term", 0)),
+            leader=str(leader) if leader is not None else None,
+            commit_index=int(raft_status.get("commit_idx", 0)),
+            applied_index=self.machine.applied_index,
+            commit_log_max_offset=self.store.max_physical_offset,
+            commit_log_min_offset=self.store.commit_log.min_offset,
+        )
+
+    # ------------------------------------------------------------------ writes
+
+    def _propose(self, data: bytes, callback: Callable[[ApplyResult | None, int], None]) -> None:
+        self.raft.apply_command(encode_payload(data), callback=callback)
+
+    def append(self, messages: Sequence[MessageInput]) -> Future[tuple[AppendResult, ...]]:
+        """Replicate ``messages`` (one send or one atomic batch) through group commit."""
+        return self.committer.submit(messages)
+
+    def propose(self, command: Command, timeout_seconds: float = 10.0) -> ApplyResult:
+        """Replicate a command other than plain messages (offsets, config, retention) and wait for it."""
+        is_leader, leader = self._leadership()
+        if not is_leader:
+            raise NotLeaderError(leader)
+        data = encode_command(command)
+        if len(data) > self.entry_bytes_max:
+            raise ValueError(f"command of {len(data)} bytes exceeds one entry")
+        done = threading.Event()
+        outcome: list[tuple[ApplyResult | None, int]] = []
+
+        def on_result(result: ApplyResult | None, reason: int) -> None:
+            outcome.append((result, reason))
+            done.set()
+
+        self._propose(data, on_result)
+        if not done.wait(timeout_seconds):
+            raise OutcomeUnknownError(f"no apply within {timeout_seconds} s")
+        result, reason = outcome[0]
+        if reason != 0 or result is None:
+            raise OutcomeUnknownError(f"proposal failed (reason {reason})")
+        return result
+
+    def request_bytes(self, messages: Sequence[MessageInput]) -> int:
+        return request_bytes(messages)
+
+    def transfer_leadership(self, target_node_id: str | None = None) -> None:
+        """Hand leadership to ``target_node_id`` (or the most caught-up follower) before a planned restart.
+        Best effort, as Raft's TimeoutNow: poll :meth:`status` to see it happen."""
+        is_leader, leader = self._leadership()
+        if not is_leader:
+            raise NotLeaderError(leader)
+        target = None
+        if target_node_id is not None:
+            matches = [peer.raft_address for peer in self.config.peers if peer.id == target_node_id]
+            if not matches:
+                raise ValueError(f"no member named {target_node_id!r}")
+            target = matches[0]
+        self.raft.transferLeadership(target)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def wait_ready(self, timeout_seconds: float) -> bool:
+        """Poll until this member knows a leader and has applied what it knows is committed."""
+        deadline = time.monotonic() + timeout_seconds
+        while time.monotonic() < deadline:
+            status = self.raft.getStatus()
+            if status.get("leader") is not None and self.raft.raftLastApplied >= status.get("leader_commit_idx", 1 << 62):
+                return True
+            time.sleep(0.02)
+        return False
+
+    def stop(self) -> None:
+        self.committer.stop()
+        self.raft.destroy()
+        self.catchup_server.close()
+        with self._apply_lock:
+            self.store.close()
