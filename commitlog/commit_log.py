@@ -28,6 +28,9 @@ from commitlog.message import (
 )
 
 SEGMENT_NAME = re.compile(r"^\d{20}$")
+#: old segments kept mapped for readers besides the one being written; the rest are unmapped so the
+#: process's resident memory does not grow with the data held
+MAPPED_READ_SEGMENTS_MAX = 3
 
 
 def segment_name(start_offset: int) -> str:
@@ -49,7 +52,9 @@ class CommitLog:
             start = int(path.name)
             if start % segment_size_bytes:
                 raise CorruptionError(f"segment {path} does not start at a multiple of the segment size")
-            self.segments[start] = MappedFile(path, segment_size_bytes, create=False)
+            segment = MappedFile(path, segment_size_bytes, create=False)
+            segment.on_remap = self._note_mapped
+            self.segments[start] = segment
             self.starts.append(start)
         for previous, current in zip(self.starts, self.starts[1:], strict=False):
             if current != previous + segment_size_bytes:
@@ -60,6 +65,17 @@ class CommitLog:
         # outside the GIL) by a worker while the current one fills, so apply never waits for it.
         self._allocator = ThreadPoolExecutor(max_workers=1, thread_name_prefix="segment-allocator")
         self._allocating: dict[int, Future[MappedFile]] = {}
+        self._mapped_for_reading: list[MappedFile] = []
+        for start in self.starts[:-1]:
+            self.segments[start].unmap()
+
+    def _note_mapped(self, segment: MappedFile) -> None:
+        """An old segment was mapped again for a read: keep at most MAPPED_READ_SEGMENTS_MAX of them."""
+        if self.starts and segment is self.segments.get(self.starts[-1]):
+            return
+        self._mapped_for_reading.append(segment)
+        while len(self._mapped_for_reading) > MAPPED_READ_SEGMENTS_MAX:
+            self._mapped_for_reading.pop(0).unmap()
 
     @property
     def min_offset(self) -> int:
@@ -81,6 +97,9 @@ class CommitLog:
                       "segments are created in order")
             pending = self._allocating.pop(start, None)
             segment = pending.result() if pending is not None else self._create(start)
+            segment.on_remap = self._note_mapped
+            if self.starts:
+                self.segments[self.starts[-1]].unmap()  # flushed first by the store; readers remap it
             self.segments[start] = segment
             self.starts.append(start)
         following = start + self.segment_size_bytes

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from commitlog.errors import DiskFullError, StoreError, invariant
@@ -56,6 +57,7 @@ class MappedFile:
         # crash during posix_fallocate must not leave a short file under a real name.
         if create and path.exists():
             raise StoreError(f"{path} exists already")
+        self._deleted = False
         target = path.with_name(path.name + ALLOCATING_SUFFIX) if create else path
         flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
         try:
@@ -80,23 +82,55 @@ class MappedFile:
             # An existing file is not populated: that would read all of it from disk.
             map_flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if create else 0)
             # mmap keeps its own duplicate of the descriptor
-            self.map = mmap.mmap(fd, size_bytes, map_flags, mmap.PROT_READ | mmap.PROT_WRITE)
+            self._map: mmap.mmap | None = mmap.mmap(fd, size_bytes, map_flags, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
         if create:
             os.rename(target, path)
+        #: called whenever the file is mapped again after :meth:`unmap` (the owner's LRU bookkeeping)
+        self.on_remap: Callable[[MappedFile], None] | None = None
+
+    @property
+    def map(self) -> mmap.mmap:
+        """The mapping; mapped again (without populating) if :meth:`unmap` released it."""
+        mapped = self._map
+        if mapped is None or mapped.closed:
+            invariant(not self._deleted, f"{self.path} was deleted")
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                mapped = mmap.mmap(fd, self.size_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            finally:
+                os.close(fd)
+            self._map = mapped
+            if self.on_remap is not None:
+                self.on_remap(self)
+        return mapped
+
+    @property
+    def is_mapped(self) -> bool:
+        return self._map is not None and not self._map.closed
+
+    def unmap(self) -> None:
+        """Release the mapping (and the pages it keeps resident in this process); data stays in the file,
+        and the next access maps it again. Dirty pages are msync'ed first: a flush of an unmapped file
+        has nothing left to do, so a later checkpoint never vouches for unsynced bytes."""
+        if self._map is not None and not self._map.closed:
+            if not self._deleted:
+                self._map.flush()
+            self._map.close()
+        self._map = None
 
     def flush(self, start: int, end: int) -> None:
-        """msync bytes [start, end) (page aligned outward)."""
-        if end <= start:
+        """msync bytes [start, end) (page aligned outward); an unmapped file has nothing unsynced here."""
+        if end <= start or not self.is_mapped:
             return
         aligned = start - start % PAGE_SIZE
         self.map.flush(aligned, min(end, self.size_bytes) - aligned)
 
     def close(self) -> None:
-        if not self.map.closed:
-            self.map.close()
+        self.unmap()
 
     def delete(self) -> None:
-        self.close()
+        self._deleted = True
+        self.unmap()
         self.path.unlink(missing_ok=True)

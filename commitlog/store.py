@@ -542,6 +542,12 @@ class MessageStore:
                 position += take
             self._ingested_end = offset + len(data)
 
+    def discard_ingest(self) -> None:
+        """Forget raw bytes ingested but not finished (a copy that failed half-way); they lie past the end
+        and are overwritten by whatever comes next."""
+        with self._lock:
+            self._ingested_end = -1
+
     def _ingest_end(self) -> int:
         return self._ingested_end if self._ingested_end >= 0 else self.commit_log.end_offset
 

@@ -158,7 +158,8 @@ class Group:
             applied = {s["raft_applied"] for s in statuses.values()}
             ends = {s["end"] for s in statuses.values()}
             commits = {s["commit_index"] for s in statuses.values()}
-            if len(applied) == 1 and len(ends) == 1 and max(commits) <= min(applied):
+            drained = all(s["in_flight"] == 0 for s in statuses.values())
+            if drained and len(applied) == 1 and len(ends) == 1 and max(commits) <= min(applied):
                 return statuses
             return None
 

@@ -1,7 +1,8 @@
 """A group member process for the replication tests: ``python -m tests.dledger.member_node CONFIG ACKLOG``.
 
 A load thread submits messages whenever this member leads (``load on``) and appends one line per
-acknowledged message to ACKLOG: ``node sequence queue_id queue_offset physical_offset``. Control on
+acknowledged message to ACKLOG: ``producer sequence queue_id queue_offset physical_offset``, the producer
+being ``<node id>.<pid>`` (each incarnation of a member is its own producer, with its own sequence). Control on
 stdin, one command per line, answered with one JSON line on stdout: ``status``, ``load on``, ``load off``,
 ``large BYTES`` (append one message of that body size and wait), ``transfer``, ``stop``. It exits when
 stdin closes, so it never outlives the test (the fixtures also kill it).
@@ -12,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -40,7 +42,7 @@ def message(node: str, sequence: int, body: bytes = BODY) -> MessageInput:
 class Load:
     def __init__(self, member: GroupMember, log_path: Path) -> None:
         self.member = member
-        self.node = member.config.id
+        self.node = f"{member.config.id}.{os.getpid()}"  # a restarted member is a new producer
         self.log = open(log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
         self.enabled = threading.Event()
         self.slots = threading.BoundedSemaphore(IN_FLIGHT_MAX)
@@ -86,6 +88,7 @@ class Load:
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("dledger.member").setLevel(logging.INFO)  # role changes and catch-ups
     config = NodeConfig.from_toml(Path(sys.argv[1]))
     member = GroupMember(config)
     load = Load(member, Path(sys.argv[2]))
@@ -97,6 +100,7 @@ def main() -> None:
             reply = {"role": status.role, "term": status.term, "leader": status.leader,
                      "commit_index": status.commit_index, "applied_index": status.applied_index,
                      "end": status.commit_log_max_offset, "acked": load.acked, "failed": load.failed,
+                     "in_flight": load.sequence - load.acked - load.failed,
                      "raft_applied": member.raft.raftLastApplied}
         elif command == ["load", "on"]:
             load.enabled.set()
