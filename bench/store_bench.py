@@ -99,6 +99,7 @@ def run_once(arguments: argparse.Namespace) -> dict[str, float]:
             index += 1
             store.append(index, tail[i : i + arguments.batch])
         tail_bytes = store.max_physical_offset - written
+        store.abandon()
         started = time.perf_counter()
         recovered = MessageStore(config(root / "store", arguments.segment_mb))
         recovery_seconds = time.perf_counter() - started

@@ -72,7 +72,8 @@ def _run_demo(directory: Path, count: int, queues: int) -> None:
                 raise click.ClickException("the store rejected a demo message")
             bar.update(len(batch))
     append_seconds = time.perf_counter() - started
-    # reopen without closing: what a process crash leaves behind
+    # reopen without flushing or closing: what a process crash leaves behind
+    store.abandon()
     reopened = MessageStore(config)
     consumed = 0
     for queue_id in range(queues):

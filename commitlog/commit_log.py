@@ -70,9 +70,12 @@ class CommitLog:
             self.segments[start].unmap()
 
     def _note_mapped(self, segment: MappedFile) -> None:
-        """An old segment was mapped again for a read: keep at most MAPPED_READ_SEGMENTS_MAX of them."""
+        """An old segment is (again) mapped: keep the MAPPED_READ_SEGMENTS_MAX most recent mapped, never
+        the same one twice, and never unmap the one just noted or the one being written."""
         if self.starts and segment is self.segments.get(self.starts[-1]):
             return
+        if segment in self._mapped_for_reading:
+            self._mapped_for_reading.remove(segment)
         self._mapped_for_reading.append(segment)
         while len(self._mapped_for_reading) > MAPPED_READ_SEGMENTS_MAX:
             self._mapped_for_reading.pop(0).unmap()
@@ -87,6 +90,24 @@ class CommitLog:
     def _create(self, start: int) -> MappedFile:
         return MappedFile(self.directory / segment_name(start), self.segment_size_bytes, create=True)
 
+    def _create_then_prefault(self, start: int, created: Future[MappedFile]) -> None:
+        """Runs on the allocator thread. ``created`` resolves as soon as the file exists (apply may need
+        it now); prefaulting continues afterwards, beside any writes (it does not change contents)."""
+        try:
+            segment = self._create(start)
+        except Exception as exc:
+            created.set_exception(exc)
+            return
+        created.set_result(segment)
+        segment.prefault()
+
+    def preallocate(self, start: int) -> None:
+        """Start creating the segment at ``start`` in the background if it does not exist yet."""
+        if start not in self.segments and start not in self._allocating:
+            created: Future[MappedFile] = Future()
+            self._allocator.submit(self._create_then_prefault, start, created)
+            self._allocating[start] = created
+
     def ensure_segment(self, start: int) -> MappedFile:
         """The segment starting at ``start``, created (preallocated) when missing. May raise DiskFullError.
         Starts creating the following segment in the background."""
@@ -98,13 +119,12 @@ class CommitLog:
             pending = self._allocating.pop(start, None)
             segment = pending.result() if pending is not None else self._create(start)
             segment.on_remap = self._note_mapped
-            if self.starts:
-                self.segments[self.starts[-1]].unmap()  # flushed first by the store; readers remap it
+            previous = self.segments[self.starts[-1]] if self.starts else None
             self.segments[start] = segment
             self.starts.append(start)
-        following = start + self.segment_size_bytes
-        if following not in self.segments and following not in self._allocating:
-            self._allocating[following] = self._allocator.submit(self._create, following)
+            if previous is not None:
+                self._note_mapped(previous)  # still mapped for its filler and readers; unmapped when old
+        self.preallocate(start + self.segment_size_bytes)
         return segment
 
     def _cancel_allocations(self) -> None:

@@ -48,7 +48,7 @@ class ConsumeQueue:
     def _find_end(self) -> int:
         """Binary search for the first empty unit in the last file (units fill in order)."""
         if not self.files:
-            return 0
+            return self.min_offset
         first = max(self.files)
         mapped = self.files[first].map
         low, high = 0, self.units_per_file
@@ -67,6 +67,14 @@ class ConsumeQueue:
             return True
         needed = range(self.file_start(min_offset), self.file_start(max_offset - 1) + 1, self.units_per_file)
         return self.max_offset >= max_offset and all(start in self.files for start in needed)
+
+    def restore_empty_at(self, offset: int) -> None:
+        """An empty queue whose files are gone continues at ``offset`` (from the checkpoint)."""
+        invariant(self.max_offset <= offset, "only an emptier queue is moved forward")
+        for mapped in self.files.values():
+            mapped.delete()
+        self.files.clear()
+        self.min_offset = self.max_offset = self._flushed_offset = offset
 
     def file_start(self, queue_offset: int) -> int:
         return queue_offset - queue_offset % self.units_per_file
@@ -147,8 +155,11 @@ class ConsumeQueue:
     def prune_below(self, physical_offset: int) -> None:
         """Retention: drop files whose units all point below ``physical_offset``; raise min_offset."""
         self.min_offset = self.first_at_or_after(physical_offset)
+        # the file with the last unit stays, even when every unit is below the cut: it is what keeps the
+        # queue's offsets across a restart (an emptied queue continues where it was, never at 0)
+        last_file = self.file_start(max(self.max_offset - 1, 0))
         for start in sorted(self.files):
-            if start + self.units_per_file <= self.min_offset and start != self.file_start(self.max_offset):
+            if start + self.units_per_file <= self.min_offset and start != last_file:
                 self.files.pop(start).delete()
 
     def flush(self) -> None:

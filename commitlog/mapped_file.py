@@ -16,6 +16,9 @@ from pathlib import Path
 from commitlog.errors import DiskFullError, StoreError, invariant
 
 PAGE_SIZE = mmap.PAGESIZE
+#: Linux 5.14+; Python 3.11's mmap module has no constant for it
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+PREFAULT_CHUNK_BYTES = 2 << 20  # a few ms of GIL per chunk (measured 2.6 s per GiB in all)
 #: suffix of a file being allocated; such a file is never opened as data and is replaced on the next try
 ALLOCATING_SUFFIX = ".allocating"
 
@@ -77,12 +80,8 @@ class MappedFile:
                 actual = os.fstat(fd).st_size
                 if actual != size_bytes:
                     raise StoreError(f"{path} has {actual} bytes, expected {size_bytes}")
-            # A new file is mapped with MAP_POPULATE: its extents are unwritten, so populating costs ~20 ms
-            # per 256 MiB, and later writes skip a page fault per 4 KiB (measured 10x faster appends).
-            # An existing file is not populated: that would read all of it from disk.
-            map_flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if create else 0)
             # mmap keeps its own duplicate of the descriptor
-            self._map: mmap.mmap | None = mmap.mmap(fd, size_bytes, map_flags, mmap.PROT_READ | mmap.PROT_WRITE)
+            self._map: mmap.mmap | None = mmap.mmap(fd, size_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
         if create:
@@ -105,6 +104,21 @@ class MappedFile:
             if self.on_remap is not None:
                 self.on_remap(self)
         return mapped
+
+    def prefault(self, chunk_bytes: int = PREFAULT_CHUNK_BYTES) -> bool:
+        """Fault the whole mapping in, writable, ahead of use (RocketMQ's warmMappedFile): writes into a
+        prefaulted mapping were measured 10x faster than into a fresh one. Done in chunks, because the
+        call holds the GIL: between chunks the Raft thread gets to run. False where the kernel lacks
+        MADV_POPULATE_WRITE (then writes simply fault pages in as they go)."""
+        for start in range(0, self.size_bytes, chunk_bytes):
+            mapped = self._map  # stop quietly if the file was unmapped or deleted meanwhile
+            if mapped is None or mapped.closed or self._deleted:
+                return False
+            try:
+                mapped.madvise(MADV_POPULATE_WRITE, start, min(chunk_bytes, self.size_bytes - start))
+            except (OSError, ValueError):
+                return False
+        return True
 
     @property
     def is_mapped(self) -> bool:

@@ -16,6 +16,7 @@ Ordering and durability rules:
 from __future__ import annotations
 
 import enum
+import fcntl
 import logging
 import re
 import shutil
@@ -26,7 +27,7 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import IO, NamedTuple
 
 from commitlog.checkpoint import ApplyPositionFile, Checkpoint, read_checkpoint, write_checkpoint
 from commitlog.commit_log import CommitLog
@@ -61,6 +62,7 @@ log = logging.getLogger(__name__)
 #: RocketMQ's topic name rule (TopicValidator): letters, digits, and %|_-
 TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 CHECKPOINT_NAME = "checkpoint"
+LOCK_NAME = "lock"
 #: bound on the tag-code and topic caches
 CACHE_ENTRIES_MAX = 100_000
 APPLY_POSITION_NAME = "apply.pos"
@@ -179,6 +181,7 @@ class MessageStore:
         self.store_host = config.store_host_bytes
         self.root = config.data_dir
         self.root.mkdir(parents=True, exist_ok=True)
+        self._lock_file = _lock_directory(self.root)
         self._lock = threading.RLock()
         self._tag_codes: dict[bytes, int] = {}
         self._topics: dict[str, tuple[bytes, int]] = {}  # topic -> (length + bytes, prefix CRC)
@@ -268,6 +271,9 @@ class MessageStore:
         for topic, queue_id, queue_min, queue_max in checkpoint.queue_offsets:
             key = (topic, queue_id)
             queue = self.queues.get(key)
+            if queue_max == queue_min and queue_max > 0 and (queue is None or queue.max_offset < queue_max):
+                self._queue(topic, queue_id).restore_empty_at(queue_max)  # emptied by retention
+                continue
             if queue_max > queue_min and (queue is None or not queue.covers(queue_min, queue_max)):
                 log.warning("consume queue %s/%d is missing or short: rebuilding consume queues", *key)
                 queue_from = self.commit_log.min_offset
@@ -320,6 +326,8 @@ class MessageStore:
         self._dirty_queues = set(self.queues.values())
         self._flushed_end = durable_end
         self.flush()
+        # have the segment the next record goes to ready before the first append needs it
+        self.commit_log.preallocate(self.commit_log.segment_start(end))
 
     # ------------------------------------------------------------------ apply
 
@@ -620,6 +628,12 @@ class MessageStore:
             self._flushed_end = end
             self._last_flush = self.clock()
 
+    def abandon(self) -> None:
+        """Stop background work and release the directory without flushing or closing: what a killed
+        process leaves behind, for tests and demos that reopen a store in the same process."""
+        self.commit_log._allocator.shutdown(wait=True)
+        self._lock_file.close()
+
     def close(self) -> None:
         with self._lock:
             self.flush()
@@ -628,6 +642,7 @@ class MessageStore:
                 queue.close()
             self.index.close()
             self.apply_position.close()
+            self._lock_file.close()
 
     # ------------------------------------------------------------------ reads
 
@@ -778,6 +793,18 @@ class MessageStore:
                 else:
                     high = middle
             return low
+
+
+def _lock_directory(root: Path) -> IO[bytes]:
+    """Hold an exclusive lock on ``root`` for the store's lifetime (the kernel drops it if the process
+    dies): two stores writing one directory would corrupt it."""
+    handle = open(root / LOCK_NAME, "ab")  # noqa: SIM115 - held until close() or abandon()
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        handle.close()
+        raise StoreError(f"{root} is in use by another store (another process or instance)") from exc
+    return handle
 
 
 def _topic_problem(topic: str) -> str | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import queue
 import threading
 import time
 from collections import deque
@@ -102,10 +103,20 @@ class GroupCommitter:
         self._condition = threading.Condition()
         self._waiting: deque[_Request] = deque()
         self._waiting_bytes = 0
+        self._waiting_messages = 0
+        # Futures are resolved on this thread, not on pysyncobj's tick thread: callers' callbacks must not
+        # delay Raft (heartbeats, elections, the next entries).
+        self._completions: queue.SimpleQueue[tuple[list[_Request], ApplyResult | None, int] | None] = (
+            queue.SimpleQueue())
+        self._completer = threading.Thread(target=self._complete_loop, name="group-commit-complete", daemon=True)
+        self._completer.start()
         self._in_flight: dict[int, tuple[float, list[_Request]]] = {}
         self._next_batch_id = 0
         self._last_stamp_ms = 0
         self._stopped = False
+        #: entries and messages proposed so far (status and benchmarks)
+        self.proposed_entries = 0
+        self.proposed_messages = 0
         self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
         self._thread.start()
 
@@ -129,6 +140,7 @@ class GroupCommitter:
                 raise BusyError(f"{self._waiting_bytes} bytes are waiting for replication")
             self._waiting.append(request)
             self._waiting_bytes += size
+            self._waiting_messages += len(messages)
             self._condition.notify_all()
         return request.future
 
@@ -143,15 +155,15 @@ class GroupCommitter:
                 break
             self._waiting.popleft()
             self._waiting_bytes -= request.size
+            self._waiting_messages -= len(request.messages)
             batch.append(request)
             count += len(request.messages)
             size += request.size
         return batch
 
     def _batch_is_full(self) -> bool:
-        count = sum(len(r.messages) for r in self._waiting)
-        size = sum(r.size for r in self._waiting)
-        return count >= self.settings.batch_messages_max or size >= self.settings.batch_bytes_max
+        return (self._waiting_messages >= self.settings.batch_messages_max
+                or self._waiting_bytes >= self.settings.batch_bytes_max)
 
     def _run(self) -> None:
         linger_seconds = self.settings.linger_ms / 1000
@@ -176,6 +188,8 @@ class GroupCommitter:
                 self._next_batch_id += 1
                 self._in_flight[batch_id] = (self.monotonic(), batch)
             messages = [message for request in batch for message in request.messages]
+            self.proposed_entries += 1
+            self.proposed_messages += len(messages)
             data = encode_messages_command(messages, store_timestamp=stamp)
             self.propose(data, functools.partial(self._on_applied, batch_id))
 
@@ -187,13 +201,21 @@ class GroupCommitter:
                 self._fail(batch, OutcomeUnknownError(f"no apply within {timeout_seconds:.1f} s"))
 
     def _on_applied(self, batch_id: int, result: ApplyResult | None, reason: int) -> None:
-        """pysyncobj's callback, on its tick thread: keep it short."""
+        """pysyncobj's callback, on its tick thread: hand over and return."""
         with self._condition:
             entry = self._in_flight.pop(batch_id, None)
             self._condition.notify_all()
-        if entry is None:
-            return  # already failed by a timeout
-        _, batch = entry
+        if entry is not None:  # None: already failed by a timeout
+            self._completions.put((entry[1], result, reason))
+
+    def _complete_loop(self) -> None:
+        while True:
+            item = self._completions.get()
+            if item is None:
+                return
+            self._complete(*item)
+
+    def _complete(self, batch: list[_Request], result: ApplyResult | None, reason: int) -> None:
         if reason == FAIL_SUCCESS and result is not None:
             if result.noop_reason is not None or not result.message_results:
                 self._fail(batch, OutcomeUnknownError(f"applied as a no-op: {result.noop_reason}"))
@@ -221,7 +243,7 @@ class GroupCommitter:
         with self._condition:
             waiting = list(self._waiting)
             self._waiting.clear()
-            self._waiting_bytes = 0
+            self._waiting_bytes = self._waiting_messages = 0
         self._fail(waiting, NotLeaderError(None))
 
     def stop(self) -> None:
@@ -234,4 +256,6 @@ class GroupCommitter:
             self._condition.notify_all()
         self._fail(waiting, NotLeaderError(None))
         self._fail(in_flight, OutcomeUnknownError("member stopped"))
+        self._completions.put(None)
         self._thread.join(timeout=5)
+        self._completer.join(timeout=5)

@@ -91,6 +91,7 @@ def test_corrupted_tail_falls_back_to_checkpoint(tmp_path: Path) -> None:
     with open(path, "r+b") as handle:  # a power loss left garbage in an unflushed page
         handle.seek(last.physical_offset % segment + 100)
         handle.write(b"\xde\xad")
+    store.abandon()  # a crash: no flush, no close
     recovered = MessageStore(small_config(directory))
     assert recovered.applied_raft_index == 30
     assert len(all_records(recovered)) == durable_end
@@ -117,6 +118,7 @@ def test_zeroed_tail_falls_back_to_checkpoint(tmp_path: Path) -> None:
             local = max(start, offset) - offset
             handle.seek(local)
             handle.write(bytes(min(segment, end - offset) - local))
+    store.abandon()  # a crash: no flush, no close
     recovered = MessageStore(small_config(directory))
     assert recovered.applied_raft_index == 20 and len(all_records(recovered)) == durable
 
@@ -143,6 +145,7 @@ def test_missing_checkpoint_with_marker_validates_everything(tmp_path: Path) -> 
     store = fill(directory, 12, flush_every=5)
     expected = all_records(store)
     (directory / "checkpoint").unlink()
+    store.abandon()  # a crash: no flush, no close
     recovered = MessageStore(small_config(directory))
     assert recovered.applied_raft_index == 12 and all_records(recovered) == expected
 

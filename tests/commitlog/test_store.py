@@ -12,7 +12,7 @@ import pytest
 
 from commitlog.config import ConfigError, StoreConfig
 from commitlog.consume_queue import CQ_UNIT
-from commitlog.errors import CorruptionError, DiskFullError
+from commitlog.errors import CorruptionError, DiskFullError, StoreError
 from commitlog.message import (
     BLANK_MAGIC,
     FILLER,
@@ -339,3 +339,11 @@ def test_ingest_of_damaged_bytes_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CorruptionError):
         target.finish_ingest(1)
     assert target.max_physical_offset == 0 and target.applied_raft_index == 0
+
+
+def test_a_directory_cannot_be_opened_twice(tmp_path: Path) -> None:
+    first = MessageStore(small_config(tmp_path / "s"))
+    with pytest.raises(StoreError, match="in use by another store"):
+        MessageStore(small_config(tmp_path / "s"))
+    first.close()
+    MessageStore(small_config(tmp_path / "s")).close()

@@ -98,7 +98,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule()
     def reopen_after_crash(self) -> None:
         # what a killed process leaves: the page cache, no final flush, no checkpoint
-        self.store.commit_log._allocator.shutdown(wait=True)
+        self.store.abandon()
         self.store = MessageStore(self.config)
         assert self.store.applied_raft_index == self.raft_index
 

@@ -75,6 +75,8 @@ class Group:
     store: dict[str, Any] = field(default_factory=dict)
     group_commit: dict[str, Any] = field(default_factory=dict)
     raft: dict[str, Any] = field(default_factory=dict)
+    #: extra environment for the member processes (the load's RAFTMQ_TEST_* knobs)
+    env: dict[str, str] = field(default_factory=dict)
     nodes: list[Node] = field(default_factory=list)
 
     def configure(self) -> None:
@@ -102,7 +104,7 @@ class Group:
         node.process = subprocess.Popen(
             [sys.executable, "-m", "tests.dledger.member_node", str(node.config), str(node.ack_log)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            env={**os.environ, **self.env, "PYTHONPATH": str(REPO)},
         )
         log.close()
         node.stopped = False

@@ -4,6 +4,7 @@ A load thread submits messages whenever this member leads (``load on``) and appe
 acknowledged message to ACKLOG: ``producer sequence queue_id queue_offset physical_offset``, the producer
 being ``<node id>.<pid>`` (each incarnation of a member is its own producer, with its own sequence). Control on
 stdin, one command per line, answered with one JSON line on stdout: ``status``, ``load on``, ``load off``,
+``latency`` (p50/p99 of acknowledgement latency since the last call),
 ``large BYTES`` (append one message of that body size and wait), ``transfer``, ``stop``. It exits when
 stdin closes, so it never outlives the test (the fixtures also kill it).
 """
@@ -27,7 +28,11 @@ from dledger.group_commit import AppendError
 from dledger.member import GroupMember
 
 QUEUES = 4
-IN_FLIGHT_MAX = 256
+IN_FLIGHT_MAX = int(os.environ.get("RAFTMQ_TEST_IN_FLIGHT", "256"))
+#: messages per request (a batch send); 1 = one send per message
+REQUEST_MESSAGES = int(os.environ.get("RAFTMQ_TEST_REQUEST_MESSAGES", "1"))
+#: messages per second the load submits (0: as fast as the in-flight bound allows)
+RATE = float(os.environ.get("RAFTMQ_TEST_RATE", "0"))
 BODY = bytes(range(256)) * 4  # 1 KiB
 
 
@@ -43,13 +48,17 @@ class Load:
     def __init__(self, member: GroupMember, log_path: Path) -> None:
         self.member = member
         self.node = f"{member.config.id}.{os.getpid()}"  # a restarted member is a new producer
-        self.log = open(log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+        # Buffered: a SIGKILL can lose the last lines, so the tests check fewer acknowledged messages,
+        # never ones that were not acknowledged. Flushed on every status request and at stop.
+        self.log = open(log_path, "a", buffering=1 << 16)  # noqa: SIM115 - lives as long as the process
         self.enabled = threading.Event()
         self.slots = threading.BoundedSemaphore(IN_FLIGHT_MAX)
         self.lock = threading.Lock()
         self.sequence = 0
+        self.next_send = time.monotonic()
         self.acked = 0
         self.failed = 0
+        self.latencies: list[float] = []  # seconds from submit to acknowledgement, since the last read
         threading.Thread(target=self.run, daemon=True).start()
 
     def run(self) -> None:
@@ -59,36 +68,46 @@ class Load:
                 time.sleep(0.005)  # a load generator polling for leadership, not a test waiting
                 continue
             self.slots.acquire()
+            if RATE:
+                time.sleep(max(0.0, self.next_send - time.monotonic()))  # pacing the offered load
+                self.next_send = max(self.next_send, time.monotonic() - 1) + REQUEST_MESSAGES / RATE
             sequence = self.sequence
-            self.sequence += 1
+            self.sequence += REQUEST_MESSAGES
+            started = time.monotonic()
             try:
-                future = self.member.append([message(self.node, sequence)])
+                future = self.member.append([message(self.node, sequence + i) for i in range(REQUEST_MESSAGES)])
             except AppendError:
                 self.slots.release()
                 with self.lock:
                     self.failed += 1
                 time.sleep(0.005)
                 continue
-            future.add_done_callback(functools.partial(self.done, sequence))
+            future.add_done_callback(functools.partial(self.done, sequence, started))
 
-    def done(self, sequence: int, future: Future[tuple[AppendResult, ...]]) -> None:
+    def done(self, sequence: int, started: float, future: Future[tuple[AppendResult, ...]]) -> None:
         self.slots.release()
+        latency = time.monotonic() - started
         try:
-            (result,) = future.result()
+            results = future.result()
         except AppendError:
             with self.lock:
-                self.failed += 1
+                self.failed += REQUEST_MESSAGES
             return
-        assert result.status is AppendStatus.OK
+        assert all(result.status is AppendStatus.OK for result in results)
         with self.lock:
-            self.acked += 1
-            self.log.write(f"{self.node} {sequence} {sequence % QUEUES} {result.queue_offset} {result.physical_offset}\n")
+            if len(self.latencies) < 1_000_000:
+                self.latencies.append(latency)
+            self.acked += len(results)
+            for number, result in enumerate(results, start=sequence):
+                self.log.write(f"{self.node} {number} {number % QUEUES} {result.queue_offset} {result.physical_offset}\n")
 
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("dledger.member").setLevel(logging.INFO)  # role changes and catch-ups
+    if "RAFTMQ_TEST_SWITCH_INTERVAL" in os.environ:
+        sys.setswitchinterval(float(os.environ["RAFTMQ_TEST_SWITCH_INTERVAL"]))
     config = NodeConfig.from_toml(Path(sys.argv[1]))
     member = GroupMember(config)
     load = Load(member, Path(sys.argv[2]))
@@ -96,11 +115,15 @@ def main() -> None:
         command = line.split()
         reply: dict[str, object] = {}
         if command == ["status"]:
+            with load.lock:
+                load.log.flush()
             status = member.status()
             reply = {"role": status.role, "term": status.term, "leader": status.leader,
                      "commit_index": status.commit_index, "applied_index": status.applied_index,
                      "end": status.commit_log_max_offset, "acked": load.acked, "failed": load.failed,
                      "in_flight": load.sequence - load.acked - load.failed,
+                     "proposed_entries": member.committer.proposed_entries,
+                     "proposed_messages": member.committer.proposed_messages,
                      "raft_applied": member.raft.raftLastApplied}
         elif command == ["load", "on"]:
             load.enabled.set()
@@ -112,11 +135,19 @@ def main() -> None:
                 reply = {"status": result.status.value, "offset": result.physical_offset, "size": result.size}
             except AppendError as exc:
                 reply = {"error": str(exc)}
+        elif command == ["latency"]:
+            with load.lock:
+                latencies, load.latencies = sorted(load.latencies), []
+            if latencies:
+                reply = {"count": len(latencies), "p50_ms": 1000 * latencies[len(latencies) // 2],
+                         "p99_ms": 1000 * latencies[min(len(latencies) - 1, len(latencies) * 99 // 100)]}
         elif command == ["transfer"]:
             member.transfer_leadership()
         elif command == ["stop"]:
             load.enabled.clear()
             member.stop()
+            with load.lock:
+                load.log.flush()
             print(json.dumps({"stopped": True}), flush=True)
             return
         print(json.dumps(reply), flush=True)

@@ -69,7 +69,10 @@ def test_state_lost_in_a_crash_is_reapplied_without_duplicating_messages(tmp_pat
     sm.store.flush()  # the checkpoint holds the state at index 1
     sm.apply(2, encode_command(Command((Messages((message(2),)), ConsumerOffsets((ConsumerOffset("g", "TopicTest", 0, 2),)),))))
     # crash: no flush. Reopen: the store (via its marker) has index 2, the state only index 1
-    state = ReplicatedState.decode(MessageStore(small_config(directory)).extension)
+    sm.store.abandon()
+    peek = MessageStore(small_config(directory))
+    state = ReplicatedState.decode(peek.extension)
+    peek.abandon()
     assert state.applied_index == 1
     store = MessageStore(small_config(directory), extension_provider=lambda: state.encode())
     reopened = StateMachine(store, state)

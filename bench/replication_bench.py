@@ -1,0 +1,133 @@
+"""Replication benchmark: a 3-member group in 3 processes on this machine; prints one JSON line.
+
+* ``acked_msgs_per_s`` / ``acked_MB_per_s``: random-ish 1 KB messages from concurrent callers in the
+  leader's process, one message per call (``single``) and 32 per call (``batch32``, a batch send).
+* ``commit_p50_ms`` / ``commit_p99_ms``: acknowledgement latency at an offered 1,000 msgs/s.
+* ``rss_MB_max``: the largest resident set of each member while at least ``--volume-mb`` is written.
+* ``baseline``: plain pysyncobj with its default settings and transport, one message per entry, measured
+  in the same run (bench/raft_transport_bench.py's stock scenario).
+
+The callers run inside the leader's process (there is no broker yet), so their cost counts against it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.dledger.group import running_group, wait_for
+
+STORE = {"segment_size_bytes": 256 << 20}
+GROUP_COMMIT = {"in_flight_entries_max": 8, "batch_messages_max": 256}
+MESSAGE_BYTES = 1024 + 130  # body plus stored-record overhead in this workload
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def throughput(root: Path, duration: float, env: dict[str, str]) -> dict[str, float]:
+    with running_group(root, store=STORE, group_commit=GROUP_COMMIT, env=env) as group:
+        leader = group.wait_leader(60)
+        group.load(True)
+        wait_for(lambda: leader.request("status")["acked"] > 1000, 60, "the load to start")
+        first = leader.request("status")
+        started = time.monotonic()
+        time.sleep(duration)  # a benchmark measures over a fixed interval
+        last = leader.request("status")
+        elapsed = time.monotonic() - started
+        group.load(False)
+        group.wait_converged()
+        messages = (last["acked"] - first["acked"]) / elapsed
+        return {"msgs_per_s": round(messages), "MB_per_s": round(messages * MESSAGE_BYTES / 1e6, 1)}
+
+
+def latency(root: Path, duration: float) -> dict[str, float]:
+    env = {"RAFTMQ_TEST_RATE": "1000", "RAFTMQ_TEST_IN_FLIGHT": "1000"}
+    with running_group(root, store=STORE, group_commit=GROUP_COMMIT, env=env) as group:
+        leader = group.wait_leader(60)
+        group.load(True)
+        time.sleep(2)  # warm-up
+        leader.request("latency")
+        time.sleep(duration)
+        figures = leader.request("latency")
+        group.load(False)
+        return {"p50_ms": round(figures["p50_ms"], 2), "p99_ms": round(figures["p99_ms"], 2), "count": figures["count"]}
+
+
+def memory(root: Path, volume_mb: int) -> dict[str, Any]:
+    env = {"RAFTMQ_TEST_REQUEST_MESSAGES": "32", "RAFTMQ_TEST_IN_FLIGHT": "256"}
+    samples: dict[str, list[float]] = {}
+    with running_group(root, store=STORE, group_commit=GROUP_COMMIT, env=env) as group:
+        leader = group.wait_leader(60)
+        group.load(True)
+        deadline = time.monotonic() + 1800
+        while leader.request("status")["end"] < volume_mb << 20 and time.monotonic() < deadline:
+            for node in group.nodes:
+                assert node.process is not None
+                samples.setdefault(node.node_id, []).append(rss_mb(node.process.pid))
+            time.sleep(1)
+        written = leader.request("status")["end"]
+        group.load(False)
+    return {
+        "written_MB": round(written / 1e6),
+        "rss_MB_max": {node: round(max(values)) for node, values in samples.items()},
+        "rss_MB_first_sample": {node: round(values[0]) for node, values in samples.items()},
+    }
+
+
+def baseline(duration: float) -> dict[str, Any]:
+    from bench import raft_transport_bench
+
+    arguments = argparse.Namespace(message_bytes=1024, duration=duration, in_flight_bytes=2 << 20)
+    request = {"op": "throughput", "duration": duration, "in_flight_bytes": 2 << 20, "form": "bytes", "batch": 1,
+               "seed": 1}
+    single = raft_transport_bench.run_scenario("stock-default-single", "stock", request, arguments)
+    slow = raft_transport_bench.run_scenario(
+        "latency-stock-default", "stock", {"op": "latency", "rate": 1000.0, "duration": duration, "seed": 4}, arguments)
+    return {"acked_msgs_per_s": single.get("msgs_per_second"), "commit_p50_ms": slow.get("p50_ms"),
+            "commit_p99_ms": slow.get("p99_ms")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per throughput run")
+    parser.add_argument("--volume-mb", type=int, default=1024, help="data written in the memory run")
+    parser.add_argument("--skip-baseline", action="store_true")
+    arguments = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="replication-bench-"))
+    single = throughput(root / "single", arguments.duration, {"RAFTMQ_TEST_IN_FLIGHT": "4096"})
+    batch = throughput(root / "batch", arguments.duration,
+                       {"RAFTMQ_TEST_REQUEST_MESSAGES": "32", "RAFTMQ_TEST_IN_FLIGHT": "256"})
+    low_load = latency(root / "latency", arguments.duration)
+    rss = memory(root / "memory", arguments.volume_mb)
+    result: dict[str, Any] = {
+        "acked_msgs_per_s": single["msgs_per_s"],
+        "acked_MB_per_s": single["MB_per_s"],
+        "acked_msgs_per_s_batch32": batch["msgs_per_s"],
+        "acked_MB_per_s_batch32": batch["MB_per_s"],
+        "commit_p50_ms": low_load["p50_ms"],
+        "commit_p99_ms": low_load["p99_ms"],
+        **rss,
+        "cores": os.cpu_count(),
+    }
+    if not arguments.skip_baseline:
+        result["baseline"] = baseline(arguments.duration)
+        if result["baseline"]["acked_msgs_per_s"]:
+            result["speedup_vs_baseline"] = round(single["msgs_per_s"] / result["baseline"]["acked_msgs_per_s"], 1)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
