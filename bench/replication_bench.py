@@ -106,7 +106,11 @@ def main() -> None:
     parser.add_argument("--volume-mb", type=int, default=1024, help="data written in the memory run")
     parser.add_argument("--skip-baseline", action="store_true")
     arguments = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="replication-bench-"))
+    with tempfile.TemporaryDirectory(prefix="replication-bench-") as directory:
+        run(Path(directory), arguments)
+
+
+def run(root: Path, arguments: argparse.Namespace) -> None:
     single = throughput(root / "single", arguments.duration, {"RAFTMQ_TEST_IN_FLIGHT": "4096"})
     batch = throughput(root / "batch", arguments.duration,
                        {"RAFTMQ_TEST_REQUEST_MESSAGES": "32", "RAFTMQ_TEST_IN_FLIGHT": "256"})

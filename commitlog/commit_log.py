@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from commitlog.errors import CorruptionError, StoreError, invariant
-from commitlog.mapped_file import MappedFile
+from commitlog.mapped_file import MappedFile, ensure_directory
 from commitlog.message import (
     BLANK_MAGIC,
     FILLER,
@@ -43,7 +43,7 @@ class CommitLog:
     def __init__(self, directory: Path, segment_size_bytes: int) -> None:
         self.directory = directory
         self.segment_size_bytes = segment_size_bytes
-        directory.mkdir(parents=True, exist_ok=True)
+        ensure_directory(directory)
         self.segments: dict[int, MappedFile] = {}
         self.starts: list[int] = []
         for path in sorted(directory.iterdir()):
@@ -247,6 +247,14 @@ class CommitLog:
             low = max(start, segment_start) - segment_start
             high = min(end, segment_start + self.segment_size_bytes) - segment_start
             segment.flush(low, high)
+
+    def paths_between(self, start: int, end: int) -> list[Path]:
+        """The files of the segments that hold bytes of [start, end)."""
+        start = max(start, self.min_offset)
+        if end <= start:
+            return []
+        first, last = self.segment_start(start), self.segment_start(end - 1)
+        return [self.segments[s].path for s in self.starts if first <= s <= last]
 
     def close(self) -> None:
         self._cancel_allocations()

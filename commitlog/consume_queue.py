@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Final
 
 from commitlog.errors import CorruptionError, invariant
-from commitlog.mapped_file import MappedFile
+from commitlog.mapped_file import MappedFile, ensure_directory
 
 CQ_UNIT: Final = struct.Struct(">qiq")
 invariant(CQ_UNIT.size == 20, "a consume-queue unit is 20 bytes")
@@ -33,7 +33,7 @@ class ConsumeQueue:
         self.queue_id = queue_id
         self.units_per_file = units_per_file
         self.file_bytes = units_per_file * UNIT_BYTES
-        directory.mkdir(parents=True, exist_ok=True)
+        ensure_directory(directory)
         self.files: dict[int, MappedFile] = {}  # keyed by first unit index
         for path in sorted(directory.iterdir()):
             if FILE_NAME.match(path.name):
@@ -161,6 +161,14 @@ class ConsumeQueue:
         for start in sorted(self.files):
             if start + self.units_per_file <= self.min_offset and start != last_file:
                 self.files.pop(start).delete()
+
+    def take_unflushed_paths(self) -> list[Path]:
+        """The files holding units written since the last call (the caller makes them durable)."""
+        low = max(self._flushed_offset, self.min_offset)
+        paths = [self.files[start].path for start in sorted(self.files)
+                 if start + self.units_per_file > low and start < self.max_offset]
+        self._flushed_offset = self.max_offset
+        return paths
 
     def flush(self) -> None:
         offset = max(self._flushed_offset, self.min_offset)  # retention may have deleted what lay below

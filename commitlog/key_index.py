@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Final
 
 from commitlog.errors import CorruptionError, invariant
-from commitlog.mapped_file import MappedFile
+from commitlog.mapped_file import MappedFile, ensure_directory
 
 INDEX_MAGIC: Final = 0x524D4958  # "RMIX"
 INDEX_VERSION: Final = 1
@@ -71,7 +71,7 @@ class KeyIndex:
         self.slot_count = slot_count
         self.entry_capacity = entry_capacity
         self.file_bytes = HEADER_BYTES + slot_count * SLOT.size + entry_capacity * ENTRY.size
-        directory.mkdir(parents=True, exist_ok=True)
+        ensure_directory(directory)
         self.files: list[IndexFile] = []
         for path in sorted(directory.iterdir()):
             if FILE_NAME.match(path.name):
@@ -194,6 +194,10 @@ class KeyIndex:
         """Retention: drop whole files whose successor starts at or below ``physical_offset``."""
         while len(self.files) > 1 and self.files[1].begin_physical <= physical_offset:
             self.files.pop(0).file.delete()
+
+    def recent_paths(self) -> list[Path]:
+        """The files appends touch: the last two (the one that filled up, the one filling)."""
+        return [index_file.file.path for index_file in self.files[-2:]]
 
     def flush(self) -> None:
         for index_file in self.files[-2:]:

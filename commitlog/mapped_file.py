@@ -23,6 +23,16 @@ PREFAULT_CHUNK_BYTES = 2 << 20  # a few ms of GIL per chunk (measured 2.6 s per 
 ALLOCATING_SUFFIX = ".allocating"
 
 
+def ensure_directory(path: Path) -> None:
+    """``mkdir -p``, with a full disk reported as :class:`DiskFullError` (apply waits for space on it)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(f"no space to create {path}") from exc
+        raise StoreError(f"cannot create {path}: {exc.strerror}") from exc
+
+
 def fsync_directory(path: Path) -> None:
     """Make a rename or a new file in ``path`` durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import fcntl
 import logging
+import os
 import re
 import shutil
 import struct
@@ -170,9 +171,12 @@ class MessageStore:
         config: StoreConfig,
         clock: Callable[[], float] = time.monotonic,
         extension_provider: Callable[[], bytes] | None = None,
+        background_flush: bool = True,
     ) -> None:
         """Open (and recover) the store. ``extension_provider`` is called under the store lock at every
-        flush; its bytes are written atomically with the checkpoint and read back as :attr:`extension`."""
+        flush; its bytes are written atomically with the checkpoint and read back as :attr:`extension`.
+        With the async policy a background thread flushes every ``flush_interval_ms``; without it
+        (``background_flush=False``, for deterministic tests) appends flush once the interval passed."""
         self.config = config.validate()
         self.clock = clock
         self.extension_provider = extension_provider
@@ -183,6 +187,9 @@ class MessageStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock_file = _lock_directory(self.root)
         self._lock = threading.RLock()
+        self._flush_lock = threading.Lock()
+        self._stop_flusher = threading.Event()
+        self._flusher: threading.Thread | None = None
         self._tag_codes: dict[bytes, int] = {}
         self._topics: dict[str, tuple[bytes, int]] = {}  # topic -> (length + bytes, prefix CRC)
         self.commit_log = CommitLog(self.root / "commitlog", config.segment_size_bytes)
@@ -198,6 +205,9 @@ class MessageStore:
         #: end of raw bytes copied from a peer and not yet dispatched (-1: none)
         self._ingested_end = -1
         self._recover()
+        if config.flush_policy == "async" and background_flush:
+            self._flusher = threading.Thread(target=self._flush_loop, name="store-flush", daemon=True)
+            self._flusher.start()
 
     # ------------------------------------------------------------------ opening and recovery
 
@@ -364,7 +374,12 @@ class MessageStore:
         with self._lock:
             if raft_index <= self.applied_raft_index:
                 return AppendOutcome(raft_index, False)
-            return self._append_locked(raft_index, messages)
+            outcome = self._append_locked(raft_index, messages)
+        if self.config.flush_policy == "sync" or (
+            self._flusher is None and self.clock() - self._last_flush >= self.config.flush_interval_ms / 1000
+        ):
+            self._flush_after_apply()
+        return outcome
 
     def mark_applied(self, raft_index: int) -> bool:
         """Record ``raft_index`` as applied for a command with no commit-log effect."""
@@ -479,10 +494,6 @@ class MessageStore:
         self.commit_log.end_offset = position
         self.applied_raft_index = raft_index
         self.apply_position.write(raft_index, position)
-        if self.config.flush_policy == "sync" or (
-            self.clock() - self._last_flush >= self.config.flush_interval_ms / 1000
-        ):
-            self._flush_after_apply()
         return AppendOutcome(raft_index, True, tuple(results))
 
     def _flush_after_apply(self) -> None:
@@ -506,8 +517,8 @@ class MessageStore:
             self.index.prune_below(self.min_offset)
             self.applied_raft_index = raft_index
             self.apply_position.write(raft_index, self.commit_log.end_offset)
-            self._flush_after_apply()
-            return AppendOutcome(raft_index, True)
+        self._flush_after_apply()
+        return AppendOutcome(raft_index, True)
 
     # ------------------------------------------------------------------ catch-up from a peer
 
@@ -533,7 +544,7 @@ class MessageStore:
             self.min_offset = start_offset
             self._flushed_end = start_offset
             self.apply_position.write(self.applied_raft_index, start_offset)
-            self.flush()
+        self.flush()
 
     def ingest_raw(self, offset: int, data: bytes) -> None:
         """Append raw commit-log bytes copied from a peer at ``offset`` (== the current end). They are not
@@ -593,50 +604,72 @@ class MessageStore:
             self._ingested_end = -1
             self.applied_raft_index = max(self.applied_raft_index, raft_index)
             self.apply_position.write(self.applied_raft_index, end)
-            self.flush()
+        self.flush()
 
     # ------------------------------------------------------------------ durability
 
     def flush_if_due(self) -> None:
-        with self._lock:
-            if self.clock() - self._last_flush >= self.config.flush_interval_ms / 1000:
-                self.flush()
+        if self.clock() - self._last_flush >= self.config.flush_interval_ms / 1000:
+            self.flush()
 
     def flush(self) -> None:
-        """msync the commit log and derived files, then the apply marker, then write the checkpoint."""
-        with self._lock:
-            end = self.commit_log.end_offset
-            self.commit_log.flush(self._flushed_end, end)
-            for queue in self._dirty_queues:
-                queue.flush()
-            self._dirty_queues.clear()
-            self.index.flush()
-            # The marker is preallocated: once msync'ed after the data it vouches for, the data is durable
-            # even if the checkpoint below cannot be written (no space for its temp file).
-            self.apply_position.flush()
-            write_checkpoint(
-                self.root / CHECKPOINT_NAME,
-                Checkpoint(
+        """Make everything applied so far durable: fdatasync the commit log, the derived files and the
+        apply marker, then write the checkpoint that vouches for them.
+
+        The syncing runs without the store lock, so apply goes on meanwhile (and fdatasync releases the
+        GIL); only what was applied when the flush began is vouched for. Lock order: the flush lock, then
+        the store lock; callers must not hold the store lock."""
+        with self._flush_lock:
+            with self._lock:
+                end = self.commit_log.end_offset
+                paths = self.commit_log.paths_between(self._flushed_end, end)
+                for queue in self._dirty_queues:
+                    paths.extend(queue.take_unflushed_paths())
+                self._dirty_queues.clear()
+                paths.extend(self.index.recent_paths())
+                # the marker is preallocated: synced after the data, it vouches for it even if no space is
+                # left for the checkpoint's temp file
+                paths.append(self.root / APPLY_POSITION_NAME)
+                checkpoint = Checkpoint(
                     self.applied_raft_index,
                     end,
                     self.min_offset,
                     tuple((t, q, queue.min_offset, queue.max_offset) for (t, q), queue in sorted(self.queues.items())),
                     tuple((f.begin_physical, f.entry_count) for f in self.index.files),
                     self.extension_provider() if self.extension_provider else self.extension,
-                ),
-            )
-            self._flushed_end = end
-            self._last_flush = self.clock()
+                )
+            for path in paths:
+                _fdatasync(path)
+            write_checkpoint(self.root / CHECKPOINT_NAME, checkpoint)
+            with self._lock:
+                self._flushed_end = end
+                self._last_flush = self.clock()
+
+    def _flush_loop(self) -> None:
+        interval = self.config.flush_interval_ms / 1000
+        while not self._stop_flusher.wait(interval):
+            try:
+                self.flush()
+            except StoreError as exc:
+                log.warning("background flush failed, will retry: %s", exc)
+
+    def _stop_flushing(self) -> None:
+        self._stop_flusher.set()
+        if self._flusher is not None:
+            self._flusher.join()
+            self._flusher = None
 
     def abandon(self) -> None:
         """Stop background work and release the directory without flushing or closing: what a killed
         process leaves behind, for tests and demos that reopen a store in the same process."""
+        self._stop_flushing()
         self.commit_log._allocator.shutdown(wait=True)
         self._lock_file.close()
 
     def close(self) -> None:
+        self._stop_flushing()
+        self.flush()
         with self._lock:
-            self.flush()
             self.commit_log.close()
             for queue in self.queues.values():
                 queue.close()
@@ -793,6 +826,21 @@ class MessageStore:
                 else:
                     high = middle
             return low
+
+
+def _fdatasync(path: Path) -> None:
+    """Write back a file's dirty pages, including those dirtied through a shared mapping. A file deleted
+    meanwhile (retention) has nothing left to make durable."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fdatasync(fd)
+    except OSError as exc:
+        raise StoreError(f"cannot sync {path}: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
 
 
 def _lock_directory(root: Path) -> IO[bytes]:

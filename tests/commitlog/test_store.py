@@ -217,7 +217,8 @@ def test_sync_flush_writes_checkpoint_before_returning(tmp_path: Path) -> None:
 
 def test_async_flush_uses_injected_clock(tmp_path: Path) -> None:
     now = [0.0]
-    store = MessageStore(small_config(tmp_path / "s", flush_interval_ms=1000), clock=lambda: now[0])
+    store = MessageStore(small_config(tmp_path / "s", flush_interval_ms=1000), clock=lambda: now[0],
+                         background_flush=False)
     path = tmp_path / "s" / "checkpoint"
     initial = path.read_bytes()
     store.append(1, [message(1)])
