@@ -30,9 +30,10 @@ GROUP_COMMIT = {"in_flight_entries_max": 8, "batch_messages_max": 256}
 MESSAGE_BYTES = 1024 + 130  # body plus stored-record overhead in this workload
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS:") -> float:
+    """Resident set (VmRSS: all; RssAnon: heap and stacks, without mapped file pages)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field):
             return int(line.split()[1]) / 1024
     return 0.0
 
@@ -69,6 +70,7 @@ def latency(root: Path, duration: float) -> dict[str, float]:
 def memory(root: Path, volume_mb: int) -> dict[str, Any]:
     env = {"RAFTMQ_TEST_REQUEST_MESSAGES": "32", "RAFTMQ_TEST_IN_FLIGHT": "256"}
     samples: dict[str, list[float]] = {}
+    anonymous: dict[str, list[float]] = {}
     with running_group(root, store=STORE, group_commit=GROUP_COMMIT, env=env) as group:
         leader = group.wait_leader(60)
         group.load(True)
@@ -77,6 +79,7 @@ def memory(root: Path, volume_mb: int) -> dict[str, Any]:
             for node in group.nodes:
                 assert node.process is not None
                 samples.setdefault(node.node_id, []).append(rss_mb(node.process.pid))
+                anonymous.setdefault(node.node_id, []).append(rss_mb(node.process.pid, "RssAnon:"))
             time.sleep(1)
         written = leader.request("status")["end"]
         group.load(False)
@@ -84,6 +87,8 @@ def memory(root: Path, volume_mb: int) -> dict[str, Any]:
         "written_MB": round(written / 1e6),
         "rss_MB_max": {node: round(max(values)) for node, values in samples.items()},
         "rss_MB_first_sample": {node: round(values[0]) for node, values in samples.items()},
+        "rss_anon_MB_max": {node: round(max(values)) for node, values in anonymous.items()},
+        "rss_anon_MB_first_sample": {node: round(values[0]) for node, values in anonymous.items()},
     }
 
 

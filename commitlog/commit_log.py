@@ -30,7 +30,9 @@ from commitlog.message import (
 SEGMENT_NAME = re.compile(r"^\d{20}$")
 #: old segments kept mapped for readers besides the one being written; the rest are unmapped so the
 #: process's resident memory does not grow with the data held
-MAPPED_READ_SEGMENTS_MAX = 3
+MAPPED_READ_SEGMENTS_MAX = 1
+#: how far ahead of the write position segment pages are prefaulted (in the background)
+PREFAULT_AHEAD_BYTES = 64 << 20
 
 
 def segment_name(start_offset: int) -> str:
@@ -66,6 +68,8 @@ class CommitLog:
         self._allocator = ThreadPoolExecutor(max_workers=1, thread_name_prefix="segment-allocator")
         self._allocating: dict[int, Future[MappedFile]] = {}
         self._mapped_for_reading: list[MappedFile] = []
+        self._prefaulted: dict[Path, int] = {}
+        self._released: dict[int, int] = {}
         for start in self.starts[:-1]:
             self.segments[start].unmap()
 
@@ -99,7 +103,7 @@ class CommitLog:
             created.set_exception(exc)
             return
         created.set_result(segment)
-        segment.prefault()
+        segment.prefault(0, PREFAULT_AHEAD_BYTES)
 
     def preallocate(self, start: int) -> None:
         """Start creating the segment at ``start`` in the background if it does not exist yet."""
@@ -135,11 +139,31 @@ class CommitLog:
                 pending.result().delete()
         self._allocating.clear()
 
+    def _prefault_ahead(self, segment: MappedFile, local_end: int) -> None:
+        """Keep PREFAULT_AHEAD_BYTES prefaulted ahead of the writes, a window at a time, in the background
+        (resident memory stays about a window, not a segment)."""
+        done = self._prefaulted.get(segment.path, PREFAULT_AHEAD_BYTES)
+        if local_end + PREFAULT_AHEAD_BYTES // 2 > done and done < self.segment_size_bytes:
+            self._prefaulted[segment.path] = done + PREFAULT_AHEAD_BYTES
+            self._allocator.submit(segment.prefault, done, done + PREFAULT_AHEAD_BYTES)
+
+    def release_flushed(self, end: int) -> None:
+        """Drop pages of the segment being written below ``end`` (flushed) from the resident set."""
+        if not self.starts:
+            return
+        start = self.starts[-1]
+        released = self._released.get(start, 0)
+        local_end = max(0, min(end - start, self.segment_size_bytes) - (1 << 20))  # keep the latest MiB
+        if local_end - released >= PREFAULT_AHEAD_BYTES // 4:
+            self.segments[start].release_pages(released, local_end)
+            self._released[start] = local_end
+
     def write(self, offset: int, data: bytes | bytearray) -> None:
         """Write bytes that lie inside one existing segment."""
         start = self.segment_start(offset)
         segment = self.segments[start]
         local = offset - start
+        self._prefault_ahead(segment, local + len(data))
         invariant(local + len(data) <= self.segment_size_bytes, "write crosses a segment end")
         segment.map[local : local + len(data)] = data
 

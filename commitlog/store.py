@@ -644,6 +644,7 @@ class MessageStore:
             with self._lock:
                 self._flushed_end = end
                 self._last_flush = self.clock()
+                self.commit_log.release_flushed(end)
 
     def _flush_loop(self) -> None:
         interval = self.config.flush_interval_ms / 1000
