@@ -364,8 +364,11 @@ class MessageStore:
                 self._topics[topic] = entry
         return entry
 
-    def append(self, raft_index: int, messages: Sequence[MessageInput]) -> AppendOutcome:
-        """Store ``messages`` as the effect of Raft entry ``raft_index``.
+    def append(
+        self, raft_index: int, messages: Sequence[MessageInput], store_timestamp: int | None = None
+    ) -> AppendOutcome:
+        """Store ``messages`` as the effect of Raft entry ``raft_index`` (with ``store_timestamp``, when
+        given, as every message's store timestamp: the leader's stamp for a whole batch).
 
         Returns one result per message, in order; a message that cannot be stored is rejected with a
         reason and takes no offset. Never raises for bad messages. Raises DiskFullError only when a new
@@ -374,7 +377,7 @@ class MessageStore:
         with self._lock:
             if raft_index <= self.applied_raft_index:
                 return AppendOutcome(raft_index, False)
-            outcome = self._append_locked(raft_index, messages)
+            outcome = self._append_locked(raft_index, messages, store_timestamp)
         if self.config.flush_policy == "sync" or (
             self._flusher is None and self.clock() - self._last_flush >= self.config.flush_interval_ms / 1000
         ):
@@ -385,7 +388,9 @@ class MessageStore:
         """Record ``raft_index`` as applied for a command with no commit-log effect."""
         return self.append(raft_index, ()).applied
 
-    def _append_locked(self, raft_index: int, messages: Sequence[MessageInput]) -> AppendOutcome:
+    def _append_locked(
+        self, raft_index: int, messages: Sequence[MessageInput], stamp: int | None
+    ) -> AppendOutcome:
         segment_size = self.config.segment_size_bytes
         body_max = self.config.body_size_max_bytes
         store_host = self.store_host
@@ -429,8 +434,9 @@ class MessageStore:
                 if queue_offset < 0:
                     queue_offset = self.next_queue_offsets.get(queue_key, 0)
                 tag_code = self._tag_code(tags)
+            timestamp = message.store_timestamp if stamp is None else stamp
             try:
-                record = _encode(message, topic_segment, size, queue_offset, record_offset, store_host)
+                record = _encode(message, topic_segment, size, queue_offset, record_offset, store_host, timestamp)
             except (struct.error, OverflowError):
                 reason = validate_input(message, body_max) or "a field does not fit its stored width"
                 results.append(AppendResult(AppendStatus.REJECTED, reason=reason))
@@ -441,11 +447,11 @@ class MessageStore:
                 new_offsets[queue_key] = queue_offset + 1
             if transaction != TRANSACTION_ROLLBACK_TYPE:  # inlined _index_hashes: this loop is the hot path
                 if uniq_key:
-                    index_entries.append((crc32(uniq_key, prefix_crc), record_offset, message.store_timestamp))
+                    index_entries.append((crc32(uniq_key, prefix_crc), record_offset, timestamp))
                 if keys:
                     for key in keys.split(b" "):
                         if key:
-                            index_entries.append((crc32(key, prefix_crc), record_offset, message.store_timestamp))
+                            index_entries.append((crc32(key, prefix_crc), record_offset, timestamp))
             plan.append((record_offset, record, queue_key, size, queue_offset, tag_code))
             results.append(AppendResult(AppendStatus.OK, record_offset, queue_offset, size, store_host))
             position = record_offset + size
@@ -869,7 +875,7 @@ def _topic_problem(topic: str) -> str | None:
 
 
 def _encode(message: MessageInput, topic_segment: bytes, size: int, queue_offset: int, physical_offset: int,
-            store_host: bytes) -> bytes:
+            store_host: bytes, store_timestamp: int) -> bytes:
     """The stored record; equal to :func:`commitlog.message.encode_record` (tested), inlined for speed.
     ``topic_segment`` is the topic's length byte followed by its bytes."""
     body = message.body
@@ -882,7 +888,7 @@ def _encode(message: MessageInput, topic_segment: bytes, size: int, queue_offset
         head = _HEAD_V6
     return b"".join((
         head.pack(size, MESSAGE_MAGIC, zlib.crc32(body), message.queue_id, message.flag, queue_offset,
-                  physical_offset, sys_flag, message.born_timestamp, born_host, message.store_timestamp,
+                  physical_offset, sys_flag, message.born_timestamp, born_host, store_timestamp,
                   store_host, message.reconsume_times, message.prepared_transaction_offset, len(body)),
         body,
         topic_segment,

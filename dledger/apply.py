@@ -14,11 +14,10 @@ Rules (shared/DESIGN.md):
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from commitlog.errors import DiskFullError
@@ -40,6 +39,8 @@ from dledger.state import ReplicatedState
 
 log = logging.getLogger(__name__)
 
+#: the leader's own entry: the messages it proposed and the store timestamp it stamped them with
+OwnBatch = tuple[Sequence[MessageInput], int]
 #: how many no-op reasons are kept for status pages
 NOOP_HISTORY_MAX = 100
 DISK_FULL_RETRY_SECONDS = 1.0
@@ -73,28 +74,40 @@ class StateMachine:
     def applied_index(self) -> int:
         return max(self.store.applied_raft_index, self.state.applied_index)
 
-    def apply(self, raft_index: int, data: bytes) -> ApplyResult:
-        """Apply the command at ``raft_index``. Never raises for anything a command can contain."""
+    def apply(self, raft_index: int, data: bytes, own: OwnBatch | None = None) -> ApplyResult:
+        """Apply the command at ``raft_index``. Never raises for anything a command can contain.
+
+        ``own`` is the leader's shortcut for an entry it proposed itself: the messages and the store
+        timestamp it encoded into ``data``, so the command need not be decoded again. It must describe
+        exactly ``data`` (one Messages operation, every message stamped with the timestamp): the result
+        is then byte for byte what decoding gives on the followers."""
         if raft_index <= self.store.applied_raft_index and raft_index <= self.state.applied_index:
             return ApplyResult(raft_index, already_applied=True)
-        try:
-            command = decode_command(data)
-        except CommandError as exc:
-            return self._noop(raft_index, f"undecodable command: {exc}")
-        messages: list[MessageInput] = []
-        message_ops: list[int] = []
-        for operation in command.operations:
-            if isinstance(operation, Messages):
-                message_ops.append(len(operation.messages))
-                messages.extend(operation.messages)
-        results: tuple[tuple[AppendResult, ...], ...] = ()
+        if own is not None:
+            messages, stamp = own
+            command = None
+            message_ops = [len(messages)]
+        else:
+            try:
+                command = decode_command(data)
+            except CommandError as exc:
+                return self._noop(raft_index, f"undecodable command: {exc}")
+            messages = []
+            message_ops = []
+            for operation in command.operations:
+                if isinstance(operation, Messages):
+                    message_ops.append(len(operation.messages))
+                    messages.extend(operation.messages)
+            stamp = None
         floor = self.state.last_store_timestamp
-        if any(message.store_timestamp < floor for message in messages):
+        if stamp is not None:
+            stamp = max(stamp, floor)
+        elif any(message.store_timestamp < floor for message in messages):
             # store timestamps never decrease in log order, whatever clocks past leaders had
-            messages = [m if m.store_timestamp >= floor else dataclasses.replace(m, store_timestamp=floor)
-                        for m in messages]
+            messages = [m if m.store_timestamp >= floor else m._replace(store_timestamp=floor) for m in messages]
+        results: tuple[tuple[AppendResult, ...], ...] = ()
         if messages and raft_index > self.store.applied_raft_index:
-            outcome = self._append(raft_index, messages)
+            outcome = self._append(raft_index, messages, stamp)
             flat = outcome.results
             split = []
             position = 0
@@ -103,18 +116,19 @@ class StateMachine:
                 position += count
             results = tuple(split)
         if raft_index > self.state.applied_index:
-            for operation in command.operations:
-                self._apply_state(raft_index, operation)
+            if command is not None:
+                for operation in command.operations:
+                    self._apply_state(raft_index, operation)
             if messages:
-                newest = max(message.store_timestamp for message in messages)
+                newest = stamp if stamp is not None else max(message.store_timestamp for message in messages)
                 self.state.last_store_timestamp = max(self.state.last_store_timestamp, newest)
             self.state.applied_index = raft_index
         return ApplyResult(raft_index, results)
 
-    def _append(self, raft_index: int, messages: list[MessageInput]) -> AppendOutcome:
+    def _append(self, raft_index: int, messages: Sequence[MessageInput], stamp: int | None) -> AppendOutcome:
         while True:
             try:
-                return self.store.append(raft_index, messages)
+                return self.store.append(raft_index, messages, stamp)
             except DiskFullError as exc:
                 # Skipping would diverge from the other replicas: wait for space (an operator, or retention
                 # once this node can apply again). The group keeps going on the other members.

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import queue
+import struct
 import threading
 import time
 from collections import deque
@@ -26,9 +27,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from commitlog.message import MessageInput
+from commitlog.message import MessageInput, validate_input
 from commitlog.store import AppendResult
-from dledger.apply import ApplyResult
+from dledger.apply import ApplyResult, OwnBatch
 from dledger.command import encode_messages_command
 from dledger.config import GroupCommitSettings
 
@@ -46,7 +47,8 @@ FAIL_NOT_LEADER = 4
 FAIL_LEADER_CHANGED = 5
 FAIL_REQUEST_DENIED = 6
 
-Propose = Callable[[bytes, Callable[[ApplyResult | None, int], None]], None]
+#: propose(command bytes, callback, (messages, store timestamp) the bytes encode)
+Propose = Callable[[bytes, Callable[[ApplyResult | None, int], None], OwnBatch], None]
 
 
 class AppendError(Exception):
@@ -63,6 +65,10 @@ class NotLeaderError(AppendError):
 
 class BusyError(AppendError):
     """Too much is waiting already: nothing was proposed (RocketMQ's SYSTEM_BUSY)."""
+
+
+class InvalidMessageError(AppendError):
+    """A message with a field that cannot be stored (size, host, range): nothing was proposed."""
 
 
 class EntryTooLargeError(AppendError):
@@ -91,6 +97,7 @@ class GroupCommitter:
         propose: Propose,
         leader: Callable[[], tuple[bool, str | None]],
         entry_bytes_max: int,
+        body_size_max_bytes: int = 4 << 20,
         wall_clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -98,6 +105,7 @@ class GroupCommitter:
         self.propose = propose
         self.leader = leader
         self.entry_bytes_max = entry_bytes_max
+        self.body_size_max_bytes = body_size_max_bytes
         self.wall_clock_ms = wall_clock_ms
         self.monotonic = monotonic
         self._condition = threading.Condition()
@@ -129,6 +137,10 @@ class GroupCommitter:
         is_leader, leader = self.leader()
         if not is_leader:
             raise NotLeaderError(leader)
+        for message in messages:  # anything that could not even be encoded is refused here, per caller
+            reason = validate_input(message, self.body_size_max_bytes)
+            if reason is not None:
+                raise InvalidMessageError(reason)
         size = request_bytes(messages)
         if size > self.entry_bytes_max:
             raise EntryTooLargeError(f"{size} bytes of messages exceed one entry ({self.entry_bytes_max} bytes)")
@@ -190,8 +202,15 @@ class GroupCommitter:
             messages = [message for request in batch for message in request.messages]
             self.proposed_entries += 1
             self.proposed_messages += len(messages)
-            data = encode_messages_command(messages, store_timestamp=stamp)
-            self.propose(data, functools.partial(self._on_applied, batch_id))
+            try:
+                data = encode_messages_command(messages, store_timestamp=stamp)
+            except (struct.error, ValueError, OverflowError) as exc:  # submit validated: a programmer error
+                log.error("could not encode a batch, failing it: %s", exc)
+                with self._condition:
+                    self._in_flight.pop(batch_id, None)
+                self._fail(batch, InvalidMessageError(f"cannot encode: {exc}"))
+                continue
+            self.propose(data, functools.partial(self._on_applied, batch_id), (messages, stamp))
 
     def _expire(self, timeout_seconds: float) -> None:
         now = self.monotonic()

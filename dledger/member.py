@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from pysyncobj import SyncObj, replicated
 
 from commitlog.message import MessageInput
 from commitlog.store import AppendResult, MessageStore
-from dledger.apply import ApplyResult, StateMachine
+from dledger.apply import ApplyResult, OwnBatch, StateMachine
 from dledger.catchup import CatchupServer, fetch
 from dledger.command import Command, encode_command
 from dledger.config import NodeConfig, parse_address
@@ -40,6 +41,8 @@ EXIT_APPLY_INVARIANT = 70
 RAFT_STATES = {0: "follower", 1: "candidate", 2: "leader"}
 #: a command carries more than its messages: operation heads, version, pickling
 ENTRY_OVERHEAD_BYTES = 4096
+#: entries this leader proposed and remembers decoded, until they apply
+OWN_ENTRIES_MAX = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +101,8 @@ class GroupMember:
         self.machine = StateMachine(self.store, self.state)
         self._role = RoleChange("follower", 0, None)
         self._apply_lock = threading.Lock()
+        self._own_lock = threading.Lock()
+        self._own_entries: OrderedDict[bytes, OwnBatch] = OrderedDict()
         self.catchup_server = CatchupServer(parse_address(config.catchup_address, "catchup_address"),
                                             config.secret, self.store)
         store_config = config.store_config
@@ -117,7 +122,8 @@ class GroupMember:
             extra={"onStateChanged": self._on_state_changed},
         )
         peers = [peer.raft_address for peer in config.peers]
-        self.committer = GroupCommitter(config.group_commit, self._propose, self._leadership, self.entry_bytes_max)
+        self.committer = GroupCommitter(config.group_commit, self._propose, self._leadership, self.entry_bytes_max,
+                                        store_config.body_size_max_bytes)
         self.raft = _RaftNode(self, config.raft_address, peers, conf, transport_class(config.secret))
 
     # ------------------------------------------------------------------ apply (tick thread)
@@ -125,8 +131,11 @@ class GroupMember:
     def apply(self, raft_index: int, payload: int) -> ApplyResult:
         """Total: a programmer error stops the process (a stalled or diverged replica is worse)."""
         try:
+            data = decode_payload(payload)
+            with self._own_lock:
+                own = self._own_entries.pop(data, None)
             with self._apply_lock:
-                return self.machine.apply(raft_index, decode_payload(payload))
+                return self.machine.apply(raft_index, data, own)
         except Exception:
             log.critical("apply failed at index %d: stopping this member", raft_index, exc_info=True)
             logging.shutdown()
@@ -209,7 +218,15 @@ class GroupMember:
 
     # ------------------------------------------------------------------ writes
 
-    def _propose(self, data: bytes, callback: Callable[[ApplyResult | None, int], None]) -> None:
+    def _propose(self, data: bytes, callback: Callable[[ApplyResult | None, int], None],
+                 own: OwnBatch | None = None) -> None:
+        if own is not None:
+            # remembered so apply need not decode what this leader encoded (bounded: an entry that never
+            # applies here, after a leader change, just falls out)
+            with self._own_lock:
+                self._own_entries[data] = own
+                while len(self._own_entries) > OWN_ENTRIES_MAX:
+                    self._own_entries.popitem(last=False)
         self.raft.apply_command(encode_payload(data), callback=callback)
 
     def append(self, messages: Sequence[MessageInput]) -> Future[tuple[AppendResult, ...]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import struct
 import zlib
 from typing import Any
@@ -108,7 +107,7 @@ def test_validate_input_reports_each_problem() -> None:
         "born_timestamp": dict(born_timestamp=2**63),
     }
     for expected, change in cases.items():
-        reason = validate_input(dataclasses.replace(good, **change), 100)
+        reason = validate_input(good._replace(**change), 100)
         assert reason is not None and expected in reason, (expected, reason)
 
 
@@ -137,7 +136,8 @@ inputs = st.builds(
 def test_record_round_trip(message: MessageInput, queue_offset: int, physical_offset: int) -> None:
     raw = encode_record(message, queue_offset, physical_offset, STORE_HOST)
     topic = message.topic.encode()
-    assert _encode(message, bytes((len(topic),)) + topic, len(raw), queue_offset, physical_offset, STORE_HOST) == raw
+    assert _encode(message, bytes((len(topic),)) + topic, len(raw), queue_offset, physical_offset, STORE_HOST,
+                   message.store_timestamp) == raw
     decoded = decode_record(raw)
     assert (decoded.topic, decoded.queue_id, decoded.flag, decoded.body, decoded.properties) == (
         message.topic, message.queue_id, message.flag, message.body, message.properties)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import itertools
 import os
@@ -83,7 +82,7 @@ def test_bad_messages_are_rejected_individually(store: MessageStore) -> None:
     bad_topic = message(2, topic="bad topic!")
     too_big = message(3, body=b"x" * (32 * 1024 + 1))
     bad_host = message(4, born_host=b"abc")
-    bad_flag = dataclasses.replace(good, flag=2**40)
+    bad_flag = good._replace(flag=2**40)
     long_topic = message(5, topic="T" * 128)
     outcome = store.append(1, [bad_topic, good, too_big, bad_host, bad_flag, long_topic, message(6)])
     statuses = [r.status for r in outcome.results]

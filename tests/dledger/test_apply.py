@@ -18,7 +18,7 @@ from dledger.command import (
     encode_command,
 )
 from dledger.state import ReplicatedState, StateError
-from tests.commitlog.helpers import message, small_config, tree_bytes
+from tests.commitlog.helpers import data_bytes, message, small_config, tree_bytes
 
 
 def machine(directory: Path) -> StateMachine:
@@ -132,3 +132,39 @@ def test_state_snapshot_round_trip_and_damage() -> None:
         raise AssertionError("damaged state decoded")
     state.apply_topic(TopicConfig("t", 0, 0, 0, deleted=True))
     assert "t" not in state.topics and state.consumer_offsets == {}
+
+
+def test_the_leaders_own_batches_apply_exactly_like_decoded_ones(tmp_path: Path) -> None:
+    from dledger.command import encode_messages_command
+
+    leader, follower = machine(tmp_path / "leader"), machine(tmp_path / "follower")
+    stamps = [1_700_000_000_500, 1_700_000_000_400, 1_700_000_000_900]  # the second is below the floor
+    for index, stamp in enumerate(stamps, start=1):
+        batch = [message(index * 100 + j, queue_id=j % 2, keys=f"k{index}") for j in range(10)]
+        data = encode_messages_command(batch, store_timestamp=stamp)
+        mine = leader.apply(index, data, own=(batch, stamp))
+        theirs = follower.apply(index, data)
+        assert [r[:3] for r in mine.message_results[0]] == [r[:3] for r in theirs.message_results[0]]
+    assert leader.state.last_store_timestamp == follower.state.last_store_timestamp == stamps[2]
+    leader.store.close()
+    follower.store.close()
+    assert data_bytes(tmp_path / "leader") == data_bytes(tmp_path / "follower")
+
+
+def test_messages_that_cannot_be_stored_are_refused_at_submit() -> None:
+    import pytest
+
+    from dledger.config import GroupCommitSettings
+    from dledger.group_commit import GroupCommitter, InvalidMessageError
+
+    proposed: list[bytes] = []
+    committer = GroupCommitter(GroupCommitSettings(), lambda data, callback, own: proposed.append(data),
+                               lambda: (True, None), entry_bytes_max=1 << 20, body_size_max_bytes=100)
+    try:
+        with pytest.raises(InvalidMessageError, match="body length"):
+            committer.submit([message(1, body=b"x" * 101)])
+        with pytest.raises(InvalidMessageError, match="queue id"):
+            committer.submit([message(1, body=b"ok")._replace(queue_id=-1)])
+        assert proposed == []
+    finally:
+        committer.stop()
