@@ -41,17 +41,31 @@ class ConsumeQueue:
                 if start_byte % self.file_bytes:
                     raise CorruptionError(f"consume-queue file {path} is not aligned to its size")
                 self.files[start_byte // UNIT_BYTES] = MappedFile(path, self.file_bytes, create=False)
-        self.min_offset = min(self.files) if self.files else 0
+        self.min_offset = 0
+        if self.files:
+            first = min(self.files)
+            _, size, _ = CQ_UNIT.unpack_from(self.files[first].map, 0)
+            self.min_offset = first if size > 0 else first + min(self._first_used_unit(first), self.units_per_file)
         self.max_offset = self._find_end()
+        self.min_offset = min(self.min_offset, self.max_offset)
         self._flushed_offset = self.max_offset
 
+    def _first_used_unit(self, file_start: int) -> int:
+        """Index (within the file) of its first non-empty unit; a queue that began mid-file (after a
+        catch-up from a peer's retention point) has empty units before it. units_per_file if none."""
+        raw = self.files[file_start].map[:]
+        return (len(raw) - len(raw.lstrip(b"\x00"))) // UNIT_BYTES
+
     def _find_end(self) -> int:
-        """Binary search for the first empty unit in the last file (units fill in order)."""
+        """Binary search for the first empty unit after the used run of the last file (units are written
+        contiguously from the queue's first unit)."""
         if not self.files:
             return self.min_offset
-        first = max(self.files)
-        mapped = self.files[first].map
-        low, high = 0, self.units_per_file
+        last = max(self.files)
+        mapped = self.files[last].map
+        _, size, _ = CQ_UNIT.unpack_from(mapped, 0)
+        low = 0 if size > 0 else self._first_used_unit(last)
+        high = self.units_per_file
         while low < high:
             middle = (low + high) // 2
             _, size, _ = CQ_UNIT.unpack_from(mapped, middle * UNIT_BYTES)
@@ -59,7 +73,7 @@ class ConsumeQueue:
                 low = middle + 1
             else:
                 high = middle
-        return first + low
+        return last + low
 
     def covers(self, min_offset: int, max_offset: int) -> bool:
         """True when files exist, without a hole, for every unit in [min_offset, max_offset)."""

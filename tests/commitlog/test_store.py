@@ -327,6 +327,11 @@ def test_reset_then_catch_up_from_a_retained_peer(tmp_path: Path) -> None:
         assert target.max_queue_offset("TopicTest", queue_id) == source.max_queue_offset("TopicTest", queue_id)
         assert target.get_messages("TopicTest", queue_id, low, 100).messages == source.get_messages("TopicTest", queue_id, low, 100).messages
     assert target.append(201, [message(999)]).results[0].physical_offset == source.max_physical_offset
+    expected = {q: (target.min_queue_offset("TopicTest", q), target.max_queue_offset("TopicTest", q)) for q in range(2)}
+    target.close()
+    reopened = MessageStore(small_config(tmp_path / "target"))  # queues that begin mid-file survive a restart
+    assert {q: (reopened.min_queue_offset("TopicTest", q), reopened.max_queue_offset("TopicTest", q))
+            for q in range(2)} == expected
 
 
 def test_ingest_of_damaged_bytes_is_refused(tmp_path: Path) -> None:
