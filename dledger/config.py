@@ -8,6 +8,7 @@ Example::
     catchup_address = "127.0.0.1:20011"
     data_dir = "/var/lib/raftmq/n0"
     secret_file = "/etc/raftmq/group.secret"     # or: secret = "..." (at least 16 characters)
+    preferred_leader = "n0"                      # optional, the same on every member
 
     [[peers]]
     id = "n1"
@@ -113,6 +114,8 @@ class NodeConfig:
     raft: RaftSettings = field(default_factory=RaftSettings)
     group_commit: GroupCommitSettings = field(default_factory=GroupCommitSettings)
     store: StoreConfig | None = None
+    #: a member that takes leadership back whenever it is connected and caught up (planned placement)
+    preferred_leader: str | None = None
 
     @property
     def store_config(self) -> StoreConfig:
@@ -143,6 +146,8 @@ class NodeConfig:
             seen_ids.add(peer.id)
         if not self.peers:
             raise ConfigError("a group needs peers (at least 2 for a 3-member group)")
+        if self.preferred_leader is not None and self.preferred_leader not in seen_ids:
+            raise ConfigError(f"node.preferred_leader {self.preferred_leader!r} is not a member")
         self.raft.validate()
         self.group_commit.validate()
         self.store_config.validate()
@@ -162,7 +167,11 @@ class NodeConfig:
     def from_mapping(cls, document: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
         _reject_unknown(document, {"node", "peers", "raft", "group_commit", "store"}, "top level")
         node = _table(document, "node")
-        _reject_unknown(node, {"id", "raft_address", "catchup_address", "data_dir", "secret", "secret_file"}, "node")
+        _reject_unknown(node, {"id", "raft_address", "catchup_address", "data_dir", "secret", "secret_file",
+                               "preferred_leader"}, "node")
+        preferred = node.get("preferred_leader")
+        if preferred is not None and not isinstance(preferred, str):
+            raise ConfigError("node.preferred_leader must be a member id")
         for required in ("id", "raft_address", "catchup_address", "data_dir"):
             if not isinstance(node.get(required), str):
                 raise ConfigError(f"node.{required} is required and must be a string")
@@ -187,7 +196,7 @@ class NodeConfig:
             raise ConfigError("store.data_dir is derived from node.data_dir; remove it")
         store = StoreConfig.from_mapping({**store_values, "data_dir": str(data_dir / "store")})
         return cls(node["id"], node["raft_address"], node["catchup_address"], data_dir, secret, tuple(peers),
-                   raft, group_commit, store).validate()
+                   raft, group_commit, store, preferred).validate()
 
 
 def _secret(node: Mapping[str, Any], base: Path) -> bytes:

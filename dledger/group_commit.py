@@ -122,6 +122,7 @@ class GroupCommitter:
         self._next_batch_id = 0
         self._last_stamp_ms = 0
         self._stopped = False
+        self._paused = False
         #: entries and messages proposed so far (status and benchmarks)
         self.proposed_entries = 0
         self.proposed_messages = 0
@@ -183,7 +184,7 @@ class GroupCommitter:
         while True:
             with self._condition:
                 while not self._stopped and (
-                    not self._waiting or len(self._in_flight) >= self.settings.in_flight_entries_max
+                    self._paused or not self._waiting or len(self._in_flight) >= self.settings.in_flight_entries_max
                 ):
                     self._condition.wait(timeout=min(0.1, timeout_seconds))
                     self._expire(timeout_seconds)
@@ -255,6 +256,16 @@ class GroupCommitter:
         for request in batch:
             if not request.future.done():
                 request.future.set_exception(error)
+
+    def pause(self) -> None:
+        """Hold new entries back (a leadership transfer lets the target catch up); submits still queue."""
+        with self._condition:
+            self._paused = True
+
+    def resume(self) -> None:
+        with self._condition:
+            self._paused = False
+            self._condition.notify_all()
 
     def step_down(self) -> None:
         """Fail what waits (not proposed: NotLeaderError) when leadership is lost; in-flight entries get

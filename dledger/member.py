@@ -43,6 +43,10 @@ RAFT_STATES = {0: "follower", 1: "candidate", 2: "leader"}
 ENTRY_OVERHEAD_BYTES = 4096
 #: entries this leader proposed and remembers decoded, until they apply
 OWN_ENTRIES_MAX = 1024
+#: how often a leader that is not the preferred one offers leadership to it
+PREFERENCE_CHECK_SECONDS = 1.0
+TRANSFER_TIMEOUT_SECONDS = 5.0
+TRANSFER_RETRY_SECONDS = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +128,13 @@ class GroupMember:
         peers = [peer.raft_address for peer in config.peers]
         self.committer = GroupCommitter(config.group_commit, self._propose, self._leadership, self.entry_bytes_max,
                                         store_config.body_size_max_bytes)
+        self._transfer: tuple[str, float] | None = None  # (target address or "" for any, deadline)
+        self._next_transfer_attempt = 0.0
+        self._next_preference_check = 0.0
+        preferred = [p.raft_address for p in config.peers if p.id == config.preferred_leader]
+        self._preferred_address: str | None = preferred[0] if preferred else None
         self.raft = _RaftNode(self, config.raft_address, peers, conf, transport_class(config.secret))
+        self.raft.addOnTickCallback(self._on_tick)
 
     # ------------------------------------------------------------------ apply (tick thread)
 
@@ -261,17 +271,43 @@ class GroupMember:
 
     def transfer_leadership(self, target_node_id: str | None = None) -> None:
         """Hand leadership to ``target_node_id`` (or the most caught-up follower) before a planned restart.
-        Best effort, as Raft's TimeoutNow: poll :meth:`status` to see it happen."""
+
+        As DLedger does, new entries are held back (callers wait; nothing fails) until the target has
+        caught up and leadership moved, for at most TRANSFER_TIMEOUT_SECONDS. Carried out on the Raft
+        thread; poll :meth:`status` to see it done."""
         is_leader, leader = self._leadership()
         if not is_leader:
             raise NotLeaderError(leader)
-        target = None
+        target = ""
         if target_node_id is not None:
             matches = [peer.raft_address for peer in self.config.peers if peer.id == target_node_id]
             if not matches:
                 raise ValueError(f"no member named {target_node_id!r}")
             target = matches[0]
-        self.raft.transferLeadership(target)
+        self.committer.pause()
+        self._transfer = (target, time.monotonic() + TRANSFER_TIMEOUT_SECONDS)
+
+    def _on_tick(self) -> None:
+        """On pysyncobj's thread (its state and transport are not thread-safe): a pending transfer, and
+        the preferred leader taking leadership back once it is connected and caught up (as DLedger's
+        preferred leader does: to restart the preferred member, stop it; it leads again when back)."""
+        now = time.monotonic()
+        if now < self._next_transfer_attempt:
+            return
+        self._next_transfer_attempt = now + TRANSFER_RETRY_SECONDS
+        is_leader = self.raft._isLeader()
+        if self._transfer is not None:
+            target, deadline = self._transfer
+            if not is_leader or now > deadline:
+                self._transfer = None  # done (or given up): proposing resumes, or a new leader takes over
+                self.committer.resume()
+            else:
+                self.raft.transferLeadership(target or None)  # denied until the target has caught up
+            return
+        if self._preferred_address is None or not is_leader or now < self._next_preference_check:
+            return
+        self._next_preference_check = now + PREFERENCE_CHECK_SECONDS
+        self.raft.transferLeadership(self._preferred_address)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -77,6 +77,7 @@ class Group:
     raft: dict[str, Any] = field(default_factory=dict)
     #: extra environment for the member processes (the load's RAFTMQ_TEST_* knobs)
     env: dict[str, str] = field(default_factory=dict)
+    preferred_leader: str | None = None
     nodes: list[Node] = field(default_factory=list)
 
     def configure(self) -> None:
@@ -87,6 +88,8 @@ class Group:
             directory.mkdir(parents=True, exist_ok=True)
             lines = ["[node]", f'id = "{node_id}"', f'raft_address = "{raft_address}"',
                      f'catchup_address = "{catchup_address}"', f'data_dir = "{directory}"', f'secret = "{SECRET}"']
+            if self.preferred_leader is not None:
+                lines.append(f'preferred_leader = "{self.preferred_leader}"')
             for other_id, other_raft, other_catchup in members:
                 if other_id != node_id:
                     lines += ["[[peers]]", f'id = "{other_id}"', f'raft_address = "{other_raft}"',

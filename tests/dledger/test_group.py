@@ -218,3 +218,33 @@ def _rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise AssertionError("no VmRSS")
+
+
+def test_leadership_transfer_before_a_planned_restart(tmp_path: Path) -> None:
+    with running_group(tmp_path, store=STORE) as group:
+        leader = group.wait_leader()
+        group.load(True)
+        acked = wait_acked(group, 2_000)
+        leader.request("transfer")
+        wait_for(lambda: group.leader() not in (None, leader), 30, "the transfer")
+        group.kill(leader)  # the planned restart, now of a follower
+        acked = wait_acked(group, acked + 2_000)
+        group.start(leader)
+        wait_acked(group, acked + 2_000)
+        verify(group)
+
+
+def test_the_preferred_leader_takes_leadership_back(tmp_path: Path) -> None:
+    with running_group(tmp_path, store=STORE, preferred_leader="n2") as group:
+        preferred = group.nodes[2]
+        wait_for(lambda: group.leader() is preferred, 60, "the preferred member to lead")
+        group.load(True)
+        acked = wait_acked(group, 2_000)
+        group.kill(preferred)
+        group.wait_leader(among=group.nodes[:2])
+        acked = wait_acked(group, acked + 2_000)
+        group.start(preferred)  # it leads again once it has caught up
+        wait_for(lambda: group.leader() is preferred, 60, "the preferred member to lead again")
+        group.load(True)
+        wait_acked(group, acked + 2_000)
+        verify(group)
