@@ -27,7 +27,6 @@ import json
 import os
 import queue
 import random
-import socket
 import subprocess
 import sys
 import threading
@@ -45,6 +44,7 @@ from pysyncobj.transport import TCPTransport
 
 from dledger.transport import transport_class
 from dledger.tuning import tuned_conf
+from tests.support import free_ports
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[1]
 RANDOM_POOL_BYTES = 8 * 1024 * 1024
@@ -233,19 +233,6 @@ def run_member(arguments: argparse.Namespace) -> None:
 
 
 # -- driver ------------------------------------------------------------------------------------------
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            probe.bind(("127.0.0.1", 0))
-            sockets.append(probe)
-        return [probe.getsockname()[1] for probe in sockets]
-    finally:
-        for probe in sockets:
-            probe.close()
 
 
 class MemberHandle:

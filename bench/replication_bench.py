@@ -23,7 +23,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.dledger.group import running_group, wait_for
+from tests.dledger.group import running_group
+from tests.support import wait_for
 
 STORE = {"segment_size_bytes": 256 << 20}
 GROUP_COMMIT = {"in_flight_entries_max": 8, "batch_messages_max": 256}

@@ -5,43 +5,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support import free_ports, wait_for
+
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "replication-test-secret-0123456789"
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def wait_for(condition: Callable[[], Any], timeout_seconds: float, what: str) -> Any:
-    """Poll ``condition`` until it returns something truthy; AssertionError naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout_seconds
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_seconds} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @dataclass

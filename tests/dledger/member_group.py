@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +14,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
+
+from tests.support import free_ports
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
 #: how long a member may take to start (import pysyncobj, bind)
@@ -34,20 +35,6 @@ def wait_for(condition: Callable[[], Result | None], timeout_seconds: float, des
         if time.monotonic() >= deadline:
             raise TimeoutError(f"timed out after {timeout_seconds} s waiting for {description}")
         time.sleep(POLL_INTERVAL_SECONDS)
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports the kernel picked as free; all are held open together so they are distinct."""
-    sockets = []
-    try:
-        for _ in range(count):
-            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            probe.bind(("127.0.0.1", 0))
-            sockets.append(probe)
-        return [probe.getsockname()[1] for probe in sockets]
-    finally:
-        for probe in sockets:
-            probe.close()
 
 
 def _pump_lines(stream: IO[str], lines: queue.Queue[str]) -> None:

@@ -15,8 +15,9 @@ from commitlog.config import StoreConfig
 from commitlog.message import decode_record
 from commitlog.store import GetStatus, MessageStore
 from tests.commitlog.helpers import data_bytes
-from tests.dledger.group import Group, running_group, wait_for
+from tests.dledger.group import Group, running_group
 from tests.dledger.member_node import QUEUES
+from tests.support import wait_for
 
 pytestmark = pytest.mark.slow
 
