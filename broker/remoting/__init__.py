@@ -1,9 +1,24 @@
-"""RocketMQ 4.x remoting, sans-IO: wire constants, the command value, limits and the frame codec.
+"""RocketMQ 4.x remoting: wire constants, the command value, limits, the sans-IO frame codec, and the
+asyncio server and client around it.
 
-Nothing here touches a socket or an event loop; the asyncio server and our client wrap
-:class:`FrameDecoder` and :func:`encode_frame`.
+The codec modules touch no socket or event loop; the asyncio shells around them are
+:mod:`broker.remoting.server` (:class:`RemotingServer`) and :mod:`broker.remoting.client`
+(:class:`RemotingClient`, and the connection base both share).
 """
 
+from broker.remoting.client import (
+    ClientLimits,
+    ConnectionClosedError,
+    FrameConnection,
+    InvalidResponseError,
+    PendingResponses,
+    RemotingClient,
+    RemotingConnectError,
+    RemotingError,
+    RequestHandler,
+    RequestTimeoutError,
+    TooManyPendingRequestsError,
+)
 from broker.remoting.codec import (
     BodyTooLargeError,
     DecoderUsageError,
@@ -45,6 +60,15 @@ from broker.remoting.command import (
     make_response,
 )
 from broker.remoting.limits import DEFAULT_LIMITS, CodecLimits
+from broker.remoting.server import (
+    Connection,
+    ConnectionCloseListener,
+    Processor,
+    RemotingServer,
+    RequestContext,
+    ServerConnection,
+    ServerLimits,
+)
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -52,10 +76,15 @@ __all__ = [
     "REMOTING_VERSION",
     "RESPONSE_FLAG",
     "BodyTooLargeError",
+    "ClientLimits",
     "CodecLimits",
+    "Connection",
+    "ConnectionCloseListener",
+    "ConnectionClosedError",
     "DecoderUsageError",
     "EncodeError",
     "ExtFieldValueTooLargeError",
+    "FrameConnection",
     "FrameDecoder",
     "FrameError",
     "FrameLengthError",
@@ -67,13 +96,26 @@ __all__ = [
     "HeaderSyntaxError",
     "HeaderTooLargeError",
     "InvalidCommandError",
+    "InvalidResponseError",
     "LanguageCode",
+    "PendingResponses",
+    "Processor",
     "RemarkTooLargeError",
+    "RemotingClient",
     "RemotingCommand",
+    "RemotingConnectError",
+    "RemotingError",
+    "RemotingServer",
     "RequestCode",
+    "RequestContext",
+    "RequestHandler",
+    "RequestTimeoutError",
     "ResponseCode",
     "SerializeType",
+    "ServerConnection",
+    "ServerLimits",
     "TooManyExtFieldsError",
+    "TooManyPendingRequestsError",
     "TruncatedHeaderError",
     "UnknownSerializeTypeError",
     "decode_frame",

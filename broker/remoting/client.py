@@ -1,0 +1,717 @@
+"""asyncio shell around the sans-IO codec for the side of a connection that sends requests.
+
+Both ends of a RocketMQ remoting connection send requests: our client SDK sends SEND/PULL/..., and the
+broker sends CHECK_TRANSACTION_STATE or NOTIFY_CONSUMER_IDS_CHANGED back over the same connection. So
+this module holds what every connection does, whichever side opened it (:class:`FrameConnection`:
+framing, opaque allocation, responses matched by opaque, flow control on writes), and the small client
+(:class:`RemotingClient`) our SDK and tests use. The server (:mod:`broker.remoting.server`) builds on
+:class:`FrameConnection` too.
+
+Requests this side sends get opaques from a per-connection counter; the peer's requests carry the
+peer's own opaques. The two never mix: a frame's response bit says which map its opaque belongs to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Final
+
+from broker.remoting.codec import (
+    FrameDecoder,
+    FrameError,
+    encode_frame,
+    make_error_response,
+)
+from broker.remoting.codes import ResponseCode, SerializeType, describe_request_code
+from broker.remoting.command import (
+    INT32_MAX,
+    ONEWAY_FLAG,
+    RESPONSE_FLAG,
+    RemotingCommand,
+    make_request,
+    make_response,
+)
+from broker.remoting.limits import DEFAULT_LIMITS, CodecLimits
+
+logger = logging.getLogger(__name__)
+
+#: what a request handler (server-initiated requests on a client) or a processor may return:
+#: None means "send no answer" (a oneway call, whatever its flag says)
+RequestHandler = Callable[[RemotingCommand], Awaitable[RemotingCommand | None]]
+
+_DEFAULT_REQUEST_TIMEOUT_SECONDS: Final = 3.0
+
+
+# --------------------------------------------------------------------------------------------- errors
+
+
+class RemotingError(Exception):
+    """An operating error of a remoting connection (the peer is gone, slow, or broke the protocol)."""
+
+
+class ConnectionClosedError(RemotingError, ConnectionError):
+    """The connection closed (or was closed) before the operation could complete."""
+
+
+class RemotingConnectError(RemotingError, ConnectionError):
+    """Connecting failed or timed out."""
+
+
+class RequestTimeoutError(RemotingError, TimeoutError):
+    """No response arrived within the timeout. The peer may still have acted on the request."""
+
+
+class TooManyPendingRequestsError(RemotingError):
+    """``outbound_requests_max`` requests already wait for a response on this connection."""
+
+
+class InvalidResponseError(RemotingError):
+    """The peer answered with a frame the codec rejected (its opaque was readable, the rest was not)."""
+
+
+# ----------------------------------------------------------------------------------- pending responses
+
+
+class PendingResponses:
+    """Opaques of the requests this side sent, and the futures waiting for their responses.
+
+    Opaques count up from 0 and wrap at int32 max, skipping any still waiting: a long-lived connection
+    never reuses an opaque whose response could still arrive.
+    """
+
+    __slots__ = ("_limit", "_next_opaque", "_waiters")
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        self._limit = limit
+        self._next_opaque = 0
+        self._waiters: dict[int, asyncio.Future[RemotingCommand]] = {}
+
+    def __len__(self) -> int:
+        return len(self._waiters)
+
+    def open(self, loop: asyncio.AbstractEventLoop) -> tuple[int, asyncio.Future[RemotingCommand]]:
+        """A fresh opaque and the future its response will complete. Call :meth:`discard` when done."""
+        if len(self._waiters) >= self._limit:
+            raise TooManyPendingRequestsError(
+                f"{len(self._waiters)} requests already wait for a response (outbound_requests_max={self._limit})"
+            )
+        opaque = self.take_opaque()
+        waiter: asyncio.Future[RemotingCommand] = loop.create_future()
+        self._waiters[opaque] = waiter
+        return opaque, waiter
+
+    def take_opaque(self) -> int:
+        """The next opaque not waiting for a response, registering nothing (for oneway requests)."""
+        while True:
+            opaque = self._next_opaque
+            self._next_opaque = 0 if opaque >= INT32_MAX else opaque + 1
+            if opaque not in self._waiters:
+                return opaque
+
+    def resolve(self, response: RemotingCommand) -> bool:
+        """Hand ``response`` to its waiter; False when nobody waits (timed out, or a stray opaque)."""
+        waiter = self._waiters.pop(response.opaque, None)
+        if waiter is None or waiter.done():
+            return False
+        waiter.set_result(response)
+        return True
+
+    def fail(self, opaque: int, error: BaseException) -> bool:
+        waiter = self._waiters.pop(opaque, None)
+        if waiter is None or waiter.done():
+            return False
+        _set_exception_quietly(waiter, error)
+        return True
+
+    def discard(self, opaque: int) -> None:
+        self._waiters.pop(opaque, None)
+
+    def fail_all(self, error: BaseException) -> None:
+        waiters = list(self._waiters.values())
+        self._waiters.clear()
+        for waiter in waiters:
+            if not waiter.done():
+                _set_exception_quietly(waiter, error)
+
+
+def _set_exception_quietly(waiter: asyncio.Future[RemotingCommand], error: BaseException) -> None:
+    waiter.set_exception(error)
+    # Mark it retrieved: a waiter whose task was cancelled in the same loop iteration would otherwise
+    # log "exception was never retrieved"; an awaiting task still gets the exception raised.
+    waiter.exception()
+
+
+# ---------------------------------------------------------------------------------- frame connection
+
+
+def _format_address(address: object) -> tuple[str, int, str]:
+    """(host, port, "host:port") from a socket address; IPv6 hosts are bracketed in the text form."""
+    if isinstance(address, tuple) and len(address) >= 2:
+        host, port = str(address[0]), int(address[1])
+        text = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return host, port, text
+    return "", 0, str(address)
+
+
+def _check_timeout(timeout_seconds: float) -> None:
+    if not (
+        isinstance(timeout_seconds, int | float) and math.isfinite(timeout_seconds) and timeout_seconds > 0
+    ):
+        raise ValueError(f"timeout_seconds must be a positive finite number, got {timeout_seconds!r}")
+
+
+class FrameConnection(asyncio.Protocol):
+    """One RemotingCommand stream over a transport: frames in through a :class:`FrameDecoder`, commands
+    out through :func:`encode_frame`, and this side's requests matched to their responses by opaque.
+
+    Subclasses decide what an incoming request means (:meth:`_on_request`). Reading can be paused for
+    named reasons (:meth:`_pause_reading`); while any reason holds, frames already buffered stay in the
+    decoder, and they are handled before the socket is read again.
+
+    Writes of requests wait while the transport's write buffer is above its high-water mark, so a peer
+    that does not read cannot make this side buffer without bound.
+    """
+
+    def __init__(self, *, codec_limits: CodecLimits, outbound_requests_max: int) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._codec_limits = codec_limits
+        self._decoder = FrameDecoder(codec_limits)
+        self._pending = PendingResponses(outbound_requests_max)
+        self._transport: asyncio.Transport | None = None
+        self._closed = self._loop.create_future()
+        self._is_closed = False
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._read_pause_reasons: set[str] = set()
+        self._resume_scheduled = False
+        self._remote_host = ""
+        self._remote_port = 0
+        self._remote_address = "(not connected)"
+
+    # ------------------------------------------------------------------------------ public, read-only
+
+    @property
+    def remote_address(self) -> str:
+        """``"host:port"`` of the peer (``"[::1]:port"`` for IPv6), as RocketMQ writes addresses."""
+        return self._remote_address
+
+    @property
+    def remote_host(self) -> str:
+        return self._remote_host
+
+    @property
+    def remote_port(self) -> int:
+        return self._remote_port
+
+    @property
+    def is_closed(self) -> bool:
+        return self._is_closed
+
+    @property
+    def reading_paused(self) -> bool:
+        return bool(self._read_pause_reasons)
+
+    @property
+    def pending_requests(self) -> int:
+        """Requests this side sent that still wait for their response."""
+        return len(self._pending)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes received and not yet handled (a partial frame, or whole frames held while paused)."""
+        return self._decoder.buffered_bytes
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._closed)
+
+    def close(self) -> None:
+        """Close after writing what is buffered; idempotent."""
+        if self._transport is not None:
+            self._transport.close()
+
+    def abort(self) -> None:
+        """Close now, dropping anything not yet written; idempotent."""
+        if self._transport is not None:
+            self._transport.abort()
+
+    # ----------------------------------------------------------------------------- requests this side
+
+    async def send_request(
+        self,
+        code: int,
+        ext_fields: Mapping[str, str] | None = None,
+        body: bytes = b"",
+        *,
+        timeout_seconds: float = _DEFAULT_REQUEST_TIMEOUT_SECONDS,
+        remark: str | None = None,
+        serialize_type: int = SerializeType.JSON,
+    ) -> RemotingCommand:
+        """Send a request and wait for its response (any response code: the caller interprets it).
+
+        The timeout covers waiting for a writable transport as well as for the answer. Raises
+        :class:`RequestTimeoutError`, :class:`ConnectionClosedError`, :class:`TooManyPendingRequestsError`,
+        :class:`InvalidResponseError`, or :class:`~broker.remoting.codec.EncodeError` for a request that
+        cannot be framed.
+        """
+        _check_timeout(timeout_seconds)
+        self._raise_if_closed()
+        opaque, waiter = self._pending.open(self._loop)
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                await self._wait_writable()
+                self._write_command(
+                    make_request(code, opaque, ext_fields, body, remark=remark, serialize_type=serialize_type)
+                )
+                return await waiter
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"no response to {describe_request_code(code)} (opaque {opaque}) from {self._remote_address} "
+                f"within {timeout_seconds} s"
+            ) from None
+        finally:
+            self._pending.discard(opaque)
+
+    async def send_oneway(
+        self,
+        code: int,
+        ext_fields: Mapping[str, str] | None = None,
+        body: bytes = b"",
+        *,
+        timeout_seconds: float = _DEFAULT_REQUEST_TIMEOUT_SECONDS,
+        remark: str | None = None,
+        serialize_type: int = SerializeType.JSON,
+    ) -> None:
+        """Send a request with the oneway flag; the peer sends no answer. The timeout bounds only the wait
+        for a writable transport. The opaque still comes from this connection's counter, as Java's does."""
+        _check_timeout(timeout_seconds)
+        self._raise_if_closed()
+        opaque = self._pending.take_opaque()
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                await self._wait_writable()
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"{self._remote_address} did not read for {timeout_seconds} s: "
+                f"oneway {describe_request_code(code)} not sent"
+            ) from None
+        self._write_command(
+            make_request(
+                code, opaque, ext_fields, body, remark=remark, oneway=True, serialize_type=serialize_type
+            )
+        )
+
+    # ------------------------------------------------------------------------------- for subclasses
+
+    def _on_request(self, request: RemotingCommand) -> None:
+        """A request from the peer (never a response). Subclasses answer it, now or later."""
+        raise NotImplementedError
+
+    def _on_frame_received(self) -> None:
+        """A whole frame (request, response or rejected frame) arrived: activity, for idle tracking."""
+
+    def _on_frame_written(self) -> None:
+        """A frame was handed to the transport."""
+
+    def _on_write_paused(self) -> None:
+        """The transport's write buffer went above its high-water mark."""
+
+    def _on_write_resumed(self) -> None:
+        """The transport's write buffer drained below its low-water mark."""
+
+    def _on_connection_closed(self, error: Exception | None) -> None:
+        """The transport is gone; waiters have already been failed."""
+
+    def _write_command(self, command: RemotingCommand) -> None:
+        """Frame and write ``command`` now. Raises ``EncodeError`` or :class:`ConnectionClosedError`."""
+        frame = encode_frame(command, self._codec_limits)
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            raise ConnectionClosedError(f"connection to {self._remote_address} is closed")
+        transport.write(frame)
+        self._on_frame_written()
+
+    def _answer_frame_error(self, error: FrameError) -> None:
+        """Answer a recoverable bad frame when its sender is listening (``make_error_response``)."""
+        if error.flag is not None and error.flag & RESPONSE_FLAG:
+            # A broken response: fail its waiter now rather than letting it time out.
+            if error.opaque is not None:
+                self._pending.fail(error.opaque, InvalidResponseError(f"bad response frame: {error.message}"))
+            return
+        if error.flag is not None and error.flag & ONEWAY_FLAG:
+            return
+        response = make_error_response(error)
+        if response is None:
+            return
+        try:
+            self._write_command(response)
+        except (ConnectionClosedError, ValueError) as write_error:
+            logger.debug("cannot answer a bad frame from %s: %s", self._remote_address, write_error)
+
+    def _answer(self, request: RemotingCommand, response: RemotingCommand | None) -> None:
+        """Write ``response`` to ``request``, unless it is None or the request carried the oneway flag.
+
+        The response is made to echo the request's opaque and header form whatever the handler set:
+        those belong to the connection, not to the handler.
+        """
+        if response is None or request.is_oneway:
+            return
+        if (
+            response.opaque != request.opaque
+            or response.serialize_type != request.serialize_type
+            or not response.is_response
+        ):
+            response = RemotingCommand(
+                code=response.code,
+                opaque=request.opaque,
+                flag=(response.flag | RESPONSE_FLAG) & ~ONEWAY_FLAG,
+                language=response.language,
+                version=response.version,
+                remark=response.remark,
+                ext_fields=response.ext_fields,
+                body=response.body,
+                serialize_type=request.serialize_type,
+            )
+        if self._is_closed:
+            logger.debug(
+                "dropping the answer to %s (opaque %d): %s is closed",
+                describe_request_code(request.code),
+                request.opaque,
+                self._remote_address,
+            )
+            return
+        try:
+            self._write_command(response)
+        except ConnectionClosedError:
+            return
+        except ValueError as error:  # EncodeError: too large for a frame, or unwritable text
+            logger.error(
+                "answer to %s (opaque %d) for %s cannot be encoded: %s",
+                describe_request_code(request.code),
+                request.opaque,
+                self._remote_address,
+                error,
+            )
+            fallback = make_response(
+                request, ResponseCode.SYSTEM_ERROR, f"the response could not be encoded: {error}"
+            )
+            try:
+                self._write_command(fallback)
+            except (ConnectionClosedError, ValueError):
+                self.abort()
+
+    def _pause_reading(self, reason: str) -> None:
+        if not self._read_pause_reasons and self._transport is not None:
+            self._transport.pause_reading()
+        self._read_pause_reasons.add(reason)
+
+    def _resume_reading(self, reason: str) -> None:
+        if reason not in self._read_pause_reasons:
+            return
+        self._read_pause_reasons.discard(reason)
+        if not self._read_pause_reasons and not self._resume_scheduled:
+            # Not inline: this may run inside a transport callback or a processor's answer path.
+            self._resume_scheduled = True
+            self._loop.call_soon(self._resume_now)
+
+    async def _wait_writable(self) -> None:
+        while not self._writable.is_set():
+            await self._writable.wait()
+        self._raise_if_closed()
+
+    def _raise_if_closed(self) -> None:
+        if self._is_closed or self._transport is None or self._transport.is_closing():
+            raise ConnectionClosedError(f"connection to {self._remote_address} is closed")
+
+    # ------------------------------------------------------------------------- transport callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not isinstance(transport, asyncio.Transport):
+            raise TypeError(f"a stream transport is required, got {type(transport).__name__}")
+        self._transport = transport
+        self._remote_host, self._remote_port, self._remote_address = _format_address(
+            transport.get_extra_info("peername")
+        )
+
+    def data_received(self, data: bytes) -> None:
+        if self._is_closed:
+            return
+        # Reading is only resumed once the decoder was drained, so this never exceeds one chunk
+        # beyond a partial frame (the decoder's DecoderUsageError cannot fire).
+        self._decoder.feed(data)
+        self._drain_frames()
+
+    def eof_received(self) -> bool | None:
+        # The peer is done sending; half-open connections are not useful in this protocol.
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._is_closed = True
+        self._writable.set()  # wake writers: they find the connection closed
+        reason = f": {exc}" if exc is not None else ""
+        self._pending.fail_all(ConnectionClosedError(f"connection to {self._remote_address} closed{reason}"))
+        if not self._closed.done():
+            self._closed.set_result(None)
+        self._on_connection_closed(exc)
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+        self._on_write_paused()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+        self._on_write_resumed()
+
+    # ------------------------------------------------------------------------------------- internal
+
+    def _resume_now(self) -> None:
+        self._resume_scheduled = False
+        if self._read_pause_reasons or self._is_closed:
+            return
+        self._drain_frames()  # frames that arrived before the pause come first
+        if not self._read_pause_reasons and self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
+
+    def _drain_frames(self) -> None:
+        while not self._read_pause_reasons and not self._is_closed:
+            transport = self._transport
+            if transport is None or transport.is_closing():
+                return
+            try:
+                command = self._decoder.next_frame()
+            except FrameError as error:
+                if error.fatal:
+                    logger.warning(
+                        "closing %s: the stream cannot be resynchronised: %s", self._remote_address, error
+                    )
+                    transport.abort()
+                    return
+                logger.info("bad frame from %s: %s", self._remote_address, error)
+                self._on_frame_received()
+                self._answer_frame_error(error)
+                continue
+            if command is None:
+                return
+            self._on_frame_received()
+            if command.is_response:
+                if not self._pending.resolve(command):
+                    logger.debug(
+                        "response with opaque %d from %s matches no waiting request (timed out?)",
+                        command.opaque,
+                        self._remote_address,
+                    )
+            else:
+                self._on_request(command)
+
+
+# ------------------------------------------------------------------------------------------- client
+
+
+@dataclass(frozen=True, slots=True)
+class ClientLimits:
+    """Limits of one client connection.
+
+    ``outbound_requests_max``: requests waiting for a response at once (a full table fails fast with
+    :class:`TooManyPendingRequestsError`). ``incoming_requests_max``: server-initiated requests being
+    handled at once; more are answered SYSTEM_BUSY (pausing reads instead would also hold back the
+    responses to our own requests).
+    """
+
+    outbound_requests_max: int = 65_536
+    incoming_requests_max: int = 64
+    write_buffer_high_water_bytes: int = 4 * 1024 * 1024
+    write_buffer_low_water_bytes: int = 1024 * 1024
+    codec: CodecLimits = DEFAULT_LIMITS
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for limit in fields(self):
+            value = getattr(self, limit.name)
+            if limit.name == "codec":
+                if not isinstance(value, CodecLimits):
+                    raise ValueError(f"codec must be a CodecLimits, got {type(value).__name__}")
+                value.validate()
+                continue
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{limit.name} must be a positive int, got {value!r}")
+        if self.write_buffer_low_water_bytes > self.write_buffer_high_water_bytes:
+            raise ValueError(
+                f"write_buffer_low_water_bytes ({self.write_buffer_low_water_bytes}) cannot exceed "
+                f"write_buffer_high_water_bytes ({self.write_buffer_high_water_bytes})"
+            )
+
+
+class _ClientConnection(FrameConnection):
+    def __init__(self, limits: ClientLimits, request_handler: RequestHandler | None) -> None:
+        super().__init__(codec_limits=limits.codec, outbound_requests_max=limits.outbound_requests_max)
+        self._limits = limits
+        self._request_handler = request_handler
+        self._handler_tasks: set[asyncio.Task[None]] = set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self._transport is not None:
+            self._transport.set_write_buffer_limits(
+                high=self._limits.write_buffer_high_water_bytes, low=self._limits.write_buffer_low_water_bytes
+            )
+
+    def _on_request(self, request: RemotingCommand) -> None:
+        if self._request_handler is None:
+            self._answer(
+                request,
+                make_response(
+                    request,
+                    ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                    f"this client handles no requests ({describe_request_code(request.code)})",
+                ),
+            )
+            return
+        if len(self._handler_tasks) >= self._limits.incoming_requests_max:
+            self._answer(
+                request,
+                make_response(
+                    request,
+                    ResponseCode.SYSTEM_BUSY,
+                    f"[OVERLOAD] client busy: {len(self._handler_tasks)} requests being handled",
+                ),
+            )
+            return
+        task = self._loop.create_task(self._handle(self._request_handler, request))
+        self._handler_tasks.add(task)
+        task.add_done_callback(self._handler_tasks.discard)
+
+    async def _handle(self, handler: RequestHandler, request: RemotingCommand) -> None:
+        try:
+            response = await handler(request)
+        except Exception as error:  # an operating error of the handler: the server hears about it
+            logger.exception(
+                "handler for %s from %s failed", describe_request_code(request.code), self.remote_address
+            )
+            response = make_response(request, ResponseCode.SYSTEM_ERROR, f"{type(error).__name__}: {error}")
+        self._answer(request, response)
+
+    def cancel_handlers(self) -> None:
+        for task in list(self._handler_tasks):
+            task.cancel()
+
+
+class RemotingClient:
+    """One connection to a RocketMQ remoting server (a broker or a name server).
+
+    ``request_handler`` receives the requests the server initiates (CHECK_TRANSACTION_STATE,
+    NOTIFY_CONSUMER_IDS_CHANGED, GET_CONSUMER_RUNNING_INFO); its return value is the answer, None for
+    no answer. Without a handler such requests are answered REQUEST_CODE_NOT_SUPPORTED.
+    """
+
+    def __init__(self, connection: _ClientConnection) -> None:
+        # Use connect(): a client wraps a connected protocol.
+        self._connection = connection
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        *,
+        limits: ClientLimits | None = None,
+        request_handler: RequestHandler | None = None,
+        connect_timeout_seconds: float = 3.0,
+    ) -> RemotingClient:
+        _check_timeout(connect_timeout_seconds)
+        client_limits = ClientLimits() if limits is None else limits
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(connect_timeout_seconds):
+                _, connection = await loop.create_connection(
+                    lambda: _ClientConnection(client_limits, request_handler), host, port
+                )
+        except TimeoutError:
+            raise RemotingConnectError(
+                f"connecting to {host}:{port} timed out after {connect_timeout_seconds} s"
+            ) from None
+        except OSError as error:
+            raise RemotingConnectError(f"cannot connect to {host}:{port}: {error}") from error
+        return cls(connection)
+
+    @property
+    def remote_address(self) -> str:
+        return self._connection.remote_address
+
+    @property
+    def is_closed(self) -> bool:
+        return self._connection.is_closed
+
+    @property
+    def pending_requests(self) -> int:
+        return self._connection.pending_requests
+
+    async def request(
+        self,
+        code: int,
+        ext_fields: Mapping[str, str] | None = None,
+        body: bytes = b"",
+        *,
+        timeout_seconds: float = _DEFAULT_REQUEST_TIMEOUT_SECONDS,
+        remark: str | None = None,
+        serialize_type: int = SerializeType.JSON,
+    ) -> RemotingCommand:
+        """Send a request and return its response; see :meth:`FrameConnection.send_request`."""
+        return await self._connection.send_request(
+            code,
+            ext_fields,
+            body,
+            timeout_seconds=timeout_seconds,
+            remark=remark,
+            serialize_type=serialize_type,
+        )
+
+    async def oneway(
+        self,
+        code: int,
+        ext_fields: Mapping[str, str] | None = None,
+        body: bytes = b"",
+        *,
+        timeout_seconds: float = _DEFAULT_REQUEST_TIMEOUT_SECONDS,
+        remark: str | None = None,
+        serialize_type: int = SerializeType.JSON,
+    ) -> None:
+        """Send a request with the oneway flag; nothing is awaited but a writable transport."""
+        await self._connection.send_oneway(
+            code,
+            ext_fields,
+            body,
+            timeout_seconds=timeout_seconds,
+            remark=remark,
+            serialize_type=serialize_type,
+        )
+
+    async def close(self, timeout_seconds: float = 3.0) -> None:
+        """Close the connection after buffered writes and wait until it is closed; a server that does
+        not read them within ``timeout_seconds`` gets the connection aborted. Requests still waiting
+        fail with :class:`ConnectionClosedError`; handlers of server requests are cancelled."""
+        _check_timeout(timeout_seconds)
+        self._connection.cancel_handlers()
+        self._connection.close()
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                await self._connection.wait_closed()
+        except TimeoutError:
+            self._connection.abort()
+            await self._connection.wait_closed()
+
+    async def wait_closed(self) -> None:
+        """Return once the connection is closed, by either side."""
+        await self._connection.wait_closed()
+
+    async def __aenter__(self) -> RemotingClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
