@@ -1,0 +1,138 @@
+"""Typed results of the checks: frozen dataclasses that turn into plain JSON for the report."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class RecordLocation:
+    """What lies at a physical offset of one replica: the record (or filler, zero tail, damaged stretch)
+    covering it, and for a message the field the byte belongs to."""
+
+    replica: str
+    physical_offset: int
+    #: ``message``, ``filler``, ``end`` (the zero tail), ``invalid`` or ``missing`` (no such byte: the file is short)
+    kind: str
+    record_offset: int | None = None
+    record_size: int | None = None
+    topic: str | None = None
+    queue_id: int | None = None
+    queue_offset: int | None = None
+    uniq_key: str | None = None
+    field: str | None = None
+    byte_in_record: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ByteDifference:
+    """The first byte of a block where an outvoted replica differs from the majority (or, without a
+    majority, from the first replica)."""
+
+    physical_offset: int
+    segment: int
+    block_offset: int
+    replica: str
+    reference_replicas: tuple[str, ...]
+    #: the reference's byte and the replica's (None when that replica's file ends before it)
+    expected_byte: int | None
+    actual_byte: int | None
+    expected: RecordLocation | None
+    actual: RecordLocation | None
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentComparison:
+    segment: int
+    blocks_compared: int
+    blocks_differing: int
+    odd_replicas: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaExtent:
+    """The physical range a replica holds: ``[min_offset, data_end)``."""
+
+    replica: str
+    min_offset: int
+    data_end: int
+    segment_files: int
+
+
+@dataclass(frozen=True, slots=True)
+class ByteEqualityResult:
+    """Byte equality of the replicas' commit logs over ``[common_start, common_end)``, the range every
+    replica holds. ``odd_replicas`` were outvoted in at least one block; blocks where no replica group had
+    a majority are counted in ``blocks_without_majority`` (then every replica differing from the first is
+    listed)."""
+
+    ok: bool
+    replicas: tuple[str, ...]
+    common_start: int
+    common_end: int
+    block_size_bytes: int
+    bytes_compared_per_replica: int
+    segments_compared: int
+    segments_differing: int
+    blocks_compared: int
+    blocks_differing: int
+    blocks_without_majority: int
+    odd_replicas: tuple[str, ...]
+    extents: tuple[ReplicaExtent, ...]
+    differing_segments: tuple[SegmentComparison, ...]
+    differences: tuple[ByteDifference, ...]
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One breach of an invariant, located as precisely as the invariant allows."""
+
+    invariant: str
+    replica: str
+    physical_offset: int | None
+    topic: str | None
+    queue_id: int | None
+    queue_offset: int | None
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class InvariantResult:
+    name: str
+    description: str
+    ok: bool
+    violations: int
+    examples: tuple[Violation, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaIntegrity:
+    replica: str
+    ok: bool
+    messages: int
+    fillers: int
+    invalid_stretches: int
+    data_end: int
+    queues: int
+    consume_queue_units: int
+    invariants: tuple[InvariantResult, ...]
+
+    def invariant(self, name: str) -> InvariantResult:
+        return next(result for result in self.invariants if result.name == name)
+
+
+@dataclass(frozen=True, slots=True)
+class IntegrityResult:
+    ok: bool
+    replicas: tuple[ReplicaIntegrity, ...]
+
+    def replica(self, name: str) -> ReplicaIntegrity:
+        return next(result for result in self.replicas if result.replica == name)
+
+
+def to_json(result: Any) -> Any:
+    """A dataclass result as JSON-ready dicts and lists."""
+    return dataclasses.asdict(result)

@@ -1,0 +1,1 @@
+"""raftmq: Spark checks over replicas' files."""

@@ -1,0 +1,185 @@
+"""The checks on a clean cluster and on each injected defect: every defect is reported precisely (which
+replica, which byte, which record) and nothing else is."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from commitlog.consume_queue import UNIT_BYTES
+from spark_analytics.checks import check_byte_equality, check_integrity
+from spark_analytics.results import IntegrityResult
+from tests.spark.cluster import (
+    BATCH_MESSAGES,
+    body_offset,
+    build_cluster,
+    flip_byte,
+    node_store,
+    overwrite,
+    queue_file,
+    records_of,
+    segment_file,
+)
+
+NODES = ("n0", "n1", "n2")
+
+
+@pytest.fixture
+def cluster(clean_cluster: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "cluster"
+    shutil.copytree(clean_cluster, copy)
+    return copy
+
+
+def failed_invariants(integrity: IntegrityResult, replica: str) -> set[str]:
+    return {result.name for result in integrity.replica(replica).invariants if not result.ok}
+
+
+def test_clean_cluster_holds_every_check(spark: SparkSession, clean_cluster: Path) -> None:
+    equality = check_byte_equality(spark, clean_cluster)
+    assert equality.ok and equality.odd_replicas == () and equality.differences == ()
+    data_end = equality.extents[0].data_end
+    assert equality.common_start == 0 and equality.common_end == data_end > 0
+    assert all(extent.data_end == data_end for extent in equality.extents)
+    assert equality.bytes_compared_per_replica == data_end and equality.segments_compared == 3
+    integrity = check_integrity(spark, clean_cluster)
+    assert integrity.ok
+    records = records_of(node_store(clean_cluster, "n0"))
+    for replica in integrity.replicas:
+        assert replica.messages == len(records) and replica.invalid_stretches == 0
+        assert replica.data_end == data_end and replica.queues == 6
+        assert replica.consume_queue_units == sum(1 for r in records if r.sys_flag & 0xC not in (0x4, 0xC))
+
+
+def test_flipped_byte_names_the_replica_the_byte_and_the_record(spark: SparkSession, cluster: Path) -> None:
+    record = records_of(node_store(cluster, "n1"))[400]
+    position = body_offset(record) + 7
+    flip_byte(node_store(cluster, "n1"), position)
+
+    equality = check_byte_equality(spark, cluster)
+    assert not equality.ok and equality.odd_replicas == ("n1",) and equality.blocks_differing == 1
+    (difference,) = equality.differences
+    assert difference.replica == "n1" and difference.reference_replicas == ("n0", "n2")
+    assert difference.physical_offset == position
+    assert difference.actual_byte == difference.expected_byte ^ 0xFF  # type: ignore[operator]
+    expected = difference.expected
+    assert expected is not None and expected.kind == "message" and expected.field == "body"
+    assert (expected.topic, expected.queue_id, expected.queue_offset, expected.record_offset) == (
+        record.topic, record.queue_id, record.queue_offset, record.physical_offset)
+    assert [segment.segment for segment in equality.differing_segments] == [
+        record.physical_offset - record.physical_offset % (128 * 1024)]
+
+    integrity = check_integrity(spark, cluster)
+    assert failed_invariants(integrity, "n1") == {"crc"}
+    assert failed_invariants(integrity, "n0") == failed_invariants(integrity, "n2") == set()
+    (violation,) = integrity.replica("n1").invariant("crc").examples
+    assert (violation.physical_offset, violation.topic, violation.queue_id, violation.queue_offset) == (
+        record.physical_offset, record.topic, record.queue_id, record.queue_offset)
+
+
+def test_truncated_segment_is_missing_bytes_on_one_replica(spark: SparkSession, cluster: Path) -> None:
+    store = node_store(cluster, "n2")
+    cut = 131072 + 50_000
+    path = segment_file(store, cut)
+    with open(path, "r+b") as handle:
+        handle.truncate(cut - 131072)
+
+    equality = check_byte_equality(spark, cluster)
+    assert not equality.ok and equality.odd_replicas == ("n2",)
+    first = equality.differences[0]
+    assert first.replica == "n2" and first.physical_offset == cut and first.actual_byte is None
+    assert first.actual is not None and first.actual.kind == "missing"
+    assert first.expected is not None and first.expected.kind == "message"
+
+    integrity = check_integrity(spark, cluster)
+    assert failed_invariants(integrity, "n0") == failed_invariants(integrity, "n1") == set()
+    failed = failed_invariants(integrity, "n2")
+    assert {"files", "physical_offsets", "queue_offsets", "consume_queue"} <= failed
+    files = integrity.replica("n2").invariant("files")
+    assert files.violations == 1 and "50000 bytes" in files.examples[0].detail
+    gap = integrity.replica("n2").invariant("physical_offsets").examples[0]
+    assert gap.physical_offset == 262144 and "missing" in gap.detail
+
+
+def test_swapped_consume_queue_units_are_reported_on_their_replica(spark: SparkSession, cluster: Path) -> None:
+    store = node_store(cluster, "n0")
+    path, position = queue_file(store, "Orders", 1, 3)
+    raw = path.read_bytes()
+    unit3, unit4 = raw[position : position + UNIT_BYTES], raw[position + UNIT_BYTES : position + 2 * UNIT_BYTES]
+    overwrite(path, position, unit4 + unit3)
+
+    assert check_byte_equality(spark, cluster).ok  # commit logs untouched
+    integrity = check_integrity(spark, cluster)
+    assert failed_invariants(integrity, "n0") == {"consume_queue"}
+    assert failed_invariants(integrity, "n1") == failed_invariants(integrity, "n2") == set()
+    result = integrity.replica("n0").invariant("consume_queue")
+    assert result.violations == 2
+    by_offset = {example.queue_offset: example for example in result.examples}
+    assert set(by_offset) == {3, 4}
+    assert all(example.topic == "Orders" and example.queue_id == 1 for example in result.examples)
+    assert "the record has queue offset 4" in by_offset[3].detail
+    assert "the record has queue offset 3" in by_offset[4].detail
+
+
+def test_duplicated_records_are_found_on_their_replica(spark: SparkSession, tmp_path: Path) -> None:
+    cluster = tmp_path / "cluster"
+    build_cluster(cluster, extra_apply={"n2": 10})  # n2 applies the entry of batch 10 twice
+    majority = records_of(node_store(cluster, "n0"))
+    duplicated = records_of(node_store(cluster, "n2"))
+    batch_end = 11 * BATCH_MESSAGES  # messages in batches 0..10
+    original, copy = majority[10 * BATCH_MESSAGES], duplicated[batch_end]
+    assert copy.properties == original.properties and copy.physical_offset == majority[batch_end].physical_offset
+
+    equality = check_byte_equality(spark, cluster)
+    assert not equality.ok and equality.odd_replicas == ("n2",)
+    first = equality.differences[0]
+    assert copy.physical_offset <= first.physical_offset < copy.physical_offset + copy.total_size
+    assert first.actual is not None and first.actual.record_offset == copy.physical_offset
+    assert first.actual.uniq_key == original.property_map["UNIQ_KEY"]
+    assert first.expected is not None and first.expected.record_offset == majority[batch_end].physical_offset
+
+    integrity = check_integrity(spark, cluster)
+    assert failed_invariants(integrity, "n2") == {"unique_keys"}
+    assert failed_invariants(integrity, "n0") == failed_invariants(integrity, "n1") == set()
+    result = integrity.replica("n2").invariant("unique_keys")
+    copies = [record for record in duplicated[batch_end : batch_end + BATCH_MESSAGES] if record.sys_flag & 0xC not in (0x4, 0xC)]
+    assert result.violations == len(copies)
+    violation = result.examples[0]
+    assert violation.physical_offset == copy.physical_offset and violation.topic == original.topic
+    assert original.property_map["UNIQ_KEY"] in violation.detail
+    assert f"physical offset {original.physical_offset}" in violation.detail
+
+
+def test_bad_crc_on_every_replica_is_an_integrity_failure_only(spark: SparkSession, cluster: Path) -> None:
+    record = records_of(node_store(cluster, "n0"))[123]
+    for node in NODES:
+        store = node_store(cluster, node)
+        overwrite(segment_file(store, record.physical_offset), record.physical_offset % (128 * 1024) + 8,
+                  struct.pack(">I", record.body_crc ^ 0x5A5A5A5A))
+
+    assert check_byte_equality(spark, cluster).ok  # the same bytes everywhere: a replicated bad CRC
+    integrity = check_integrity(spark, cluster)
+    for node in NODES:
+        assert failed_invariants(integrity, node) == {"crc"}
+        (violation,) = integrity.replica(node).invariant("crc").examples
+        assert (violation.physical_offset, violation.topic, violation.queue_id, violation.queue_offset) == (
+            record.physical_offset, record.topic, record.queue_id, record.queue_offset)
+
+
+def test_a_broken_key_index_chain_is_reported(spark: SparkSession, cluster: Path) -> None:
+    store = node_store(cluster, "n1")
+    index_file = sorted((store / "index").iterdir())[0]
+    slot = 5
+    overwrite(index_file, 64 + slot * 4, bytes(4))  # one slot of 64 emptied: its chain is lost to lookups
+
+    assert check_byte_equality(spark, cluster).ok
+    integrity = check_integrity(spark, cluster)
+    assert failed_invariants(integrity, "n1") == {"key_index"}
+    assert failed_invariants(integrity, "n0") == failed_invariants(integrity, "n2") == set()
+    result = integrity.replica("n1").invariant("key_index")
+    assert result.violations > 0
+    assert all("is not reachable from its slot" in example.detail for example in result.examples)
