@@ -101,5 +101,26 @@ def _run_demo(directory: Path, count: int, queues: int) -> None:
         raise click.ClickException("the store did not return everything it acknowledged")
 
 
+@main.command()
+@click.option("--data-dir", required=True, type=click.Path(path_type=Path),
+              help="The cluster directory: one sub-directory per replica (n0, n1, ...), each with store/.")
+@click.option("--master", default=None, help="A Spark master URL (default: an embedded local[2] session).")
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Where to write the JSON report (default: DATA_DIR/verify-report.json).")
+def verify(data_dir: Path, master: str | None, report: Path | None) -> None:
+    """Check with Spark that the replicas are byte-identical and each one is intact.
+
+    Exit code 0 when every check holds, 1 when one fails (the report says where), 2 for usage errors.
+
+    \b
+    Example:
+      raftmq verify --data-dir ./demo-data
+      raftmq verify --data-dir /srv/raftmq --master spark://spark-master:7077 --report out.json
+    """
+    from spark_analytics.verify import verify as run_verify
+
+    raise SystemExit(run_verify(data_dir, master=master, report_path=report))
+
+
 if __name__ == "__main__":
     main(prog_name=os.path.basename(__file__))

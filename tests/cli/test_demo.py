@@ -40,3 +40,13 @@ def test_console_script_runs_as_a_process() -> None:
     completed = subprocess.run([sys.executable, "-m", "cli.main", "--help"], capture_output=True, text=True,
                                cwd=REPO, timeout=60)
     assert completed.returncode == 0 and "demo" in completed.stdout
+
+
+def test_verify_of_a_missing_directory_is_a_usage_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["verify", "--data-dir", str(tmp_path / "nope")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+def test_verify_needs_a_data_dir() -> None:
+    result = CliRunner().invoke(main, ["verify"])
+    assert result.exit_code == 2 and "--data-dir" in result.output
