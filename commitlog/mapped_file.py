@@ -16,9 +16,6 @@ from pathlib import Path
 from commitlog.errors import DiskFullError, StoreError, invariant
 
 PAGE_SIZE = mmap.PAGESIZE
-#: Linux 5.14+; Python 3.11's mmap module has no constant for it
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
-PREFAULT_CHUNK_BYTES = 2 << 20  # a few ms of GIL per chunk (measured 2.6 s per GiB in all)
 #: suffix of a file being allocated; such a file is never opened as data and is replaced on the next try
 ALLOCATING_SUFFIX = ".allocating"
 
@@ -98,6 +95,7 @@ class MappedFile:
             os.rename(target, path)
         #: called whenever the file is mapped again after :meth:`unmap` (the owner's LRU bookkeeping)
         self.on_remap: Callable[[MappedFile], None] | None = None
+        self._write_fd: int | None = None
 
     @property
     def map(self) -> mmap.mmap:
@@ -115,21 +113,14 @@ class MappedFile:
                 self.on_remap(self)
         return mapped
 
-    def prefault(self, start: int = 0, end: int | None = None, chunk_bytes: int = PREFAULT_CHUNK_BYTES) -> bool:
-        """Fault [start, end) in, writable, ahead of use (RocketMQ's warmMappedFile): writes into a
-        prefaulted mapping were measured 10x faster than into a fresh one. Done in chunks, because the
-        call holds the GIL: between chunks the Raft thread gets to run. False where the kernel lacks
-        MADV_POPULATE_WRITE (then writes simply fault pages in as they go)."""
-        end = self.size_bytes if end is None else min(end, self.size_bytes)
-        for position in range(start, end, chunk_bytes):
-            mapped = self._map  # stop quietly if the file was unmapped or deleted meanwhile
-            if mapped is None or mapped.closed or self._deleted:
-                return False
-            try:
-                mapped.madvise(MADV_POPULATE_WRITE, position, min(chunk_bytes, end - position))
-            except (OSError, ValueError):
-                return False
-        return True
+    def pwrite(self, offset: int, data: bytes | bytearray) -> None:
+        """Write through the file (the page cache), not the mapping; the mapping sees the same pages."""
+        invariant(offset >= 0 and offset + len(data) <= self.size_bytes, "pwrite outside the file")
+        fd = self._write_fd
+        if fd is None:
+            fd = self._write_fd = os.open(self.path, os.O_RDWR)
+        written = os.pwrite(fd, data, offset)
+        invariant(written == len(data), "short pwrite into a preallocated file")
 
     @property
     def is_mapped(self) -> bool:
@@ -158,10 +149,17 @@ class MappedFile:
         aligned = start - start % PAGE_SIZE
         self.map.flush(aligned, min(end, self.size_bytes) - aligned)
 
+    def _close_write_fd(self) -> None:
+        if self._write_fd is not None:
+            os.close(self._write_fd)
+            self._write_fd = None
+
     def close(self) -> None:
         self.unmap()
+        self._close_write_fd()
 
     def delete(self) -> None:
         self._deleted = True
         self.unmap()
+        self._close_write_fd()
         self.path.unlink(missing_ok=True)
