@@ -122,5 +122,15 @@ def verify(data_dir: Path, master: str | None, report: Path | None) -> None:
     raise SystemExit(run_verify(data_dir, master=master, report_path=report))
 
 
+def _register_commands() -> None:
+    """Commands live in one module per area: the cluster and its processes, and the client side."""
+    from cli import client_commands, cluster_commands
+
+    for command in (*cluster_commands.COMMANDS, *client_commands.COMMANDS):
+        main.add_command(command)
+
+
+_register_commands()
+
 if __name__ == "__main__":
     main(prog_name=os.path.basename(__file__))
