@@ -149,9 +149,11 @@ class StateMachine:
             case Retention(min_physical_offset):
                 if raft_index > self.store.applied_raft_index:
                     self.store.delete_below(raft_index, min_physical_offset)
-            case TransactionOp() | TimerProgress():
-                # The transaction and timer state machines arrive with their issue; until then these
-                # operations are recorded (they travel in the log) and have no further effect.
+            case TimerProgress(key, delivered_up_to):
+                self.state.apply_timer_progress(key, delivered_up_to)
+            case TransactionOp():
+                # The transaction state machine arrives with its issue; until then these operations are
+                # recorded (they travel in the log) and have no further effect.
                 self.noops.append((raft_index, f"{type(operation).__name__} not handled yet"))
             case Messages():
                 pass

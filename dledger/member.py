@@ -93,6 +93,8 @@ class GroupMember:
     def __init__(self, config: NodeConfig, on_role_change: Callable[[RoleChange], None] | None = None) -> None:
         self.config = config.validate()
         self.on_role_change = on_role_change
+        #: called on the Raft thread after every applied entry (long polling wake-ups): must be quick
+        self.on_applied: Callable[[], None] | None = None
         self.raft_dir = config.data_dir / "raft"
         self.raft_dir.mkdir(parents=True, exist_ok=True)
         self.state = ReplicatedState()
@@ -145,7 +147,10 @@ class GroupMember:
             with self._own_lock:
                 own = self._own_entries.pop(data, None)
             with self._apply_lock:
-                return self.machine.apply(raft_index, data, own)
+                result = self.machine.apply(raft_index, data, own)
+            if self.on_applied is not None:
+                self.on_applied()
+            return result
         except Exception:
             log.critical("apply failed at index %d: stopping this member", raft_index, exc_info=True)
             logging.shutdown()

@@ -19,7 +19,8 @@ from typing import Final
 from dledger.command import ConsumerOffset, LeaderStamp, SubscriptionGroup, TopicConfig
 
 STATE_MAGIC: Final = 0x524D5354  # "RMST"
-STATE_VERSION: Final = 1
+#: 2 added the timer progress section
+STATE_VERSION: Final = 2
 HEAD = struct.Struct(">IHqq")
 COUNT = struct.Struct(">I")
 CRC = struct.Struct(">I")
@@ -27,6 +28,7 @@ OFFSET_ENTRY = struct.Struct(">iq")
 TOPIC_ENTRY = struct.Struct(">iiiiB")
 GROUP_ENTRY = struct.Struct(">BBiq")
 STAMP = struct.Struct(">qq")
+I64 = struct.Struct(">q")
 
 
 class StateError(ValueError):
@@ -43,6 +45,8 @@ class ReplicatedState:
     leader_stamp: LeaderStamp | None = None
     #: the highest store timestamp applied: a new leader never stamps below it
     last_store_timestamp: int = 0
+    #: delay / timer delivery progress: timer key (e.g. "level:3") -> next queue offset to deliver
+    timer_progress: dict[str, int] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ apply (deterministic)
 
@@ -63,6 +67,9 @@ class ReplicatedState:
             self.groups.pop(group.group, None)
         else:
             self.groups[group.group] = group
+
+    def apply_timer_progress(self, key: str, delivered_up_to: int) -> None:
+        self.timer_progress[key] = max(self.timer_progress.get(key, 0), delivered_up_to)
 
     # ------------------------------------------------------------------ queries
 
@@ -90,6 +97,9 @@ class ReplicatedState:
         else:
             parts += (COUNT.pack(1), STAMP.pack(self.leader_stamp.term, self.leader_stamp.timestamp),
                       _string(self.leader_stamp.node))
+        parts.append(COUNT.pack(len(self.timer_progress)))
+        for key, offset in sorted(self.timer_progress.items()):
+            parts += (_string(key), I64.pack(offset))
         body = b"".join(parts)
         return body + CRC.pack(zlib.crc32(body))
 
@@ -101,7 +111,7 @@ class ReplicatedState:
         if zlib.crc32(body) != crc:
             raise StateError("state snapshot CRC mismatch")
         magic, version, applied, last_store_timestamp = HEAD.unpack_from(body)
-        if magic != STATE_MAGIC or version != STATE_VERSION:
+        if magic != STATE_MAGIC or version not in (1, STATE_VERSION):
             raise StateError(f"unknown state snapshot (magic {magic:#x}, version {version})")
         reader = _Reader(body, HEAD.size)
         state = cls(applied_index=applied, last_store_timestamp=last_store_timestamp)
@@ -121,6 +131,11 @@ class ReplicatedState:
             if reader.count():
                 term, timestamp = reader.unpack(STAMP)
                 state.leader_stamp = LeaderStamp(term, reader.string(), timestamp)
+            if version >= 2:
+                for _ in range(reader.count()):
+                    key = reader.string()
+                    (offset,) = reader.unpack(I64)
+                    state.timer_progress[key] = offset
         except (struct.error, IndexError, UnicodeDecodeError) as exc:
             raise StateError(f"state snapshot is malformed: {exc}") from exc
         if reader.position != len(body):

@@ -1,0 +1,167 @@
+"""Offsets, queries and administration: QUERY/UPDATE_CONSUMER_OFFSET, GET_MAX/MIN_OFFSET,
+SEARCH_OFFSET_BY_TIMESTAMP, GET_EARLIEST_MSG_STORETIME, QUERY_MESSAGE, VIEW_MESSAGE_BY_ID,
+UPDATE_AND_CREATE_TOPIC, DELETE_TOPIC_IN_BROKER, GET_ALL_TOPIC_CONFIG, GET_BROKER_RUNTIME_INFO."""
+
+from __future__ import annotations
+
+import json
+from typing import Final
+
+from broker.context import BrokerContext
+from broker.offsets import OffsetCommitter
+from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand, make_response
+from broker.remoting.server import RequestContext
+from broker.requests import INT32_MAX, RequestError, integer, text
+from broker.topics import PERM_INHERIT, PERM_READ, PERM_WRITE, SYSTEM_TOPICS, check_topic_name
+from commitlog.errors import StoreError
+from dledger.command import Command, TopicConfig
+
+QUERY_MESSAGES_MAX: Final = 64
+QUEUE_NUMS_MAX: Final = 1024
+ADMIN_CODES: Final = (
+    RequestCode.QUERY_CONSUMER_OFFSET, RequestCode.UPDATE_CONSUMER_OFFSET, RequestCode.GET_MAX_OFFSET,
+    RequestCode.GET_MIN_OFFSET, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, RequestCode.GET_EARLIEST_MSG_STORETIME,
+    RequestCode.QUERY_MESSAGE, RequestCode.VIEW_MESSAGE_BY_ID, RequestCode.UPDATE_AND_CREATE_TOPIC,
+    RequestCode.DELETE_TOPIC_IN_BROKER, RequestCode.GET_ALL_TOPIC_CONFIG, RequestCode.GET_BROKER_RUNTIME_INFO,
+)
+
+
+class AdminProcessor:
+    def __init__(self, broker: BrokerContext, offsets: OffsetCommitter) -> None:
+        self.broker = broker
+        self.offsets = offsets
+
+    async def __call__(self, context: RequestContext) -> RemotingCommand | None:
+        request = context.request
+        try:
+            return await self.handle(request)
+        except RequestError as error:
+            return make_response(request, error.code, error.remark, error.ext_fields)
+
+    async def handle(self, request: RemotingCommand) -> RemotingCommand:
+        fields = request.ext_fields
+        broker = self.broker
+        store = broker.store
+        code = request.code
+        if code == RequestCode.QUERY_CONSUMER_OFFSET:
+            group, topic = text(fields, "consumerGroup"), text(fields, "topic")
+            queue_id = integer(fields, "queueId", None, 0, INT32_MAX)
+            offset = broker.state.consumer_offset(group, topic, queue_id)
+            if offset is None:
+                # As RocketMQ: a group that never committed starts at 0 while the queue still starts there
+                if store.min_queue_offset(topic, queue_id) <= 0:
+                    offset = 0
+                else:
+                    return make_response(request, ResponseCode.QUERY_NOT_FOUND,
+                                         "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first")
+            return _ok(request, offset=offset)
+        if code == RequestCode.UPDATE_CONSUMER_OFFSET:
+            group, topic = text(fields, "consumerGroup"), text(fields, "topic")
+            queue_id = integer(fields, "queueId", None, 0, INT32_MAX)
+            offset = integer(fields, "commitOffset", None, 0)
+            broker.require_leader()
+            await self.offsets.submit(group, topic, queue_id, offset)
+            return _ok(request)
+        if code in (RequestCode.GET_MAX_OFFSET, RequestCode.GET_MIN_OFFSET):
+            topic, queue_id = text(fields, "topic"), integer(fields, "queueId", None, 0, INT32_MAX)
+            if code == RequestCode.GET_MAX_OFFSET:
+                return _ok(request, offset=store.max_queue_offset(topic, queue_id))
+            return _ok(request, offset=store.min_queue_offset(topic, queue_id))
+        if code == RequestCode.SEARCH_OFFSET_BY_TIMESTAMP:
+            topic, queue_id = text(fields, "topic"), integer(fields, "queueId", None, 0, INT32_MAX)
+            return _ok(request, offset=store.offset_by_timestamp(topic, queue_id, integer(fields, "timestamp")))
+        if code == RequestCode.GET_EARLIEST_MSG_STORETIME:
+            topic, queue_id = text(fields, "topic"), integer(fields, "queueId", None, 0, INT32_MAX)
+            result = store.get_messages(topic, queue_id, store.min_queue_offset(topic, queue_id), 1)
+            if not result.messages:
+                return make_response(request, ResponseCode.SYSTEM_ERROR, f"no message in {topic} queue {queue_id}")
+            return _ok(request, timestamp=int.from_bytes(result.messages[0][56:64], "big", signed=True))
+        if code == RequestCode.QUERY_MESSAGE:
+            return self._query(request)
+        if code == RequestCode.VIEW_MESSAGE_BY_ID:
+            offset = integer(fields, "offset", None, 0)
+            try:
+                record = store.read_record(offset)
+            except (StoreError, ValueError) as exc:
+                return make_response(request, ResponseCode.SYSTEM_ERROR, f"no message at offset {offset}: {exc}")
+            return make_response(request, ResponseCode.SUCCESS, body=record)
+        if code == RequestCode.UPDATE_AND_CREATE_TOPIC:
+            return await self._create_topic(request)
+        if code == RequestCode.DELETE_TOPIC_IN_BROKER:
+            topic = text(fields, "topic")
+            existing = broker.topic_config(topic)
+            if existing is None:
+                return make_response(request, ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
+            await broker.propose(Command((TopicConfig(topic, 0, 0, 0, deleted=True),)))
+            broker.on_topics_changed()
+            return _ok(request)
+        if code == RequestCode.GET_ALL_TOPIC_CONFIG:
+            table = {name: _topic_json(config) for name, config in sorted(dict(broker.state.topics).items())}
+            return make_response(request, ResponseCode.SUCCESS, body=json.dumps(
+                {"topicConfigTable": table, "dataVersion": {"timestamp": 0, "counter": broker.state.applied_index}}
+            ).encode())
+        if code == RequestCode.GET_BROKER_RUNTIME_INFO:
+            return make_response(request, ResponseCode.SUCCESS, body=json.dumps({"table": self.runtime_info()}).encode())
+        return make_response(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, "not an admin request")
+
+    def runtime_info(self) -> dict[str, str]:
+        broker = self.broker
+        status = broker.member.status()
+        return {
+            "nodeId": status.node_id,
+            "brokerName": broker.config.broker_name,
+            "brokerAddress": broker.config.listen_address,
+            "brokerRole": "LEADER" if status.role == "leader" else status.role.upper(),
+            "raftTerm": str(status.term),
+            "raftLeader": broker.listen_by_raft.get(status.leader or "", status.leader or ""),
+            "commitIndex": str(status.commit_index),
+            "appliedIndex": str(status.applied_index),
+            "commitLogMaxOffset": str(status.commit_log_max_offset),
+            "commitLogMinOffset": str(status.commit_log_min_offset),
+            "topics": str(len(broker.state.topics)),
+        }
+
+    def _query(self, request: RemotingCommand) -> RemotingCommand:
+        fields = request.ext_fields
+        topic, key = text(fields, "topic"), text(fields, "key")
+        count = min(integer(fields, "maxNum", 32, 1, INT32_MAX), QUERY_MESSAGES_MAX)
+        begin = integer(fields, "beginTimestamp", 0)
+        end = integer(fields, "endTimestamp", 2**63 - 1)
+        found = self.broker.store.query_by_key(topic, key, count, begin, end)
+        if not found:
+            return make_response(request, ResponseCode.QUERY_NOT_FOUND, "can not find message, maybe time range not correct")
+        records = [self.broker.store.read_record(message.physical_offset) for message in found]
+        return make_response(request, ResponseCode.SUCCESS, None, {
+            "indexLastUpdateTimestamp": str(max(message.store_timestamp for message in found)),
+            "indexLastUpdatePhyoffset": str(max(message.physical_offset for message in found)),
+        }, b"".join(records))
+
+    async def _create_topic(self, request: RemotingCommand) -> RemotingCommand:
+        fields = request.ext_fields
+        topic = text(fields, "topic")
+        problem = check_topic_name(topic)
+        if problem is not None:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, problem)
+        if topic in SYSTEM_TOPICS:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, f"the topic[{topic}] is conflict with system topic")
+        read = integer(fields, "readQueueNums", 16, 0, QUEUE_NUMS_MAX)
+        write = integer(fields, "writeQueueNums", 16, 0, QUEUE_NUMS_MAX)
+        perm = integer(fields, "perm", PERM_READ | PERM_WRITE, 0, PERM_READ | PERM_WRITE | PERM_INHERIT)
+        if read == 0 and write == 0:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, "a topic needs read or write queues")
+        sys_flag = integer(fields, "topicSysFlag", 0, 0, INT32_MAX)
+        order = fields.get("order", "false").strip().lower() == "true"
+        self.broker.require_leader()
+        await self.broker.put_topic(TopicConfig(topic, read, write, perm, sys_flag, order))
+        return _ok(request)
+
+
+def _topic_json(config: TopicConfig) -> dict[str, object]:
+    return {"topicName": config.topic, "readQueueNums": config.read_queue_nums,
+            "writeQueueNums": config.write_queue_nums, "perm": config.perm, "topicFilterType": "SINGLE_TAG",
+            "topicSysFlag": config.topic_sys_flag, "order": config.order}
+
+
+def _ok(request: RemotingCommand, **fields: int) -> RemotingCommand:
+    return make_response(request, ResponseCode.SUCCESS, None, {key: str(value) for key, value in fields.items()})

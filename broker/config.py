@@ -1,0 +1,140 @@
+"""A broker node's configuration: the node's Raft membership (``dledger.config``) plus a ``[broker]`` table.
+
+One TOML file per node (``raftmq broker --config node.toml``)::
+
+    [broker]
+    listen_address = "127.0.0.1:10911"         # the remoting port clients use
+    broker_name = "broker-a"                    # the group's name: the same on every member
+    cluster_name = "DefaultCluster"
+    namesrv = ["127.0.0.1:9876"]
+    broker_id = 1                               # the id this member registers with while a follower
+    peer_addresses = { n1 = "127.0.0.1:10921", n2 = "127.0.0.1:10931" }   # the others' listen addresses
+
+    [node] ... [[peers]] ... [raft] ... [group_commit] ... [store]   (see dledger.config)
+
+Every value is checked; an unknown key or a bad value is a ``ConfigError`` naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from commitlog.config import ConfigError
+from dledger.config import NodeConfig, parse_address
+
+#: RocketMQ's delay levels (``messageDelayLevel``), in seconds
+DEFAULT_DELAY_LEVELS_SECONDS: tuple[int, ...] = (
+    1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    listen_address: str
+    broker_name: str = "broker-a"
+    cluster_name: str = "DefaultCluster"
+    namesrv: tuple[str, ...] = ()
+    #: the id this member registers under while it is a follower (the leader registers as 0)
+    broker_id: int = 1
+    #: member id -> that member's listen address (so a follower can name the leader's)
+    peer_addresses: Mapping[str, str] = field(default_factory=dict)
+    #: create a topic on its first send (RocketMQ's autoCreateTopicEnable)
+    auto_create_topic: bool = True
+    default_topic_queue_nums: int = 4
+    #: re-registration period with the name servers (RocketMQ: 30 s); a role change registers at once
+    register_interval_seconds: float = 10.0
+    #: the longest a pull is held waiting for messages, whatever the client asks
+    long_polling_max_ms: int = 30_000
+    #: messages one pull returns at most, and their bytes
+    pull_messages_max: int = 64
+    pull_bytes_max: int = 4 << 20
+    #: reconsume attempts before a message goes to the dead-letter queue (RocketMQ: 16)
+    max_reconsume_times: int = 16
+    delay_levels_seconds: tuple[int, ...] = DEFAULT_DELAY_LEVELS_SECONDS
+    #: consumer or producer connections silent for this long are forgotten (RocketMQ: 120 s)
+    client_expiry_seconds: float = 120.0
+    #: an orderly consumer's queue lock lives this long without renewal (RocketMQ: 60 s)
+    queue_lock_seconds: float = 60.0
+
+    def validate(self) -> BrokerConfig:
+        parse_address(self.listen_address, "broker.listen_address")
+        for position, address in enumerate(self.namesrv):
+            parse_address(address, f"broker.namesrv[{position}]")
+        for member, address in self.peer_addresses.items():
+            parse_address(address, f"broker.peer_addresses.{member}")
+        for name, value in (("broker_name", self.broker_name), ("cluster_name", self.cluster_name)):
+            if not value or not value.replace("-", "").replace("_", "").isalnum():
+                raise ConfigError(f"broker.{name} must be letters, digits, '-' or '_', got {value!r}")
+        _check_int(self, "broker_id", 1, 1 << 20)
+        _check_int(self, "default_topic_queue_nums", 1, 1024)
+        _check_int(self, "long_polling_max_ms", 0, 600_000)
+        _check_int(self, "pull_messages_max", 1, 1024)
+        _check_int(self, "pull_bytes_max", 1024, 64 << 20)
+        _check_int(self, "max_reconsume_times", 0, 1000)
+        for name in ("register_interval_seconds", "client_expiry_seconds", "queue_lock_seconds"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 86_400:
+                raise ConfigError(f"broker.{name} must be a number of seconds in (0, 86400], got {value!r}")
+        levels = self.delay_levels_seconds
+        if not levels or len(levels) > 64 or any(
+            not isinstance(level, int) or isinstance(level, bool) or not 0 < level <= 30 * 86_400 for level in levels
+        ):
+            raise ConfigError("broker.delay_levels_seconds must be 1..64 delays of 1 s .. 30 days")
+        if not isinstance(self.auto_create_topic, bool):
+            raise ConfigError("broker.auto_create_topic must be true or false")
+        return self
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> BrokerConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ConfigError(f"unknown key(s) in broker: {', '.join(unknown)}")
+        if not isinstance(values.get("listen_address"), str):
+            raise ConfigError("broker.listen_address is required and must be 'host:port'")
+        arguments = dict(values)
+        for name in ("namesrv", "delay_levels_seconds"):
+            if name in arguments:
+                value = arguments[name]
+                if isinstance(value, str):
+                    value = [value]
+                if not isinstance(value, list):
+                    raise ConfigError(f"broker.{name} must be a list")
+                arguments[name] = tuple(value)
+        peers = arguments.get("peer_addresses", {})
+        if not isinstance(peers, dict) or not all(isinstance(v, str) for v in peers.values()):
+            raise ConfigError("broker.peer_addresses must map member ids to 'host:port'")
+        for name in ("broker_name", "cluster_name"):
+            if name in arguments and not isinstance(arguments[name], str):
+                raise ConfigError(f"broker.{name} must be a string")
+        return cls(**arguments).validate()
+
+
+def load_node_file(path: Path) -> tuple[NodeConfig, BrokerConfig]:
+    """Read a node's TOML file: the Raft member's settings and the broker's."""
+    try:
+        document = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    broker_values = document.pop("broker", None)
+    if not isinstance(broker_values, dict):
+        raise ConfigError(f"{path}: a [broker] table is required")
+    node = NodeConfig.from_mapping(document, base=path.parent)
+    broker = BrokerConfig.from_mapping(broker_values)
+    unknown_members = sorted(set(broker.peer_addresses) - {peer.id for peer in node.peers})
+    if unknown_members:
+        raise ConfigError(f"broker.peer_addresses names non-members: {', '.join(unknown_members)}")
+    return node, broker
+
+
+def _check_int(config: BrokerConfig, name: str, low: int, high: int) -> None:
+    value = getattr(config, name)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigError(f"broker.{name} must be an integer in {low}..{high}, got {value!r}")

@@ -1,0 +1,272 @@
+"""Clients the broker knows: consumers and producers by group (from HEART_BEAT), and the queue locks of
+orderly consumers (RebalanceLockManager). Per-broker, in memory, as RocketMQ keeps them: clients
+heartbeat every 30 s and re-lock every 20 s, so a new leader learns them again within that time.
+
+Processors: HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, LOCK_BATCH_MQ, UNLOCK_BATCH_MQ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+from broker.context import BrokerContext
+from broker.remoting.client import RemotingError
+from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand, make_response
+from broker.remoting.server import Connection, RequestContext
+from broker.requests import RequestError, text
+from broker.topics import PERM_READ, PERM_WRITE, retry_topic
+
+log = logging.getLogger(__name__)
+
+CLIENTS_PER_GROUP_MAX: Final = 10_000
+GROUPS_MAX: Final = 100_000
+LOCK_QUEUES_PER_REQUEST_MAX: Final = 10_000
+MESSAGE_MODEL_CLUSTERING: Final = "CLUSTERING"
+MESSAGE_MODEL_BROADCASTING: Final = "BROADCASTING"
+
+
+def _json_body(body: bytes, what: str) -> dict[str, object]:
+    try:
+        value = json.loads(body.decode("utf-8")) if body else {}
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise RequestError(ResponseCode.SYSTEM_ERROR, f"{what} body is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise RequestError(ResponseCode.SYSTEM_ERROR, f"{what} body must be a JSON object")
+    return value
+
+
+def _message_model(value: object) -> str:
+    """C++ clients send enums as integers (BROADCASTING = 0, CLUSTERING = 1), Java-style ones as names."""
+    if value in (0, "0", MESSAGE_MODEL_BROADCASTING):
+        return MESSAGE_MODEL_BROADCASTING
+    return MESSAGE_MODEL_CLUSTERING
+
+
+@dataclass(slots=True)
+class ClientEntry:
+    client_id: str
+    connection: Connection
+    last_seen: float
+    #: topic -> subscription expression ("*", "TagA || TagB")
+    subscriptions: dict[str, str] = field(default_factory=dict)
+    message_model: str = MESSAGE_MODEL_CLUSTERING
+
+
+class ConsumerManager:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.consumers: dict[str, dict[str, ClientEntry]] = {}
+        self.producers: dict[str, dict[str, ClientEntry]] = {}
+        #: called with a group whose set of consumers changed
+        self.on_group_changed: Callable[[str], None] = lambda group: None
+
+    def register_consumer(self, group: str, client_id: str, connection: Connection, subscriptions: dict[str, str],
+                          message_model: str) -> bool:
+        """Returns whether the group's membership changed."""
+        clients = self.consumers.get(group)
+        if clients is None:
+            if len(self.consumers) >= GROUPS_MAX:
+                raise RequestError(ResponseCode.SYSTEM_BUSY, "too many consumer groups")
+            clients = self.consumers[group] = {}
+        entry = clients.get(client_id)
+        changed = entry is None or entry.connection is not connection
+        if entry is None and len(clients) >= CLIENTS_PER_GROUP_MAX:
+            raise RequestError(ResponseCode.SYSTEM_BUSY, f"too many consumers in group {group}")
+        clients[client_id] = ClientEntry(client_id, connection, self.clock(), subscriptions, message_model)
+        return changed
+
+    def register_producer(self, group: str, client_id: str, connection: Connection) -> None:
+        clients = self.producers.setdefault(group, {})
+        if client_id not in clients and len(clients) >= CLIENTS_PER_GROUP_MAX:
+            raise RequestError(ResponseCode.SYSTEM_BUSY, f"too many producers in group {group}")
+        clients[client_id] = ClientEntry(client_id, connection, self.clock())
+
+    def unregister(self, client_id: str, producer_group: str | None, consumer_group: str | None) -> None:
+        if producer_group:
+            self.producers.get(producer_group, {}).pop(client_id, None)
+        if consumer_group and self.consumers.get(consumer_group, {}).pop(client_id, None) is not None:
+            self.on_group_changed(consumer_group)
+
+    def subscription(self, group: str, topic: str) -> str | None:
+        for entry in self.consumers.get(group, {}).values():
+            expression = entry.subscriptions.get(topic)
+            if expression is not None:
+                return expression
+        return None
+
+    def consumer_ids(self, group: str) -> list[str]:
+        return sorted(self.consumers.get(group, {}))
+
+    def producer_connections(self, group: str) -> list[Connection]:
+        return [entry.connection for entry in self.producers.get(group, {}).values() if not entry.connection.is_closed]
+
+    def connection_closed(self, connection: Connection) -> None:
+        self._remove(lambda entry: entry.connection is connection)
+
+    def expire(self, expiry_seconds: float) -> None:
+        now = self.clock()
+        self._remove(lambda entry: now - entry.last_seen > expiry_seconds)
+
+    def _remove(self, predicate: Callable[[ClientEntry], bool]) -> None:
+        for table, notify in ((self.consumers, True), (self.producers, False)):
+            for group in list(table):
+                clients = table[group]
+                gone = [client_id for client_id, entry in clients.items() if predicate(entry)]
+                for client_id in gone:
+                    del clients[client_id]
+                if not clients:
+                    del table[group]
+                if gone and notify:
+                    self.on_group_changed(group)
+
+
+class QueueLocks:
+    """(group, topic, broker name, queue id) -> (client id, last renewal)."""
+
+    def __init__(self, lock_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.lock_seconds = lock_seconds
+        self.clock = clock
+        self._locks: dict[tuple[str, str, str, int], tuple[str, float]] = {}
+
+    def try_lock(self, group: str, client_id: str, queues: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
+        now = self.clock()
+        locked = []
+        for topic, broker_name, queue_id in queues:
+            key = (group, topic, broker_name, queue_id)
+            holder = self._locks.get(key)
+            if holder is None or holder[0] == client_id or now - holder[1] > self.lock_seconds:
+                self._locks[key] = (client_id, now)
+                locked.append((topic, broker_name, queue_id))
+        return locked
+
+    def unlock(self, group: str, client_id: str, queues: list[tuple[str, str, int]]) -> None:
+        for topic, broker_name, queue_id in queues:
+            key = (group, topic, broker_name, queue_id)
+            holder = self._locks.get(key)
+            if holder is not None and holder[0] == client_id:
+                del self._locks[key]
+
+
+def _queues(body: dict[str, object]) -> list[tuple[str, str, int]]:
+    queues = body.get("mqSet") or []
+    if not isinstance(queues, list) or len(queues) > LOCK_QUEUES_PER_REQUEST_MAX:
+        raise RequestError(ResponseCode.SYSTEM_ERROR, "mqSet must be a list of message queues")
+    parsed = []
+    for queue in queues:
+        if not isinstance(queue, dict):
+            raise RequestError(ResponseCode.SYSTEM_ERROR, "mqSet entries must be objects")
+        topic, broker_name, queue_id = queue.get("topic"), queue.get("brokerName"), queue.get("queueId")
+        if not isinstance(topic, str) or not isinstance(broker_name, str) or not isinstance(queue_id, int):
+            raise RequestError(ResponseCode.SYSTEM_ERROR, "a message queue needs topic, brokerName and queueId")
+        parsed.append((topic, broker_name, queue_id))
+    return parsed
+
+
+def _queue_json(queues: list[tuple[str, str, int]]) -> list[dict[str, object]]:
+    return [{"topic": topic, "brokerName": broker_name, "queueId": queue_id} for topic, broker_name, queue_id in queues]
+
+
+class ClientProcessor:
+    def __init__(self, broker: BrokerContext, consumers: ConsumerManager, locks: QueueLocks) -> None:
+        self.broker = broker
+        self.consumers = consumers
+        self.locks = locks
+        consumers.on_group_changed = self._group_changed
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def __call__(self, context: RequestContext) -> RemotingCommand | None:
+        request = context.request
+        try:
+            if request.code == RequestCode.HEART_BEAT:
+                return await self.heartbeat(context)
+            if request.code == RequestCode.UNREGISTER_CLIENT:
+                fields = request.ext_fields
+                self.consumers.unregister(text(fields, "clientID"), fields.get("producerGroup"),
+                                          fields.get("consumerGroup"))
+                return make_response(request, ResponseCode.SUCCESS)
+            if request.code == RequestCode.GET_CONSUMER_LIST_BY_GROUP:
+                group = text(request.ext_fields, "consumerGroup")
+                ids = self.consumers.consumer_ids(group)
+                if not ids:
+                    return make_response(request, ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group}")
+                return make_response(request, ResponseCode.SUCCESS, body=json.dumps({"consumerIdList": ids}).encode())
+            if request.code == RequestCode.LOCK_BATCH_MQ:
+                body = _json_body(request.body, "LOCK_BATCH_MQ")
+                group, client_id = str(body.get("consumerGroup") or ""), str(body.get("clientId") or "")
+                if not group or not client_id:
+                    raise RequestError(ResponseCode.SYSTEM_ERROR, "LOCK_BATCH_MQ needs consumerGroup and clientId")
+                locked = self.locks.try_lock(group, client_id, _queues(body))
+                return make_response(request, ResponseCode.SUCCESS,
+                                     body=json.dumps({"lockOKMQSet": _queue_json(locked)}).encode())
+            if request.code == RequestCode.UNLOCK_BATCH_MQ:
+                body = _json_body(request.body, "UNLOCK_BATCH_MQ")
+                self.locks.unlock(str(body.get("consumerGroup") or ""), str(body.get("clientId") or ""),
+                                  _queues(body))
+                return make_response(request, ResponseCode.SUCCESS)
+            return make_response(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, "not a client request")
+        except RequestError as error:
+            return make_response(request, error.code, error.remark, error.ext_fields)
+
+    async def heartbeat(self, context: RequestContext) -> RemotingCommand:
+        request = context.request
+        body = _json_body(request.body, "HEART_BEAT")
+        client_id = body.get("clientID")
+        if not isinstance(client_id, str) or not client_id:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, "HEART_BEAT needs a clientID")
+        producers = body.get("producerDataSet") or []
+        consumers = body.get("consumerDataSet") or []
+        if not isinstance(producers, list) or not isinstance(consumers, list):
+            raise RequestError(ResponseCode.SYSTEM_ERROR, "producerDataSet and consumerDataSet must be lists")
+        for producer in producers:
+            if isinstance(producer, dict) and isinstance(producer.get("groupName"), str):
+                self.consumers.register_producer(producer["groupName"], client_id, context.connection)
+        for consumer in consumers:
+            if not isinstance(consumer, dict) or not isinstance(consumer.get("groupName"), str):
+                raise RequestError(ResponseCode.SYSTEM_ERROR, "consumerDataSet entries need a groupName")
+            group = consumer["groupName"]
+            subscriptions: dict[str, str] = {}
+            subscription_list = consumer.get("subscriptionDataSet") or []
+            if not isinstance(subscription_list, list):
+                raise RequestError(ResponseCode.SYSTEM_ERROR, "subscriptionDataSet must be a list")
+            for subscription in subscription_list:
+                if isinstance(subscription, dict) and isinstance(subscription.get("topic"), str):
+                    subscriptions[subscription["topic"]] = str(subscription.get("subString") or "*")
+            model = _message_model(consumer.get("messageModel"))
+            if self.consumers.register_consumer(group, client_id, context.connection, subscriptions, model):
+                self._group_changed(group)
+            if model == MESSAGE_MODEL_CLUSTERING and self.broker.member.is_leader:
+                self._spawn(self._ensure_retry_topic(group))
+        return make_response(request, ResponseCode.SUCCESS)
+
+    async def _ensure_retry_topic(self, group: str) -> None:
+        topic = retry_topic(group)
+        if self.broker.topic_config(topic) is not None:
+            return
+        try:
+            await self.broker.ensure_topic(topic, 1, PERM_READ | PERM_WRITE)
+        except RequestError as exc:
+            log.info("cannot create retry topic %s yet: %s", topic, exc.remark)
+
+    def _group_changed(self, group: str) -> None:
+        for entry in list(self.consumers.consumers.get(group, {}).values()):
+            self._spawn(self._notify(entry.connection, group))
+
+    async def _notify(self, connection: Connection, group: str) -> None:
+        if connection.is_closed:
+            return
+        try:
+            await connection.send_oneway(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group})
+        except (RemotingError, OSError) as exc:
+            log.debug("cannot notify %s of group %s: %s", connection.remote_address, group, exc)
+
+    def _spawn(self, coroutine: object) -> None:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coroutine)  # type: ignore[arg-type]
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

@@ -1,0 +1,177 @@
+"""What every processor shares: the group member (writes go through Raft), the store (reads of committed
+data), the replicated state, the broker's configuration, and the mapping of errors to response codes.
+
+Everything here runs on the broker's event loop. Proposals block until applied, so they run on the
+loop's executor; appends return a concurrent future that the loop awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Sequence
+
+from broker.config import BrokerConfig
+from broker.remoting.codes import ResponseCode
+from broker.requests import RequestError
+from broker.topics import (
+    PERM_READ,
+    PERM_WRITE,
+    SYSTEM_TOPICS,
+    TOPIC_NAME_MAX_CHARS,
+    check_topic_name,
+)
+from commitlog.message import MessageInput
+from commitlog.store import AppendResult, MessageStore
+from dledger.apply import ApplyResult
+from dledger.command import Command, TopicConfig
+from dledger.config import NodeConfig
+from dledger.group_commit import (
+    BusyError,
+    EntryTooLargeError,
+    InvalidMessageError,
+    NotLeaderError,
+    OutcomeUnknownError,
+)
+from dledger.member import GroupMember
+from dledger.state import ReplicatedState
+
+
+class BrokerContext:
+    def __init__(self, node: NodeConfig, config: BrokerConfig, member: GroupMember,
+                 rng: random.Random | None = None, wall_clock_ms: Callable[[], int] | None = None) -> None:
+        self.node = node
+        self.config = config
+        self.member = member
+        self.random = rng if rng is not None else random.Random()
+        self.wall_clock_ms = wall_clock_ms or (lambda: time.time_ns() // 1_000_000)
+        #: Raft address -> listen address of each member (to name the leader to clients)
+        self.listen_by_raft = {node.raft_address: config.listen_address}
+        for peer in node.peers:
+            if peer.id in config.peer_addresses:
+                self.listen_by_raft[peer.raft_address] = config.peer_addresses[peer.id]
+        self._topic_creations: dict[str, asyncio.Future[TopicConfig]] = {}
+        #: called after a topic is created or changed here (re-register with the name servers)
+        self.on_topics_changed: Callable[[], None] = lambda: None
+
+    @property
+    def store(self) -> MessageStore:
+        return self.member.store
+
+    @property
+    def state(self) -> ReplicatedState:
+        return self.member.state
+
+    # ------------------------------------------------------------------ leadership
+
+    def leader_address(self) -> str | None:
+        raft_leader = self.member.status().leader if not self.member.is_leader else self.node.raft_address
+        return None if raft_leader is None else self.listen_by_raft.get(raft_leader)
+
+    def not_leader(self, leader: str | None = None) -> RequestError:
+        address = self.listen_by_raft.get(leader) if leader else self.leader_address()
+        remark = f"broker {self.config.listen_address} is not the leader of {self.config.broker_name}"
+        if address:
+            remark += f"; the leader is {address}"
+        return RequestError(ResponseCode.SERVICE_NOT_AVAILABLE, remark,
+                            {"leaderAddress": address} if address else None)
+
+    def require_leader(self) -> None:
+        if not self.member.is_leader:
+            raise self.not_leader()
+
+    # ------------------------------------------------------------------ writes
+
+    async def append(self, messages: Sequence[MessageInput]) -> tuple[AppendResult, ...]:
+        """Replicate one send (or one atomic batch) and return the leader's apply results."""
+        try:
+            future = self.member.append(messages)
+        except NotLeaderError as exc:
+            raise self.not_leader(exc.leader) from None
+        except BusyError as exc:
+            raise RequestError(ResponseCode.SYSTEM_BUSY, f"[PCBUSY_CLEAN_QUEUE] broker busy: {exc}") from None
+        except (EntryTooLargeError, InvalidMessageError) as exc:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
+        try:
+            return await asyncio.wrap_future(future)
+        except NotLeaderError as exc:
+            raise self.not_leader(exc.leader) from None
+        except OutcomeUnknownError as exc:
+            # May or may not be stored: the client's retry carries the same UNIQ_KEY and is deduplicated.
+            raise RequestError(ResponseCode.SYSTEM_ERROR, f"send outcome unknown, retry: {exc}") from None
+
+    async def propose(self, command: Command) -> ApplyResult:
+        """Replicate a command other than plain sends and wait until it applied here."""
+        self.require_leader()
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(None, self.member.propose, command)
+        except NotLeaderError as exc:
+            raise self.not_leader(exc.leader) from None
+        except OutcomeUnknownError as exc:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, f"outcome unknown, retry: {exc}") from None
+
+    # ------------------------------------------------------------------ topics
+
+    def topic_config(self, topic: str) -> TopicConfig | None:
+        return self.state.topics.get(topic)
+
+    async def put_topic(self, config: TopicConfig) -> TopicConfig:
+        await self.propose(Command((config,)))
+        self.on_topics_changed()
+        return config
+
+    async def ensure_topic(self, topic: str, queue_nums: int, perm: int = PERM_READ | PERM_WRITE) -> TopicConfig:
+        """The topic's configuration, creating it (through Raft) when it does not exist yet. Concurrent
+        first sends to one topic share a single creation."""
+        existing = self.topic_config(topic)
+        if existing is not None:
+            return existing
+        pending = self._topic_creations.get(topic)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        loop = asyncio.get_running_loop()
+        pending = loop.create_future()
+        self._topic_creations[topic] = pending
+        try:
+            config = await self.put_topic(TopicConfig(topic, queue_nums, queue_nums, perm))
+            pending.set_result(config)
+            return config
+        except BaseException as exc:
+            pending.set_exception(exc)
+            pending.exception()  # retrieved: concurrent waiters get it, nobody else must
+            raise
+        finally:
+            del self._topic_creations[topic]
+
+    async def topic_for_send(self, topic: str, default_queue_nums: int) -> TopicConfig:
+        problem = check_topic_name(topic)
+        if problem is not None:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, problem)
+        if topic in SYSTEM_TOPICS:
+            raise RequestError(ResponseCode.NO_PERMISSION, f"sending message to system topic {topic} is forbidden")
+        config = self.topic_config(topic)
+        if config is None:
+            if not self.config.auto_create_topic:
+                raise RequestError(ResponseCode.TOPIC_NOT_EXIST,
+                                   f"topic[{topic}] not exist, apply first please!")
+            queue_nums = min(default_queue_nums, self.config.default_topic_queue_nums)
+            config = await self.ensure_topic(topic, queue_nums)
+        if not config.perm & PERM_WRITE:
+            raise RequestError(ResponseCode.NO_PERMISSION, f"the topic[{topic}] sending message is forbidden")
+        return config
+
+    def topic_for_read(self, topic: str, queue_id: int) -> TopicConfig:
+        if not topic or len(topic) > TOPIC_NAME_MAX_CHARS:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, f"invalid topic name {topic[:40]!r}")
+        config = self.topic_config(topic)
+        if config is None:
+            raise RequestError(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
+        if not config.perm & PERM_READ:
+            raise RequestError(ResponseCode.NO_PERMISSION, f"the topic[{topic}] pulling message is forbidden")
+        if not 0 <= queue_id < max(config.read_queue_nums, config.write_queue_nums):
+            raise RequestError(ResponseCode.SYSTEM_ERROR,
+                               f"queueId[{queue_id}] is illegal, topic:[{topic}] "
+                               f"topicConfig.readQueueNums:[{config.read_queue_nums}]")
+        return config

@@ -1,0 +1,191 @@
+"""One broker process: a Raft group member, its remoting server and processors, name-server registration
+and the leader-only services. ``python -m broker.node --config node.toml`` (or ``raftmq broker``).
+
+Threads: the event loop runs the server, the processors and the services; pysyncobj's tick thread runs
+Raft and apply; the group-commit threads pack sends. The tick thread talks to the loop only through
+``call_soon_threadsafe`` (role changes, "something applied").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from broker.admin import ADMIN_CODES, AdminProcessor
+from broker.config import BrokerConfig, load_node_file
+from broker.consumers import ClientProcessor, ConsumerManager, QueueLocks
+from broker.context import BrokerContext
+from broker.delay import DelayService
+from broker.namesrv.model import TopicConfig as RouteTopicConfig
+from broker.offsets import OffsetCommitter
+from broker.pull import PullProcessor, PullWaiters
+from broker.registration import Registrar
+from broker.remoting.codes import RequestCode
+from broker.remoting.server import RemotingServer
+from broker.send import SEND_CODES, SendProcessor
+from broker.send_back import SendBackProcessor
+from broker.topics import AUTO_CREATE_TOPIC, PERM_INHERIT, PERM_READ, PERM_WRITE
+from commitlog.config import ConfigError
+from dledger.config import NodeConfig, parse_address
+from dledger.member import GroupMember, RoleChange
+
+log = logging.getLogger(__name__)
+
+HOUSEKEEPING_SECONDS = 10.0
+#: the route of TBW102: what clients use for topics that do not exist yet (RocketMQ's default 8 queues)
+AUTO_CREATE_QUEUE_NUMS = 8
+
+
+class BrokerNode:
+    def __init__(self, node: NodeConfig, config: BrokerConfig) -> None:
+        self.node = node
+        self.config = config
+        self.member: GroupMember | None = None
+        self.server: RemotingServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake_scheduled = threading.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        member = self.member = GroupMember(self.node, on_role_change=self._role_changed)
+        broker = self.broker = BrokerContext(self.node, self.config, member)
+        consumers = self.consumers = ConsumerManager()
+        locks = QueueLocks(self.config.queue_lock_seconds)
+        offsets = self.offsets = OffsetCommitter(broker)
+        waiters = self.waiters = PullWaiters(member.store.max_queue_offset)
+        self.registrar = Registrar(self.config, self._registration_snapshot)
+        broker.on_topics_changed = self.registrar.trigger
+        sender = SendProcessor(broker)
+        self.delay = DelayService(broker)
+        host, port = parse_address(self.config.listen_address, "broker.listen_address")
+        server = self.server = RemotingServer(host, port)
+        server.register(SEND_CODES, sender, queue_max=10_000, workers=512, name="send")
+        server.register(RequestCode.PULL_MESSAGE, PullProcessor(broker, consumers, offsets, waiters),
+                        queue_max=10_000, workers=1024, name="pull")
+        server.register(RequestCode.CONSUMER_SEND_MSG_BACK, SendBackProcessor(broker, sender), queue_max=10_000,
+                        workers=64, name="send-back")
+        server.register((RequestCode.HEART_BEAT, RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                         RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ),
+                        ClientProcessor(broker, consumers, locks), queue_max=10_000, workers=16, name="clients")
+        server.register(ADMIN_CODES, AdminProcessor(broker, offsets), queue_max=10_000, workers=64, name="admin")
+        server.add_close_listener(consumers.connection_closed)
+        member.on_applied = self._applied
+        await server.start()
+        offsets.start()
+        self.registrar.start()
+        self.delay.start()
+        self._tasks.append(loop.create_task(self._housekeeping(), name="housekeeping"))
+
+    # ------------------------------------------------------------------ events from the Raft thread
+
+    def _role_changed(self, change: RoleChange) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._on_role_change, change)
+
+    def _on_role_change(self, change: RoleChange) -> None:
+        log.info("%s is now %s (term %d)", self.node.id, change.role, change.term)
+        self.registrar.trigger()
+        self.delay.role_changed()
+        self.waiters.wake_all()
+
+    def _applied(self) -> None:
+        if self._wake_scheduled.is_set():
+            return
+        self._wake_scheduled.set()
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed in between: shutting down
+                loop.call_soon_threadsafe(self._on_applied)
+
+    def _on_applied(self) -> None:
+        self._wake_scheduled.clear()
+        self.waiters.notify()
+        self.delay.applied()
+
+    # ------------------------------------------------------------------ services
+
+    def _registration_snapshot(self) -> tuple[bool, list[RouteTopicConfig], int]:
+        member = self.member
+        assert member is not None
+        is_leader = member.is_leader
+        topics = [RouteTopicConfig(name, config.read_queue_nums, config.write_queue_nums, config.perm,
+                                   config.topic_sys_flag, config.order)
+                  for name, config in sorted(dict(member.state.topics).items())]
+        if self.config.auto_create_topic:
+            topics.append(RouteTopicConfig(AUTO_CREATE_TOPIC, AUTO_CREATE_QUEUE_NUMS, AUTO_CREATE_QUEUE_NUMS,
+                                           PERM_INHERIT | PERM_READ | PERM_WRITE))
+        return is_leader, topics, member.state.applied_index
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_SECONDS)
+            self.consumers.expire(self.config.client_expiry_seconds)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.delay.stop()
+        await self.registrar.stop()
+        await self.offsets.stop()
+        if self.server is not None:
+            await self.server.stop(grace_seconds=1.0)
+        if self.member is not None:
+            member = self.member
+            await asyncio.get_running_loop().run_in_executor(None, member.stop)
+
+    async def wait_server_stopped(self) -> None:
+        assert self.server is not None
+        await self.server.wait_stopped()
+
+
+async def serve(node: NodeConfig, config: BrokerConfig) -> None:
+    broker_node = BrokerNode(node, config)
+    await broker_node.start()
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+    for signal_number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signal_number, stop_requested.set)
+    print(json.dumps({"event": "listening", "node": node.id, "address": config.listen_address}), flush=True)
+    stopped = loop.create_task(broker_node.wait_server_stopped())
+    requested = loop.create_task(stop_requested.wait())
+    try:
+        await asyncio.wait({stopped, requested}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        requested.cancel()
+        await broker_node.stop()
+    await stopped
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m broker.node", description="one raftmq broker group member")
+    parser.add_argument("--config", required=True, type=Path, help="the node's TOML file")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    arguments = parser.parse_args(argv)
+    logging.basicConfig(level=arguments.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("pysyncobj").setLevel(logging.WARNING)
+    try:
+        node, config = load_node_file(arguments.config)
+    except ConfigError as exc:
+        print(f"invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(serve(node, config))
+    except OSError as exc:
+        log.error("cannot serve on %s: %s", config.listen_address, exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

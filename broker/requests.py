@@ -1,0 +1,148 @@
+"""Typed request headers read from extFields, and the error every processor raises for bad input.
+
+A header field that is missing, of the wrong type or out of range is a :class:`RequestError` carrying the
+response code RocketMQ answers with (SYSTEM_ERROR for a header that cannot be decoded, as Java's
+``decodeCommandCustomHeader`` failure is answered), so nothing is proposed and the client gets a remark
+naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from broker.remoting.codes import ResponseCode
+
+INT32_MIN: Final = -(2**31)
+INT32_MAX: Final = 2**31 - 1
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+#: SEND_MESSAGE_V2's one-letter field names, in SendMessageRequestHeader's order
+V2_NAMES: Final = {
+    "a": "producerGroup", "b": "topic", "c": "defaultTopic", "d": "defaultTopicQueueNums", "e": "queueId",
+    "f": "sysFlag", "g": "bornTimestamp", "h": "flag", "i": "properties", "j": "reconsumeTimes",
+    "k": "unitMode", "l": "maxReconsumeTimes", "m": "batch", "n": "brokerName",
+}
+
+
+class RequestError(Exception):
+    """An operating error answered with ``code`` and ``remark`` (nothing was stored)."""
+
+    def __init__(self, code: int, remark: str, ext_fields: Mapping[str, str] | None = None) -> None:
+        super().__init__(remark)
+        self.code = code
+        self.remark = remark
+        self.ext_fields = dict(ext_fields or {})
+
+
+def bad_header(remark: str) -> RequestError:
+    return RequestError(ResponseCode.SYSTEM_ERROR, remark)
+
+
+def text(fields: Mapping[str, str], key: str, default: str | None = None) -> str:
+    value = fields.get(key)
+    if value is None:
+        if default is None:
+            raise bad_header(f"the custom field <{key}> is null")
+        return default
+    return value
+
+
+def integer(fields: Mapping[str, str], key: str, default: int | None = None,
+            low: int = INT64_MIN, high: int = INT64_MAX) -> int:
+    value = fields.get(key)
+    if value is None or value == "":
+        if default is None:
+            raise bad_header(f"the custom field <{key}> is null")
+        return default
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise bad_header(f"the custom field <{key}> must be an integer, got {value[:40]!r}") from None
+    if not low <= number <= high:
+        raise bad_header(f"the custom field <{key}> must be in {low}..{high}, got {number}")
+    return number
+
+
+def boolean(fields: Mapping[str, str], key: str, default: bool = False) -> bool:
+    value = fields.get(key)
+    if value is None or value == "":
+        return default
+    lowered = value.strip().lower()
+    if lowered in ("true", "1"):
+        return True
+    if lowered in ("false", "0"):
+        return False
+    raise bad_header(f"the custom field <{key}> must be true or false, got {value[:40]!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SendHeader:
+    producer_group: str
+    topic: str
+    default_topic: str
+    default_topic_queue_nums: int
+    queue_id: int
+    sys_flag: int
+    born_timestamp: int
+    flag: int
+    properties: str
+    reconsume_times: int
+    max_reconsume_times: int | None
+    batch: bool
+
+    @classmethod
+    def parse(cls, fields: Mapping[str, str], v2: bool) -> SendHeader:
+        if v2:
+            fields = {V2_NAMES.get(key, key): value for key, value in fields.items()}
+        max_reconsume = fields.get("maxReconsumeTimes")
+        return cls(
+            producer_group=text(fields, "producerGroup"),
+            topic=text(fields, "topic"),
+            default_topic=text(fields, "defaultTopic", "TBW102"),
+            default_topic_queue_nums=integer(fields, "defaultTopicQueueNums", 4, 1, 1024),
+            queue_id=integer(fields, "queueId", -1, INT32_MIN, INT32_MAX),
+            sys_flag=integer(fields, "sysFlag", 0, INT32_MIN, INT32_MAX),
+            born_timestamp=integer(fields, "bornTimestamp"),
+            flag=integer(fields, "flag", 0, INT32_MIN, INT32_MAX),
+            properties=fields.get("properties") or "",
+            reconsume_times=integer(fields, "reconsumeTimes", 0, 0, INT32_MAX),
+            max_reconsume_times=None if not max_reconsume else integer(fields, "maxReconsumeTimes", 16, -1, INT32_MAX),
+            batch=boolean(fields, "batch"),
+        )
+
+
+#: PULL_MESSAGE sysFlag bits (PullSysFlag)
+PULL_COMMIT_OFFSET: Final = 0x1
+PULL_SUSPEND: Final = 0x2
+PULL_SUBSCRIPTION: Final = 0x4
+
+
+@dataclass(frozen=True, slots=True)
+class PullHeader:
+    consumer_group: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    max_msg_nums: int
+    sys_flag: int
+    commit_offset: int
+    suspend_timeout_millis: int
+    subscription: str | None
+    expression_type: str
+
+    @classmethod
+    def parse(cls, fields: Mapping[str, str]) -> PullHeader:
+        return cls(
+            consumer_group=text(fields, "consumerGroup"),
+            topic=text(fields, "topic"),
+            queue_id=integer(fields, "queueId", None, 0, INT32_MAX),
+            queue_offset=integer(fields, "queueOffset", None, 0, INT64_MAX),
+            max_msg_nums=integer(fields, "maxMsgNums", None, 1, INT32_MAX),
+            sys_flag=integer(fields, "sysFlag", 0, INT32_MIN, INT32_MAX),
+            commit_offset=integer(fields, "commitOffset", 0),
+            suspend_timeout_millis=integer(fields, "suspendTimeoutMillis", 0, 0, INT64_MAX),
+            subscription=fields.get("subscription"),
+            expression_type=fields.get("expressionType") or "TAG",
+        )

@@ -1,0 +1,237 @@
+"""SEND_MESSAGE, SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE: validate, build the stored messages, replicate,
+answer from the leader's own apply result.
+
+Everything is checked before anything is proposed (DESIGN: bad input leaves no trace): the header, the
+topic name and permissions, the queue id, body and properties sizes, the batch encoding. Delay levels
+are applied as RocketMQ's store does: the message is stored in SCHEDULE_TOPIC_XXXX (queue = level - 1)
+with its real topic and queue in REAL_TOPIC / REAL_QID, and delivered later by the leader's delay service.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from broker.context import BrokerContext
+from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand, make_response
+from broker.remoting.server import RequestContext
+from broker.requests import RequestError, SendHeader
+from broker.topics import DLQ_PREFIX, PERM_WRITE, RETRY_PREFIX, SCHEDULE_TOPIC, dlq_topic
+from commitlog.message import (
+    PROPERTIES_BYTES_MAX,
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+    TRANSACTION_TYPE_MASK,
+    MessageInput,
+    encode_host,
+)
+from commitlog.store import AppendResult, AppendStatus
+
+#: the magic of a message inside a batch body (MessageDecoder.MESSAGE_MAGIC_CODE)
+BATCH_MAGIC: Final = 0xDAA320A7
+BATCH_HEAD = struct.Struct(">iiiii")  # totalSize, magic, bodyCRC, flag, bodyLen
+#: messages one batch may hold (RocketMQ bounds a batch by its 4 MiB body; we bound the count too)
+BATCH_MESSAGES_MAX: Final = 4096
+PROPERTY_DELAY: Final = "DELAY"
+PROPERTY_REAL_TOPIC: Final = "REAL_TOPIC"
+PROPERTY_REAL_QUEUE_ID: Final = "REAL_QID"
+PROPERTY_CLUSTER: Final = "CLUSTER"
+PROPERTY_UNIQ_KEY: Final = "UNIQ_KEY"
+PROPERTY_TRANSACTION_PREPARED: Final = "TRAN_MSG"
+TIMER_PROPERTIES: Final = ("__STARTDELIVERTIME", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS")
+SEND_CODES: Final = (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """``key\\x01value\\x02`` pairs (MessageDecoder.string2messageProperties: lenient, last one wins)."""
+    properties: dict[str, str] = {}
+    for pair in text.split("\x02"):
+        if not pair:
+            continue
+        key, separator, value = pair.partition("\x01")
+        if separator and key:
+            properties[key] = value
+    return properties
+
+
+def encode_properties_text(properties: dict[str, str]) -> str:
+    return "".join(f"{key}\x01{value}\x02" for key, value in properties.items())
+
+
+def _properties_bytes(properties: dict[str, str]) -> bytes:
+    for key, value in properties.items():
+        if any(separator in key or separator in value for separator in ("\x01", "\x02")):
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"property {key[:40]!r} contains a separator")
+    encoded = encode_properties_text(properties).encode("utf-8", "surrogatepass")
+    if len(encoded) > PROPERTIES_BYTES_MAX:
+        raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
+                           f"the message properties length {len(encoded)} exceeds {PROPERTIES_BYTES_MAX} bytes")
+    return encoded
+
+
+@dataclass(frozen=True, slots=True)
+class BatchItem:
+    flag: int
+    body: bytes
+    properties: dict[str, str]
+
+
+def decode_batch(body: bytes) -> list[BatchItem]:
+    """The body of a batch send: ``totalSize | magic | bodyCRC | flag | bodyLen | body | propLen i16 |
+    properties`` per message (MessageDecoder.encodeMessages). MESSAGE_ILLEGAL for anything malformed."""
+    items: list[BatchItem] = []
+    position = 0
+    while position < len(body):
+        if len(items) >= BATCH_MESSAGES_MAX:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"a batch holds at most {BATCH_MESSAGES_MAX} messages")
+        if len(body) - position < BATCH_HEAD.size + 2:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"batch message at byte {position} is truncated")
+        total, magic, _crc, flag, body_length = BATCH_HEAD.unpack_from(body, position)
+        if magic & 0xFFFFFFFF != BATCH_MAGIC:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"batch message at byte {position} has a bad magic code")
+        body_start = position + BATCH_HEAD.size
+        if body_length < 0 or body_start + body_length + 2 > len(body):
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"batch message at byte {position} has a bad body length")
+        message_body = body[body_start : body_start + body_length]
+        (properties_length,) = struct.unpack_from(">h", body, body_start + body_length)
+        properties_start = body_start + body_length + 2
+        end = properties_start + properties_length
+        if properties_length < 0 or end > len(body):
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
+                               f"batch message at byte {position} has a bad properties length")
+        if total != end - position:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
+                               f"batch message at byte {position} declares {total} bytes but holds {end - position}")
+        try:
+            properties = parse_properties(body[properties_start:end].decode("utf-8"))
+        except UnicodeDecodeError:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
+                               f"batch message at byte {position} has properties that are not UTF-8") from None
+        items.append(BatchItem(flag, message_body, properties))
+        position = end
+    if not items:
+        raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "the batch is empty")
+    return items
+
+
+class SendProcessor:
+    def __init__(self, broker: BrokerContext) -> None:
+        self.broker = broker
+
+    async def __call__(self, context: RequestContext) -> RemotingCommand | None:
+        request = context.request
+        try:
+            return await self.send(context)
+        except RequestError as error:
+            return make_response(request, error.code, error.remark, error.ext_fields)
+
+    async def send(self, context: RequestContext) -> RemotingCommand:
+        broker = self.broker
+        request = context.request
+        header = SendHeader.parse(request.ext_fields, request.code == RequestCode.SEND_MESSAGE_V2)
+        broker.require_leader()
+        batch = header.batch or request.code == RequestCode.SEND_BATCH_MESSAGE
+        topic = header.topic
+        reconsume_times = header.reconsume_times
+        if topic.startswith(DLQ_PREFIX):
+            raise RequestError(ResponseCode.NO_PERMISSION, f"sending message to dead-letter topic {topic} is forbidden")
+        config = await broker.topic_for_send(topic, header.default_topic_queue_nums)
+        queue_count = config.write_queue_nums
+        if queue_count <= 0:
+            raise RequestError(ResponseCode.NO_PERMISSION, f"topic[{topic}] has no write queue")
+        queue_id = header.queue_id
+        if queue_id < 0:
+            queue_id = broker.random.randrange(queue_count)
+        elif queue_id >= max(queue_count, config.read_queue_nums):
+            raise RequestError(ResponseCode.SYSTEM_ERROR,
+                               f"request queueId[{queue_id}] is illegal, topic:[{topic}] "
+                               f"topicConfig.writeQueueNums:[{queue_count}]")
+        transaction_type = header.sys_flag & TRANSACTION_TYPE_MASK
+        if transaction_type == TRANSACTION_PREPARED_TYPE:
+            raise RequestError(ResponseCode.NO_PERMISSION,
+                               f"the broker[{broker.config.broker_name}] sending transaction message is forbidden")
+        if topic.startswith(RETRY_PREFIX) and not batch:
+            topic, queue_id = await self._retry_or_dead_letter(header, topic, queue_id)
+        born_host = _born_host(context.remote_address)
+        sys_flag = header.sys_flag & ~0x30  # our hosts are IPv4, whatever the client's were
+        if batch:
+            items = decode_batch(request.body)
+            for item in items:
+                if item.properties.get(PROPERTY_DELAY, "0") not in ("", "0"):
+                    raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "a batch message cannot have a delay level")
+            messages = [self.build_message(topic, queue_id, item.flag, sys_flag, header.born_timestamp, born_host,
+                                           item.body, item.properties, reconsume_times) for item in items]
+        else:
+            properties = parse_properties(header.properties)
+            messages = [self.build_message(topic, queue_id, header.flag, sys_flag, header.born_timestamp, born_host,
+                                           request.body, properties, reconsume_times, transaction_type)]
+        results = await broker.append(messages)
+        return self._response(request, results, queue_id)
+
+    def build_message(self, topic: str, queue_id: int, flag: int, sys_flag: int, born_timestamp: int,
+                      born_host: bytes, body: bytes, properties: dict[str, str], reconsume_times: int,
+                      transaction_type: int = 0) -> MessageInput:
+        """One message to store, after RocketMQ's checks and its delay-level rewrite."""
+        broker = self.broker
+        if len(body) > broker.store.config.body_size_max_bytes:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
+                               f"the message body size {len(body)} exceeds {broker.store.config.body_size_max_bytes}")
+        for name in TIMER_PROPERTIES:
+            if name in properties:
+                raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
+                                   f"timed delivery ({name}) is not supported by this broker yet")
+        properties.setdefault(PROPERTY_CLUSTER, broker.config.cluster_name)
+        delay_text = properties.get(PROPERTY_DELAY)
+        if delay_text and transaction_type not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
+            try:
+                level = int(delay_text)
+            except ValueError:
+                raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"DELAY must be a level, got {delay_text[:20]!r}") from None
+            if level > 0:
+                level = min(level, len(broker.config.delay_levels_seconds))
+                properties[PROPERTY_DELAY] = str(level)
+                properties[PROPERTY_REAL_TOPIC] = topic
+                properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+                topic, queue_id = SCHEDULE_TOPIC, level - 1
+        return MessageInput(
+            topic=topic, queue_id=queue_id, flag=flag, sys_flag=sys_flag, born_timestamp=born_timestamp,
+            born_host=born_host, store_timestamp=0, reconsume_times=reconsume_times, prepared_transaction_offset=0,
+            body=body, properties=_properties_bytes(properties),
+        )
+
+    async def _retry_or_dead_letter(self, header: SendHeader, topic: str, queue_id: int) -> tuple[str, int]:
+        """A send to a retry topic past the group's reconsume limit goes to the dead-letter queue
+        (AbstractSendMessageProcessor.handleRetryAndDLQ)."""
+        group = topic[len(RETRY_PREFIX):]
+        limit = header.max_reconsume_times
+        if limit is None:
+            subscription = self.broker.state.groups.get(group)
+            limit = subscription.retry_max_times if subscription else self.broker.config.max_reconsume_times
+        if header.reconsume_times > limit:
+            dead_letter = dlq_topic(group)
+            await self.broker.ensure_topic(dead_letter, 1, PERM_WRITE)
+            return dead_letter, 0
+        return topic, queue_id
+
+    @staticmethod
+    def _response(request: RemotingCommand, results: tuple[AppendResult, ...], queue_id: int) -> RemotingCommand:
+        rejected = [result for result in results if result.status is not AppendStatus.OK]
+        if rejected:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, rejected[0].reason or "message rejected by the store")
+        first = results[0]
+        fields = {
+            "msgId": ",".join(result.msg_id for result in results),
+            "queueId": str(queue_id),
+            "queueOffset": str(first.queue_offset),
+        }
+        return make_response(request, ResponseCode.SUCCESS, None, fields)
+
+
+def _born_host(remote_address: str) -> bytes:
+    host, _, port = remote_address.rpartition(":")
+    try:
+        return encode_host(host.strip("[]"), int(port))
+    except ValueError:
+        return encode_host("127.0.0.1", 0)

@@ -1,0 +1,57 @@
+"""Topic names: RocketMQ's validation rules, system topics, retry and dead-letter topics."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from broker.namesrv.model import PERM_INHERIT, PERM_READ, PERM_WRITE
+
+__all__ = [
+    "AUTO_CREATE_TOPIC",
+    "PERM_INHERIT",
+    "PERM_READ",
+    "PERM_WRITE",
+    "SCHEDULE_TOPIC",
+    "SYSTEM_TOPICS",
+    "TOPIC_NAME_MAX_CHARS",
+    "check_topic_name",
+    "dlq_topic",
+    "retry_topic",
+]
+
+#: TopicValidator.TOPIC_MAX_LENGTH (4.9)
+TOPIC_NAME_MAX_CHARS: Final = 127
+TOPIC_PATTERN: Final = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+#: the topic whose route a client uses for a topic that does not exist yet (auto-creation)
+AUTO_CREATE_TOPIC: Final = "TBW102"
+SCHEDULE_TOPIC: Final = "SCHEDULE_TOPIC_XXXX"
+TRANS_HALF_TOPIC: Final = "RMQ_SYS_TRANS_HALF_TOPIC"
+TRANS_OP_HALF_TOPIC: Final = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+TRANS_CHECK_MAX_TIME_TOPIC: Final = "TRANS_CHECK_MAX_TIME_TOPIC"
+#: topics clients may not send to directly
+SYSTEM_TOPICS: Final = frozenset({
+    AUTO_CREATE_TOPIC, SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC,
+    "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC", "RMQ_SYS_TRACE_TOPIC",
+})
+RETRY_PREFIX: Final = "%RETRY%"
+DLQ_PREFIX: Final = "%DLQ%"
+
+
+def check_topic_name(topic: str) -> str | None:
+    """Why ``topic`` is not a valid topic name (RocketMQ's TopicValidator), or None."""
+    if not topic or not topic.strip():
+        return "The specified topic is blank."
+    if len(topic) > TOPIC_NAME_MAX_CHARS:
+        return f"The specified topic is longer than topic max length {TOPIC_NAME_MAX_CHARS}."
+    if not TOPIC_PATTERN.match(topic):
+        return f"The specified topic[{topic}] contains illegal characters, allowing only ^[%|a-zA-Z0-9_-]+$"
+    return None
+
+
+def retry_topic(group: str) -> str:
+    return RETRY_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_PREFIX + group

@@ -1,0 +1,369 @@
+"""A local raftmq cluster: one name server and N broker group members as background processes on
+127.0.0.1, described by ``DIR/cluster.json`` so later commands (status, kill, restart, down) find them.
+
+Layout: ``DIR/cluster.json``, ``DIR/namesrv.log``, ``DIR/group.secret``, and per node ``DIR/<id>/``
+(``node.toml``, ``broker.log``, ``store/`` with the segments under ``store/commitlog/``, ``raft/``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from broker.remoting.client import RemotingClient, RemotingError
+from broker.remoting.codes import RequestCode, ResponseCode
+
+CLUSTER_FILE = "cluster.json"
+START_TIMEOUT_SECONDS = 60.0
+STOP_TIMEOUT_SECONDS = 10.0
+POLL_SECONDS = 0.1
+HOST = "127.0.0.1"
+
+
+class ClusterError(Exception):
+    """A cluster that cannot be started, found or reached (the CLI prints it and exits 1)."""
+
+
+@dataclass
+class NodeInfo:
+    id: str
+    broker_address: str
+    raft_address: str
+    catchup_address: str
+    config: str
+    log: str
+    pid: int = 0
+
+
+@dataclass
+class ClusterInfo:
+    data_dir: str
+    namesrv: str
+    namesrv_pid: int
+    namesrv_log: str
+    nodes: list[NodeInfo] = field(default_factory=list)
+
+    def save(self) -> None:
+        path = Path(self.data_dir) / CLUSTER_FILE
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        temporary.replace(path)
+
+    @classmethod
+    def load(cls, data_dir: Path) -> ClusterInfo:
+        path = data_dir / CLUSTER_FILE
+        try:
+            raw = json.loads(path.read_text())
+            nodes = [NodeInfo(**node) for node in raw.pop("nodes")]
+            return cls(**raw, nodes=nodes)
+        except FileNotFoundError:
+            raise ClusterError(f"no cluster in {data_dir} (no {CLUSTER_FILE}); start one with `raftmq cluster up`") from None
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise ClusterError(f"{path} is unreadable: {exc}") from None
+
+    def node(self, node_id: str) -> NodeInfo:
+        for node in self.nodes:
+            if node.id == node_id:
+                return node
+        raise ClusterError(f"no node {node_id!r} (nodes: {', '.join(n.id for n in self.nodes)})")
+
+
+def free_ports(count: int) -> list[int]:
+    import socket
+
+    sockets = []
+    try:
+        for _ in range(count):
+            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            probe.bind((HOST, 0))
+            sockets.append(probe)
+        return [probe.getsockname()[1] for probe in sockets]
+    finally:
+        for probe in sockets:
+            probe.close()
+
+
+def is_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        finished, _ = os.waitpid(pid, os.WNOHANG)  # reap our own children
+        if finished == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie that is not our child still answers kill(0): look at its state
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def node_toml(node: NodeInfo, peers: list[NodeInfo], namesrv: str, broker_id: int, store_host: str,
+              secret_file: str, overrides: dict[str, dict[str, Any]]) -> str:
+    def value(item: Any) -> str:
+        return json.dumps(item) if not isinstance(item, bool) else ("true" if item else "false")
+
+    lines = [
+        "[node]",
+        f"id = {value(node.id)}",
+        f"raft_address = {value(node.raft_address)}",
+        f"catchup_address = {value(node.catchup_address)}",
+        'data_dir = "."',
+        f"secret_file = {value(secret_file)}",
+        "",
+    ]
+    for peer in peers:
+        lines += ["[[peers]]", f"id = {value(peer.id)}", f"raft_address = {value(peer.raft_address)}",
+                  f"catchup_address = {value(peer.catchup_address)}", ""]
+    broker = {"listen_address": node.broker_address, "namesrv": [namesrv], "broker_id": broker_id,
+              **overrides.get("broker", {})}
+    lines.append("[broker]")
+    lines += [f"{key} = {value(item)}" for key, item in broker.items()]
+    lines.append("[broker.peer_addresses]")
+    lines += [f"{peer.id} = {value(peer.broker_address)}" for peer in peers]
+    store = {"store_host": store_host, "segment_size_bytes": 64 << 20, **overrides.get("store", {})}
+    lines += ["", "[store]"] + [f"{key} = {value(item)}" for key, item in store.items()]
+    for section in ("raft", "group_commit"):
+        if overrides.get(section):
+            lines += ["", f"[{section}]"] + [f"{key} = {value(item)}" for key, item in overrides[section].items()]
+    return "\n".join(lines) + "\n"
+
+
+def _spawn(arguments: list[str], log_path: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    log_file = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+    try:
+        return subprocess.Popen(arguments, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=cwd, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    finally:
+        log_file.close()
+
+
+async def _request(address: str, code: int, fields: dict[str, str] | None = None,
+                   timeout_seconds: float = 2.0) -> tuple[int, dict[str, str], bytes]:
+    host, _, port = address.rpartition(":")
+    client = await RemotingClient.connect(host, int(port), connect_timeout_seconds=timeout_seconds)
+    try:
+        response = await client.request(code, fields or {}, timeout_seconds=timeout_seconds)
+        return response.code, dict(response.ext_fields), response.body
+    finally:
+        await client.close()
+
+
+def request(address: str, code: int, fields: dict[str, str] | None = None,
+            timeout_seconds: float = 2.0) -> tuple[int, dict[str, str], bytes]:
+    """One remoting request from synchronous code (the CLI, tests)."""
+    return asyncio.run(_request(address, code, fields, timeout_seconds))
+
+
+def node_status(node: NodeInfo) -> dict[str, str] | None:
+    """The node's runtime info (role, term, indexes, offsets), or None when it does not answer."""
+    try:
+        code, _, body = request(node.broker_address, RequestCode.GET_BROKER_RUNTIME_INFO, timeout_seconds=1.0)
+    except (RemotingError, OSError, TimeoutError):
+        return None
+    if code != ResponseCode.SUCCESS:
+        return None
+    table = json.loads(body).get("table", {})
+    return {str(key): str(item) for key, item in table.items()}
+
+
+def route_master(namesrv: str, topic: str = "TBW102") -> str | None:
+    """The address the name server gives as brokerId 0 for ``topic``, or None."""
+    try:
+        code, _, body = request(namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}, timeout_seconds=1.0)
+    except (RemotingError, OSError, TimeoutError):
+        return None
+    if code != ResponseCode.SUCCESS:
+        return None
+    for broker in json.loads(body).get("brokerDatas", []):
+        address = broker.get("brokerAddrs", {}).get("0")
+        if address:
+            return str(address)
+    return None
+
+
+class LocalCluster:
+    """A started (or found) local cluster. ``with LocalCluster.start(dir) as cluster:`` stops it at the end."""
+
+    def __init__(self, info: ClusterInfo) -> None:
+        self.info = info
+        self.data_dir = Path(info.data_dir)
+
+    @property
+    def namesrv(self) -> str:
+        return self.info.namesrv
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @classmethod
+    def open(cls, data_dir: Path) -> LocalCluster:
+        return cls(ClusterInfo.load(data_dir.resolve()))
+
+    @classmethod
+    def start(cls, data_dir: Path, nodes: int = 3, base_port: int | None = None,
+              overrides: dict[str, dict[str, Any]] | None = None,
+              timeout_seconds: float = START_TIMEOUT_SECONDS) -> LocalCluster:
+        """Start a name server and ``nodes`` members; wait until a leader serves routes."""
+        if not 1 <= nodes <= 9:
+            raise ClusterError("a cluster has 1 to 9 nodes")
+        data_dir = data_dir.resolve()
+        if (data_dir / CLUSTER_FILE).exists():
+            existing = ClusterInfo.load(data_dir)
+            if is_alive(existing.namesrv_pid) or any(is_alive(node.pid) for node in existing.nodes):
+                raise ClusterError(f"a cluster is already running in {data_dir}; stop it with `raftmq cluster down`")
+        data_dir.mkdir(parents=True, exist_ok=True)
+        ports = (list(range(base_port, base_port + 1 + 3 * nodes)) if base_port is not None
+                 else free_ports(1 + 3 * nodes))
+        secret_path = data_dir / "group.secret"
+        if not secret_path.exists():
+            secret_path.write_text(secrets.token_hex(24) + "\n")
+            secret_path.chmod(0o600)
+        infos = []
+        for index in range(nodes):
+            node_id = f"n{index}"
+            node_dir = data_dir / node_id
+            node_dir.mkdir(exist_ok=True)
+            broker_port, raft_port, catchup_port = ports[1 + 3 * index : 4 + 3 * index]
+            infos.append(NodeInfo(node_id, f"{HOST}:{broker_port}", f"{HOST}:{raft_port}", f"{HOST}:{catchup_port}",
+                                  str(node_dir / "node.toml"), str(node_dir / "broker.log")))
+        namesrv = f"{HOST}:{ports[0]}"
+        info = ClusterInfo(str(data_dir), namesrv, 0, str(data_dir / "namesrv.log"), infos)
+        for index, node in enumerate(infos):
+            peers = [peer for peer in infos if peer is not node]
+            Path(node.config).write_text(node_toml(node, peers, namesrv, index + 1, infos[0].broker_address,
+                                                   str(secret_path), overrides or {}))
+        cluster = cls(info)
+        try:
+            process = _spawn([sys.executable, "-m", "broker.namesrv", "--host", HOST, "--port", str(ports[0])],
+                             Path(info.namesrv_log), data_dir)
+            info.namesrv_pid = process.pid
+            for node in infos:
+                cluster._start_node(node)
+            info.save()
+            cluster.wait_ready(timeout_seconds)
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def _start_node(self, node: NodeInfo) -> None:
+        process = _spawn([sys.executable, "-m", "broker.node", "--config", node.config], Path(node.log),
+                         Path(node.config).parent)
+        node.pid = process.pid
+
+    def wait_ready(self, timeout_seconds: float = START_TIMEOUT_SECONDS) -> str:
+        """Wait until a leader is elected and the name server routes to it; return the leader's address."""
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            if not is_alive(self.info.namesrv_pid):
+                raise ClusterError(f"the name server exited; see {self.info.namesrv_log}")
+            master = route_master(self.namesrv)
+            if master is not None:
+                leader = self.leader_node()
+                if leader is not None and leader.broker_address == master:
+                    return master
+            if time.monotonic() > deadline:
+                dead = [node.id for node in self.info.nodes if not is_alive(node.pid)]
+                raise ClusterError(f"no leader serving routes after {timeout_seconds:.0f} s"
+                                   + (f"; exited: {', '.join(dead)} (see their broker.log)" if dead else ""))
+            time.sleep(POLL_SECONDS)
+
+    def leader_node(self) -> NodeInfo | None:
+        for node in self.info.nodes:
+            if not is_alive(node.pid):
+                continue
+            status = node_status(node)
+            if status is not None and status.get("brokerRole") == "LEADER":
+                return node
+        return None
+
+    def leader_id(self) -> str | None:
+        leader = self.leader_node()
+        return None if leader is None else leader.id
+
+    def broker_address(self, node_id: str) -> str:
+        return self.info.node(node_id).broker_address
+
+    def status(self) -> list[dict[str, object]]:
+        rows: list[dict[str, object]] = []
+        for node in self.info.nodes:
+            alive = is_alive(node.pid)
+            status = node_status(node) if alive else None
+            rows.append({"node": node.id, "address": node.broker_address, "pid": node.pid, "alive": alive,
+                         "role": (status or {}).get("brokerRole", "-" if not alive else "unreachable").lower(),
+                         "term": (status or {}).get("raftTerm", "-"),
+                         "commit_index": (status or {}).get("commitIndex", "-"),
+                         "applied_index": (status or {}).get("appliedIndex", "-"),
+                         "max_offset": (status or {}).get("commitLogMaxOffset", "-")})
+        offsets = [int(str(row["max_offset"])) for row in rows if str(row["max_offset"]).isdigit()]
+        top = max(offsets, default=0)
+        for row in rows:
+            row["lag"] = top - int(str(row["max_offset"])) if str(row["max_offset"]).isdigit() else "-"
+        return rows
+
+    def kill(self, node_id: str, signal_number: int = signal.SIGKILL) -> None:
+        node = self.info.node(node_id)
+        if not is_alive(node.pid):
+            raise ClusterError(f"node {node_id} is not running")
+        os.kill(node.pid, signal_number)
+        if signal_number in (signal.SIGKILL, signal.SIGTERM):
+            deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+            while is_alive(node.pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+
+    def restart(self, node_id: str) -> None:
+        node = self.info.node(node_id)
+        if is_alive(node.pid):
+            os.kill(node.pid, signal.SIGCONT)  # a paused process would not stop
+            self._terminate([node.pid])
+        self._start_node(node)
+        self.info.save()
+
+    def stop(self) -> None:
+        """Stop every process of the cluster (SIGTERM, then SIGKILL after a grace period)."""
+        pids = [node.pid for node in self.info.nodes] + [self.info.namesrv_pid]
+        for pid in pids:
+            if is_alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        self._terminate(pids)
+
+    @staticmethod
+    def _terminate(pids: list[int]) -> None:
+        live = [pid for pid in pids if is_alive(pid)]
+        for pid in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+        while time.monotonic() < deadline and any(is_alive(pid) for pid in live):
+            time.sleep(0.05)
+        for pid in live:
+            if is_alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+        while time.monotonic() < deadline and any(is_alive(pid) for pid in live):
+            time.sleep(0.02)

@@ -1,0 +1,245 @@
+"""The broker as stock clients see it: raw RocketMQ requests against a real three-node group."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.remoting.client import RemotingError
+from broker.remoting.codes import RequestCode, ResponseCode
+from cli.cluster import LocalCluster, route_master
+from commitlog.message import StoredMessage, decode_message_id
+from tests.broker import wire
+from tests.support import wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster.start(tmp_path_factory.mktemp("group")) as started:
+        yield started
+
+
+def leader(cluster: LocalCluster) -> str:
+    return wait_for(lambda: route_master(cluster.namesrv), 30, "a leader in the routes")
+
+
+def followers(cluster: LocalCluster) -> list[str]:
+    master = leader(cluster)
+    return [node.broker_address for node in cluster.info.nodes if node.broker_address != master]
+
+
+def create_topic(address: str, topic: str, queues: int = 4, perm: int = 6) -> None:
+    code, _, _ = wire.call(address, RequestCode.UPDATE_AND_CREATE_TOPIC,
+                           {"topic": topic, "readQueueNums": str(queues), "writeQueueNums": str(queues),
+                            "perm": str(perm), "topicFilterType": "SINGLE_TAG", "topicSysFlag": "0", "order": "false"})
+    assert code == ResponseCode.SUCCESS
+
+
+def max_offset(address: str, topic: str, queue_id: int) -> int:
+    code, fields, _ = wire.call(address, RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": str(queue_id)})
+    assert code == ResponseCode.SUCCESS
+    return int(fields["offset"])
+
+
+def reachable_max_offset(address: str, topic: str, queue_id: int) -> int | None:
+    """None while the broker does not accept connections yet (restarting)."""
+    try:
+        return max_offset(address, topic, queue_id)
+    except RemotingError:
+        return None
+
+
+def test_send_then_pull_from_leader_and_followers(cluster: LocalCluster) -> None:
+    address = leader(cluster)
+    create_topic(address, "Basic")
+    sent = []
+    for number in range(10):
+        code, fields, remark = wire.send(address, "Basic", f"body-{number}".encode(), queue_id=number % 2,
+                                         properties={"UNIQ_KEY": f"U{number:030d}", "TAGS": "a", "KEYS": f"k{number}"},
+                                         v2=number % 2 == 0)
+        assert code == ResponseCode.SUCCESS, remark
+        sent.append(fields)
+    assert [int(f["queueOffset"]) for f in sent] == [n // 2 for n in range(10)]
+    _, physical = decode_message_id(sent[3]["msgId"])
+    for node in [address, *followers(cluster)]:
+        wait_for(lambda: max_offset(node, "Basic", 0) == 5, 20, f"queue 0 on {node}")  # noqa: B023
+        code, fields, messages = wire.pull(node, "Basic", 0, 0)
+        assert code == ResponseCode.SUCCESS
+        assert [m.body for m in messages] == [f"body-{n}".encode() for n in range(0, 10, 2)]
+        assert [m.queue_offset for m in messages] == list(range(5))
+        assert fields["nextBeginOffset"] == "5"
+        code, _, body = wire.call(node, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": str(physical)})
+        assert code == ResponseCode.SUCCESS and b"body-3" in body
+        code, _, body = wire.call(node, RequestCode.QUERY_MESSAGE,
+                                  {"topic": "Basic", "key": "k7", "maxNum": "4", "beginTimestamp": "0",
+                                   "endTimestamp": str(2**62)})
+        assert code == ResponseCode.SUCCESS and b"body-7" in body
+
+
+def test_follower_refuses_writes_naming_the_leader(cluster: LocalCluster) -> None:
+    address = leader(cluster)
+    follower = followers(cluster)[0]
+    code, fields, _ = wire.send(follower, "Basic", b"x")
+    assert code == ResponseCode.SERVICE_NOT_AVAILABLE
+    assert fields["leaderAddress"] == address
+
+
+def test_batch_is_atomic_and_bad_input_leaves_no_trace(cluster: LocalCluster) -> None:
+    address = leader(cluster)
+    create_topic(address, "Batch", queues=1)
+    body = wire.batch_body([(f"m{n}".encode(), {"UNIQ_KEY": f"B{n}"}) for n in range(5)])
+    code, fields, remark = wire.send_batch(address, "Batch", body)
+    assert code == ResponseCode.SUCCESS, remark
+    assert len(fields["msgId"].split(",")) == 5
+    before = max_offset(address, "Batch", 0)
+    assert before == 5
+    bad_inputs = [
+        wire.send_batch(address, "Batch", body[:-3]),  # truncated batch
+        wire.send_batch(address, "Batch", b"\x00" * 30),  # bad magic
+        wire.send(address, "Bad Topic!", b"x"),  # illegal topic name
+        wire.send(address, "TBW102", b"x"),  # system topic
+        wire.send(address, "Batch", b"x" * (4 * 1024 * 1024 + 1)),  # body too large
+        wire.send(address, "Batch", b"x", queue_id=7),  # queue id out of range
+    ]
+    for code, _, remark in bad_inputs:
+        assert code not in (ResponseCode.SUCCESS, ResponseCode.SYSTEM_BUSY), remark
+        assert remark
+    code, _, _ = wire.call(address, RequestCode.SEND_MESSAGE_V2, {"a": "g"})  # missing fields
+    assert code == ResponseCode.SYSTEM_ERROR
+    assert max_offset(address, "Batch", 0) == before
+
+
+def test_long_polling_pull_is_woken_by_a_send(cluster: LocalCluster) -> None:
+    import threading
+
+    address = leader(cluster)
+    create_topic(address, "Poll", queues=1)
+    result: list[tuple[int, dict[str, str], list[StoredMessage]]] = []
+    puller = threading.Thread(target=lambda: result.append(wire.pull(address, "Poll", 0, 0, suspend_ms=20_000)))
+    puller.start()
+    try:
+        code, _, remark = wire.send(address, "Poll", b"wake", queue_id=0)
+        assert code == ResponseCode.SUCCESS, remark
+    finally:
+        puller.join(30)
+    code, _, messages = result[0]
+    assert code == ResponseCode.SUCCESS
+    assert [m.body for m in messages] == [b"wake"]
+
+
+def test_tag_filtering_by_hash(cluster: LocalCluster) -> None:
+    address = leader(cluster)
+    create_topic(address, "Tags", queues=1)
+    for number, tag in enumerate(["a", "b", "a", "c"]):
+        code, _, remark = wire.send(address, "Tags", f"{tag}{number}".encode(), queue_id=0, properties={"TAGS": tag})
+        assert code == ResponseCode.SUCCESS, remark
+    code, _, messages = wire.pull(address, "Tags", 0, 0, subscription="a || c")
+    assert code == ResponseCode.SUCCESS
+    assert [m.body for m in messages] == [b"a0", b"a2", b"c3"]
+
+
+def test_consumer_offsets_are_replicated(cluster: LocalCluster) -> None:
+    address = leader(cluster)
+    create_topic(address, "Offsets", queues=2)
+    fields = {"consumerGroup": "g-offsets", "topic": "Offsets", "queueId": "1"}
+    code, answer, _ = wire.call(address, RequestCode.QUERY_CONSUMER_OFFSET, fields)
+    assert (code, answer.get("offset")) == (ResponseCode.SUCCESS, "0")  # never committed, queue starts at 0
+    code, _, _ = wire.call(address, RequestCode.UPDATE_CONSUMER_OFFSET, {**fields, "commitOffset": "42"})
+    assert code == ResponseCode.SUCCESS
+    for node in followers(cluster):
+        wait_for(lambda: wire.call(node, RequestCode.QUERY_CONSUMER_OFFSET, fields)[1].get("offset") == "42",  # noqa: B023
+                 20, f"offset on {node}")
+    code, answer, _ = wire.call(followers(cluster)[0], RequestCode.UPDATE_CONSUMER_OFFSET, {**fields, "commitOffset": "1"})
+    assert code == ResponseCode.SERVICE_NOT_AVAILABLE
+
+
+def test_heartbeat_consumer_list_and_queue_locks(cluster: LocalCluster) -> None:
+    address = leader(cluster)
+    heartbeat = {"clientID": "client-1", "producerDataSet": [],
+                 "consumerDataSet": [{"groupName": "g-locks", "consumeType": "CONSUME_PASSIVELY",
+                                      "messageModel": 1, "consumeFromWhere": "CONSUME_FROM_FIRST_OFFSET",
+                                      "unitMode": False,
+                                      "subscriptionDataSet": [{"topic": "Basic", "subString": "*", "tagsSet": [],
+                                                               "codeSet": [0], "subVersion": 0}]}]}
+    code, _, _ = wire.call(address, RequestCode.HEART_BEAT, body=json.dumps(heartbeat).encode())
+    assert code == ResponseCode.SUCCESS
+    # the connection closed after the heartbeat: the consumer is forgotten again (channel housekeeping)
+    code, _, _ = wire.call(address, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "g-locks"})
+    assert code == ResponseCode.SYSTEM_ERROR
+    queues = [{"topic": "Basic", "brokerName": "broker-a", "queueId": q} for q in range(2)]
+    lock = {"consumerGroup": "g-locks", "clientId": "client-1", "mqSet": queues}
+    code, _, body = wire.call(address, RequestCode.LOCK_BATCH_MQ, body=json.dumps(lock).encode())
+    assert code == ResponseCode.SUCCESS and len(json.loads(body)["lockOKMQSet"]) == 2
+    code, _, body = wire.call(address, RequestCode.LOCK_BATCH_MQ,
+                              body=json.dumps({**lock, "clientId": "client-2"}).encode())
+    assert code == ResponseCode.SUCCESS and json.loads(body)["lockOKMQSet"] == []
+    code, _, _ = wire.call(address, RequestCode.UNLOCK_BATCH_MQ, body=json.dumps(lock).encode())
+    code, _, body = wire.call(address, RequestCode.LOCK_BATCH_MQ,
+                              body=json.dumps({**lock, "clientId": "client-2"}).encode())
+    assert len(json.loads(body)["lockOKMQSet"]) == 2
+
+
+def test_delay_level_and_send_back_to_retry_and_dead_letter(cluster: LocalCluster) -> None:
+    address = leader(cluster)
+    create_topic(address, "Delayed", queues=1)
+    code, _, remark = wire.send(address, "Delayed", b"later", queue_id=0, properties={"DELAY": "1"})
+    assert code == ResponseCode.SUCCESS, remark
+    assert max_offset(address, "Delayed", 0) == 0  # held in SCHEDULE_TOPIC_XXXX
+    wait_for(lambda: max_offset(address, "Delayed", 0) == 1, 30, "delivery after the 1 s level")
+    _, _, messages = wire.pull(address, "Delayed", 0, 0)
+    delivered = messages[0]
+    assert delivered.body == b"later" and delivered.property_map["REAL_TOPIC"] == "Delayed"
+    assert delivered.store_timestamp - delivered.born_timestamp >= 1000
+    # the consumer failed it: back with level 1 to %RETRY%g-retry
+    back = {"offset": str(delivered.physical_offset), "group": "g-retry", "delayLevel": "1",
+            "originMsgId": delivered.msg_id, "originTopic": "Delayed", "unitMode": "false", "maxReconsumeTimes": "1"}
+    code, _, _ = wire.call(address, RequestCode.CONSUMER_SEND_MSG_BACK, back)
+    assert code == ResponseCode.SUCCESS
+    wait_for(lambda: max_offset(address, "%RETRY%g-retry", 0) == 1, 30, "the retry after its delay")
+    _, _, retried = wire.pull(address, "%RETRY%g-retry", 0, 0)
+    assert retried[0].body == b"later" and retried[0].reconsume_times == 1
+    assert retried[0].property_map["RETRY_TOPIC"] == "Delayed"
+    # failed again, past maxReconsumeTimes 1: dead-letter queue, at once
+    back["offset"] = str(retried[0].physical_offset)
+    code, _, _ = wire.call(address, RequestCode.CONSUMER_SEND_MSG_BACK, back)
+    assert code == ResponseCode.SUCCESS
+    wait_for(lambda: max_offset(address, "%DLQ%g-retry", 0) == 1, 20, "the dead letter")
+
+
+def test_leader_kill_keeps_acknowledged_messages_and_offsets(cluster: LocalCluster) -> None:
+    address = leader(cluster)
+    create_topic(address, "Failover", queues=1)
+    for number in range(20):
+        code, _, remark = wire.send(address, "Failover", f"f{number}".encode(), queue_id=0)
+        assert code == ResponseCode.SUCCESS, remark
+    offset_fields = {"consumerGroup": "g-failover", "topic": "Failover", "queueId": "0"}
+    wire.call(address, RequestCode.UPDATE_CONSUMER_OFFSET, {**offset_fields, "commitOffset": "7"})
+    old = cluster.leader_node()
+    assert old is not None
+    cluster.kill(old.id, signal.SIGKILL)
+    def new_leader() -> str | None:
+        master = route_master(cluster.namesrv)
+        return master if master != address else None
+
+    new_address = wait_for(new_leader, 30, "a new leader")
+    code, _, remark = wire.send(new_address, "Failover", b"after", queue_id=0)
+    assert code == ResponseCode.SUCCESS, remark
+    _, _, messages = wire.pull(new_address, "Failover", 0, 0, count=64)
+    assert [m.body for m in messages] == [f"f{n}".encode() for n in range(20)] + [b"after"]
+    code, answer, _ = wire.call(new_address, RequestCode.QUERY_CONSUMER_OFFSET, offset_fields)
+    assert answer["offset"] == "7"
+    cluster.restart(old.id)
+    wait_for(lambda: reachable_max_offset(old.broker_address, "Failover", 0) == 21, 60,
+             "the restarted member catching up")
+
+
+def test_status_lists_every_node(cluster: LocalCluster, tmp_path: Path) -> None:
+    rows = cluster.status()
+    assert [row["node"] for row in rows] == ["n0", "n1", "n2"]
+    assert sum(row["role"] == "leader" for row in rows) == 1
