@@ -159,7 +159,9 @@ class KeyIndex:
             while 0 < number <= index_file.entry_count and steps <= index_file.entry_count and len(found) < max_count:
                 entry_hash, physical, time_difference, previous = index_file.entry(number - 1)
                 timestamp_seconds = begin_seconds + time_difference
-                if entry_hash == hash_value and begin_timestamp // 1000 <= timestamp_seconds <= end_timestamp // 1000:
+                if timestamp_seconds < begin_timestamp // 1000:
+                    break  # a chain runs newest first, in store-time order: the rest is older still
+                if entry_hash == hash_value and timestamp_seconds <= end_timestamp // 1000:
                     found.append(physical)
                 if previous >= number:  # chains only point backwards; anything else is damage
                     break

@@ -812,6 +812,30 @@ class MessageStore:
                         break
             return found
 
+    def find_recent_send(self, topic: str, uniq_key: bytes, reconsume_times: int,
+                         since_timestamp: int) -> AppendResult | None:
+        """The stored message of ``topic`` with this UNIQ_KEY and reconsume count whose store timestamp is
+        at or after ``since_timestamp`` (a retried send), or None. Deterministic: it reads only the key
+        index and the commit log, which are identical on every replica at the same applied index."""
+        with self._lock:
+            try:
+                key = uniq_key.decode()
+            except UnicodeDecodeError:
+                return None
+            for physical in self.index.lookup(key_hash(topic, key), 8, since_timestamp):
+                if physical < self.commit_log.min_offset or physical >= self.commit_log.end_offset:
+                    continue
+                try:
+                    message = self.commit_log.read_message(physical, check_crc=False)
+                except StoreError:
+                    continue
+                if (message.topic == topic and message.reconsume_times == reconsume_times
+                        and message.store_timestamp >= since_timestamp
+                        and _dispatch_fields(message.properties)[2] == uniq_key):
+                    return AppendResult(AppendStatus.OK, physical, message.queue_offset, message.total_size,
+                                        message.store_host)
+            return None
+
     def store_timestamp_at(self, physical_offset: int) -> int:
         head = self.commit_log.read(physical_offset, HEAD_A.size + 20)
         sys_flag = int.from_bytes(head[36:40], "big")

@@ -15,6 +15,7 @@ Rules (shared/DESIGN.md):
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -44,6 +45,11 @@ OwnBatch = tuple[Sequence[MessageInput], int]
 #: how many no-op reasons are kept for status pages
 NOOP_HISTORY_MAX = 100
 DISK_FULL_RETRY_SECONDS = 1.0
+#: a send whose topic, UNIQ_KEY and reconsume count match a message stored this recently is a client's
+#: retry and is not stored again (its answer is the stored message's). Part of apply: every member must
+#: use the same value, so it is a constant of the command format, not a setting.
+UNIQ_KEY_WINDOW_MS = 120_000
+_UNIQ_KEY_PROPERTY = re.compile(rb"(?:^|\x02)UNIQ_KEY\x01([^\x02]+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +113,13 @@ class StateMachine:
             messages = [m if m.store_timestamp >= floor else m._replace(store_timestamp=floor) for m in messages]
         results: tuple[tuple[AppendResult, ...], ...] = ()
         if messages and raft_index > self.store.applied_raft_index:
-            outcome = self._append(raft_index, messages, stamp)
-            flat = outcome.results
+            window_end = stamp if stamp is not None else max(message.store_timestamp for message in messages)
+            fresh, duplicates = self._split_duplicates(messages, window_end - UNIQ_KEY_WINDOW_MS)
+            if duplicates:
+                outcome = self._append(raft_index, fresh, stamp)
+                flat = self._merge(outcome.results, duplicates, len(messages))
+            else:
+                flat = self._append(raft_index, messages, stamp).results
             split = []
             position = 0
             for count in message_ops:
@@ -124,6 +135,47 @@ class StateMachine:
                 self.state.last_store_timestamp = max(self.state.last_store_timestamp, newest)
             self.state.applied_index = raft_index
         return ApplyResult(raft_index, results)
+
+    def _split_duplicates(self, messages: Sequence[MessageInput], since_timestamp: int
+                          ) -> tuple[list[MessageInput], dict[int, AppendResult | int]]:
+        """Messages to store, and for each retried send (same topic, UNIQ_KEY and reconsume count as a
+        message stored within UNIQ_KEY_WINDOW_MS, or earlier in this command) its position mapped to the
+        stored message's result (or to the position of the earlier message of this command)."""
+        fresh: list[MessageInput] = []
+        duplicates: dict[int, AppendResult | int] = {}
+        seen: dict[tuple[str, bytes, int], int] = {}
+        for position, message in enumerate(messages):
+            match = _UNIQ_KEY_PROPERTY.search(message.properties)
+            if match is None:
+                fresh.append(message)
+                continue
+            identity = (message.topic, match.group(1), message.reconsume_times)
+            earlier = seen.get(identity)
+            if earlier is not None:
+                duplicates[position] = earlier
+                continue
+            stored = self.store.find_recent_send(identity[0], identity[1], identity[2], since_timestamp)
+            if stored is not None:
+                duplicates[position] = stored
+                continue
+            seen[identity] = position
+            fresh.append(message)
+        return fresh, duplicates
+
+    @staticmethod
+    def _merge(stored: tuple[AppendResult, ...], duplicates: dict[int, AppendResult | int],
+               count: int) -> tuple[AppendResult, ...]:
+        merged: list[AppendResult] = []
+        fresh = iter(stored)
+        for position in range(count):
+            duplicate = duplicates.get(position)
+            if duplicate is None:
+                merged.append(next(fresh))
+            elif isinstance(duplicate, int):
+                merged.append(merged[duplicate])
+            else:
+                merged.append(duplicate)
+        return tuple(merged)
 
     def _append(self, raft_index: int, messages: Sequence[MessageInput], stamp: int | None) -> AppendOutcome:
         while True:

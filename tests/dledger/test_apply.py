@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from commitlog.store import AppendStatus, MessageStore
-from dledger.apply import StateMachine
+from commitlog.message import MessageInput
+from dledger.apply import UNIQ_KEY_WINDOW_MS, StateMachine
 from dledger.command import (
     Command,
     ConsumerOffset,
@@ -168,3 +169,33 @@ def test_messages_that_cannot_be_stored_are_refused_at_submit() -> None:
         assert proposed == []
     finally:
         committer.stop()
+
+
+def stamped(number: int, stamp: int, **changes: object) -> MessageInput:
+    return message(number)._replace(store_timestamp=stamp, **changes)
+
+
+def test_retried_sends_are_stored_once(tmp_path: Path) -> None:
+    sm = machine(tmp_path / "a")
+    first = sm.apply(1, encode_command(Command((Messages((stamped(1, 1_000_000),)),))))
+    # the client's retry (same UNIQ_KEY, maybe another queue), and a duplicate inside one command
+    retry = sm.apply(2, encode_command(Command((Messages((stamped(1, 1_001_000, queue_id=1), stamped(2, 1_001_000),
+                                                          stamped(2, 1_001_000, queue_id=1))),))))
+    assert retry.message_results[0][0] == first.message_results[0][0]
+    assert retry.message_results[0][2] == retry.message_results[0][1]
+    assert sm.store.max_queue_offset("TopicTest", 0) == 2 and sm.store.max_queue_offset("TopicTest", 1) == 0
+    # a redelivery (reconsume count differs) and a resend after the window are new messages
+    later = sm.apply(3, encode_command(Command((Messages((stamped(1, 1_002_000, reconsume_times=1),
+                                                          stamped(2, 1_001_000 + UNIQ_KEY_WINDOW_MS + 1000))),))))
+    assert [r.queue_offset for r in later.message_results[0]] == [2, 3]
+
+
+def test_deduplication_is_the_same_on_every_replica(tmp_path: Path) -> None:
+    commands = [encode_command(Command((Messages((stamped(n % 3, 1_000_000 + n),)),))) for n in range(9)]
+    replicas = [machine(tmp_path / name) for name in ("a", "b")]
+    for replica in replicas:
+        for index, command in enumerate(commands, start=1):
+            replica.apply(index, command)
+        replica.store.flush()
+    assert replicas[0].store.max_queue_offset("TopicTest", 0) == 3
+    assert data_bytes(tmp_path / "a") == data_bytes(tmp_path / "b")
