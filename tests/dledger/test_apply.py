@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from commitlog.store import AppendStatus, MessageStore
 from commitlog.message import MessageInput
+from commitlog.store import AppendStatus, MessageStore
 from dledger.apply import UNIQ_KEY_WINDOW_MS, StateMachine
 from dledger.command import (
     Command,

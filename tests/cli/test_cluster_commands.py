@@ -1,0 +1,77 @@
+"""`raftmq cluster ...` as users run it: real subprocesses, a real three-node group."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cli.cluster import LocalCluster, route_master
+from cli.main import main
+from tests.support import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def raftmq(*arguments: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([sys.executable, "-m", "cli.main", *arguments], cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    if check:
+        assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Iterator[Path]:
+    directory = tmp_path / "cluster"
+    try:
+        yield directory
+    finally:
+        if (directory / "cluster.json").exists():
+            LocalCluster.open(directory).stop()  # whatever the test did, nothing outlives it
+
+
+@pytest.mark.slow
+def test_up_status_kill_leader_restart_down(data_dir: Path) -> None:
+    started = raftmq("cluster", "up", "--data-dir", str(data_dir))
+    namesrv = next(line for line in started.stdout.splitlines() if line.startswith("namesrv=")).split("=", 1)[1]
+    info = json.loads((data_dir / "cluster.json").read_text())
+    assert info["namesrv"] == namesrv and [node["id"] for node in info["nodes"]] == ["n0", "n1", "n2"]
+    assert (data_dir / "n0" / "store" / "commitlog").is_dir()
+    rows = [json.loads(line) for line in raftmq("cluster", "status", "--data-dir", str(data_dir), "--json").stdout.splitlines()]
+    leaders = [row["node"] for row in rows if row["role"] == "leader"]
+    assert len(leaders) == 1 and all(row["alive"] for row in rows)
+    table = raftmq("cluster", "status", "--data-dir", str(data_dir)).stdout
+    assert "applied_index" in table and "leader" in table
+    old_master = route_master(namesrv)
+    raftmq("cluster", "kill", "--leader", "--data-dir", str(data_dir))
+    wait_for(lambda: (master := route_master(namesrv)) is not None and master != old_master, 30, "a new leader")
+    rows = [json.loads(line) for line in raftmq("cluster", "status", "--data-dir", str(data_dir), "--json").stdout.splitlines()]
+    assert [row["alive"] for row in rows if row["node"] == leaders[0]] == [False]
+    raftmq("cluster", "restart", leaders[0], "--data-dir", str(data_dir))
+    cluster = LocalCluster.open(data_dir)
+    wait_for(lambda: all(row["alive"] and row["role"] in ("leader", "follower") for row in cluster.status()), 60,
+             "every node back")
+    raftmq("cluster", "down", "--data-dir", str(data_dir))
+    assert not any(row["alive"] for row in cluster.status())
+
+
+def test_usage_errors_exit_2_without_traceback(tmp_path: Path) -> None:
+    runner = CliRunner()
+    for arguments in (["cluster", "kill", "--data-dir", str(tmp_path)],
+                      ["cluster", "up", "--nodes", "0"],
+                      ["cluster", "kill", "n0", "--signal", "HUP"]):
+        result = runner.invoke(main, arguments)
+        assert result.exit_code == 2, result.output
+        assert "Traceback" not in result.output
+
+
+def test_missing_cluster_is_a_failure_with_a_clear_message(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["cluster", "status", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "no cluster in" in result.output and "Traceback" not in result.output
