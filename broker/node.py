@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -174,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=arguments.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pysyncobj").setLevel(logging.WARNING)
+    if "RAFTMQ_SWITCH_INTERVAL" in os.environ:  # GIL hand-off period (experiments)
+        sys.setswitchinterval(float(os.environ["RAFTMQ_SWITCH_INTERVAL"]))
     try:
         node, config = load_node_file(arguments.config)
     except ConfigError as exc:
