@@ -109,17 +109,17 @@ def main() -> None:
     parser.add_argument("--inflight", default="1,32,256")
     arguments = parser.parse_args()
     settings = [int(value) for value in arguments.inflight.split(",")]
-    with tempfile.TemporaryDirectory(prefix="raftmq-broker-bench-") as directory:
-        with LocalCluster.start(Path(directory) / "cluster",
-                                overrides={"broker": {"default_topic_queue_nums": QUEUES}}) as cluster:
-            address = route_master(cluster.namesrv)
-            assert address is not None
-            sent = 0
-            for in_flight in settings:
-                count = min(arguments.count, 2000) if in_flight == 1 else arguments.count
-                print(json.dumps(asyncio.run(produce(address, count, in_flight, sent))), flush=True)
-                sent += count
-            print(json.dumps(asyncio.run(consume(address))), flush=True)
+    with (tempfile.TemporaryDirectory(prefix="raftmq-broker-bench-") as directory,
+          LocalCluster.start(Path(directory) / "cluster",
+                             overrides={"broker": {"default_topic_queue_nums": QUEUES}}) as cluster):
+        address = route_master(cluster.namesrv)
+        assert address is not None
+        sent = 0
+        for in_flight in settings:
+            count = min(arguments.count, 2000) if in_flight == 1 else arguments.count
+            print(json.dumps(asyncio.run(produce(address, count, in_flight, sent))), flush=True)
+            sent += count
+        print(json.dumps(asyncio.run(consume(address))), flush=True)
 
 
 if __name__ == "__main__":
