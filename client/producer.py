@@ -68,6 +68,18 @@ _STATUS_BY_CODE: Final[dict[int, SendStatus]] = {
     ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
     ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
 }
+#: SendMessageRequestHeaderV2's short names and the SendMessageRequestHeader fields they stand for
+_V2_LONG_NAMES: Final = dict(
+    zip(
+        "abcdefghijklmn",
+        (
+            "producerGroup", "topic", "defaultTopic", "defaultTopicQueueNums", "queueId", "sysFlag",
+            "bornTimestamp", "flag", "properties", "reconsumeTimes", "unitMode", "maxReconsumeTimes",
+            "batch", "brokerName",
+        ),
+        strict=True,
+    )
+)
 #: the whole batch body is bounded like one message (Java: ``maxMessageSize`` for the encoded batch)
 _BATCH_SIZE_MAX_MULTIPLIER: Final = 1
 
@@ -246,8 +258,12 @@ class AsyncProducer:
         )
 
     def _header(self, prepared: _Prepared, queue: MessageQueue) -> dict[str, str]:
-        """``SendMessageRequestHeaderV2``: the short names ``a``..``n`` in Java's order."""
-        return {
+        """``SendMessageRequestHeaderV2``: the short names ``a``..``n`` in Java's order.
+
+        A batch carries the long names (``SendMessageRequestHeader``) as well: Java brokers read a
+        SEND_BATCH_MESSAGE header as V2, the raftmq broker (for now) reads the long names; each
+        ignores the other's fields."""
+        header = {
             "a": self.config.group,
             "b": prepared.topic,
             "c": self.config.create_topic_key,
@@ -262,6 +278,9 @@ class AsyncProducer:
             "m": "true" if prepared.batch else "false",
             "n": queue.broker_name,
         }
+        if prepared.batch:
+            header.update({long: header[short] for short, long in _V2_LONG_NAMES.items() if short in header})
+        return header
 
     # -------------------------------------------------------------------------------------- send
 

@@ -1,0 +1,388 @@
+"""Administration (Java's ``DefaultMQAdminExt`` / ``MQAdminImpl``, the parts users need): topics,
+routes, queue offsets, consumer progress, and looking messages up by key or id.
+
+Topic changes go to each broker group's leader (with the same failover as sends); reads go to the
+leader first and to followers when it cannot be reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final, Self
+
+from broker.namesrv.model import PERM_READ, PERM_WRITE, ClusterInfo, decode_topic_list
+from broker.remoting import RequestCode, ResponseCode
+from client.config import AUTO_CREATE_TOPIC_KEY, ClientConfig
+from client.errors import MessageValidationError, MQBrokerError, MQClientError, TopicNotFoundError
+from client.instance import ClientInstance, check_response, int_field
+from client.message import (
+    DLQ_GROUP_TOPIC_PREFIX,
+    RETRY_GROUP_TOPIC_PREFIX,
+    MessageExt,
+    MessageQueue,
+    check_topic,
+    decode_messages,
+    retry_topic,
+)
+from client.route import TopicRoute
+from commitlog.message import RecordError, decode_message_id
+
+#: Java's ``MixAll.UNIQUE_MSG_QUERY_FLAG``
+UNIQUE_MSG_QUERY_FLAG: Final = "_UNIQUE_KEY_QUERY"
+#: topics the broker keeps for itself; never listed as a group's consumed topics
+SYSTEM_TOPIC_PREFIXES: Final = ("RMQ_SYS_", "SCHEDULE_TOPIC_", "rmq_sys_")
+QUEUE_NUMS_MAX: Final = 1024
+_QUERY_MAX_NUM: Final = 64
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOffsets:
+    """A queue's offset range: messages ``min_offset`` .. ``max_offset - 1`` are stored."""
+
+    queue: MessageQueue
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueProgress:
+    """One queue of a consumer group: ``lag`` = ``broker_offset`` - ``consumer_offset``."""
+
+    queue: MessageQueue
+    broker_offset: int
+    consumer_offset: int | None
+
+    @property
+    def lag(self) -> int:
+        return self.broker_offset - (self.consumer_offset or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerProgress:
+    group: str
+    queues: tuple[QueueProgress, ...]
+    consumer_ids: tuple[str, ...]
+
+    @property
+    def total_lag(self) -> int:
+        return sum(queue.lag for queue in self.queues)
+
+
+def is_system_topic(topic: str) -> bool:
+    return topic == AUTO_CREATE_TOPIC_KEY or topic.startswith(SYSTEM_TOPIC_PREFIXES)
+
+
+class AsyncAdmin:
+    """Admin operations over a :class:`ClientInstance`. ``async with AsyncAdmin(namesrv) as admin:``."""
+
+    def __init__(
+        self,
+        namesrv: str | ClientConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+        timeout_seconds: float = 10.0,
+    ) -> None:
+        self.instance = ClientInstance(ClientConfig.of(namesrv), clock=clock, rng=rng)
+        self.timeout_seconds = timeout_seconds
+
+    async def start(self) -> Self:
+        await self.instance.start()
+        return self
+
+    async def close(self) -> None:
+        await self.instance.close()
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _deadline(self) -> float:
+        return self.instance.now() + self.timeout_seconds
+
+    # -------------------------------------------------------------------------------- topics
+
+    async def cluster_info(self) -> ClusterInfo:
+        info = await self.instance.fetch_cluster_info()
+        for name, broker in info.broker_datas.items():
+            self.instance.remember_broker(name, broker.broker_addresses)
+        return info
+
+    async def broker_names(self, cluster: str | None = None) -> list[str]:
+        """The broker groups of ``cluster`` (all groups when None)."""
+        info = await self.cluster_info()
+        if cluster is None:
+            return sorted(info.broker_datas)
+        names = info.cluster_broker_names.get(cluster)
+        if names is None:
+            known = ", ".join(sorted(info.cluster_broker_names)) or "none"
+            raise MQClientError(ResponseCode.SYSTEM_ERROR, f"no cluster named {cluster!r} (known: {known})")
+        return sorted(names)
+
+    async def create_topic(
+        self,
+        topic: str,
+        *,
+        read_queue_nums: int = 4,
+        write_queue_nums: int = 4,
+        perm: int = PERM_READ | PERM_WRITE,
+        order: bool = False,
+        cluster: str | None = None,
+        broker_names: Sequence[str] | None = None,
+        wait_for_route: bool = True,
+    ) -> list[str]:
+        """UPDATE_AND_CREATE_TOPIC on the leader of each broker group (of ``cluster``, or the given
+        ones); with ``wait_for_route``, return once the name servers route the new queue counts.
+        Returns the broker groups changed."""
+        check_topic(topic)
+        for name, value in (("read_queue_nums", read_queue_nums), ("write_queue_nums", write_queue_nums)):
+            if type(value) is not int or not 0 <= value <= QUEUE_NUMS_MAX:
+                raise MessageValidationError(f"{name} must be in [0, {QUEUE_NUMS_MAX}], got {value!r}")
+        if read_queue_nums == 0 and write_queue_nums == 0:
+            raise MessageValidationError("a topic needs read or write queues")
+        if type(perm) is not int or not 0 <= perm <= 7:
+            raise MessageValidationError(f"perm must be in [0, 7] (read 4, write 2, inherit 1), got {perm!r}")
+        names = list(broker_names) if broker_names else await self.broker_names(cluster)
+        if not names:
+            raise MQClientError(ResponseCode.SYSTEM_ERROR, "no broker group is registered with the name servers")
+        fields = {
+            "topic": topic,
+            "defaultTopic": AUTO_CREATE_TOPIC_KEY,
+            "readQueueNums": str(read_queue_nums),
+            "writeQueueNums": str(write_queue_nums),
+            "perm": str(perm),
+            "topicFilterType": "SINGLE_TAG",
+            "topicSysFlag": "0",
+            "order": "true" if order else "false",
+        }
+        deadline = self._deadline()
+        for name in names:
+            response, address = await self.instance.invoke_leader(
+                name, RequestCode.UPDATE_AND_CREATE_TOPIC, fields, deadline=deadline
+            )
+            check_response(response, address)
+        if wait_for_route:
+            await self._wait_for_route(topic, set(names), read_queue_nums, write_queue_nums, perm, deadline)
+        return names
+
+    async def update_topic(self, topic: str, **options: object) -> list[str]:
+        """Change an existing topic (queue counts, perm); :class:`TopicNotFoundError` if it has none."""
+        route = await self.instance.topic_route(topic, refresh=True)
+        if "broker_names" not in options and "cluster" not in options:
+            options["broker_names"] = list(route.broker_names)
+        return await self.create_topic(topic, **options)  # type: ignore[arg-type]
+
+    async def _wait_for_route(
+        self, topic: str, names: set[str], read: int, write: int, perm: int, deadline: float
+    ) -> None:
+        while True:
+            try:
+                route = await self.instance.topic_route(topic, refresh=True)
+                current = {
+                    data.broker_name: (data.read_queue_nums, data.write_queue_nums, data.perm)
+                    for data in route.data.queue_datas
+                }
+                if all(current.get(name) == (read, write, perm) for name in names):
+                    return
+            except TopicNotFoundError:
+                pass
+            if self.instance.now() > deadline:
+                raise MQClientError(
+                    ResponseCode.SYSTEM_ERROR,
+                    f"topic {topic!r} was created but the name servers do not route it yet",
+                )
+            await asyncio.sleep(0.05)
+
+    async def list_topics(self, *, include_system: bool = False) -> list[str]:
+        response = await self.instance.namesrv_request(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
+        check_response(response, "name server")
+        topics = decode_topic_list(response.body)
+        if not include_system:
+            topics = [topic for topic in topics if not is_system_topic(topic)]
+        return sorted(topics)
+
+    async def describe_topic(self, topic: str) -> TopicRoute:
+        """The topic's route as the name servers have it now."""
+        return await self.instance.topic_route(topic, refresh=True)
+
+    # ------------------------------------------------------------------------------- offsets
+
+    async def _queue_offset(self, code: int, queue: MessageQueue, **extra: str) -> int:
+        fields = {"topic": queue.topic, "queueId": str(queue.queue_id), **extra}
+        response, address = await self.instance.invoke_any(queue.broker_name, code, fields)
+        check_response(response, address)
+        return int_field(response, "offset", address)
+
+    async def max_offset(self, queue: MessageQueue) -> int:
+        """The offset the next message of the queue will get."""
+        return await self._queue_offset(RequestCode.GET_MAX_OFFSET, queue)
+
+    async def min_offset(self, queue: MessageQueue) -> int:
+        return await self._queue_offset(RequestCode.GET_MIN_OFFSET, queue)
+
+    async def search_offset(self, queue: MessageQueue, timestamp_ms: int) -> int:
+        """The first offset stored at or after ``timestamp_ms``."""
+        return await self._queue_offset(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, queue, timestamp=str(timestamp_ms))
+
+    async def topic_offsets(self, topic: str) -> list[QueueOffsets]:
+        route = await self.instance.topic_route(topic, refresh=True)
+        queues = route.subscribe_queues
+
+        async def offsets(queue: MessageQueue) -> QueueOffsets:
+            low, high = await asyncio.gather(self.min_offset(queue), self.max_offset(queue))
+            return QueueOffsets(queue, low, high)
+
+        return list(await asyncio.gather(*(offsets(queue) for queue in queues)))
+
+    async def consumer_offset(self, group: str, queue: MessageQueue) -> int | None:
+        """The group's committed offset of the queue, None when it has none."""
+        fields = {"consumerGroup": group, "topic": queue.topic, "queueId": str(queue.queue_id)}
+        response, address = await self.instance.invoke_any(queue.broker_name, RequestCode.QUERY_CONSUMER_OFFSET, fields)
+        if response.code == ResponseCode.QUERY_NOT_FOUND:
+            return None
+        check_response(response, address)
+        return int_field(response, "offset", address)
+
+    # ----------------------------------------------------------------------------- consumers
+
+    async def consumer_ids(self, group: str, topic: str | None = None) -> list[str]:
+        """GET_CONSUMER_LIST_BY_GROUP: the client ids of the group's live members."""
+        if topic is not None:
+            names = list((await self.instance.topic_route(topic)).broker_names)
+        else:
+            names = await self.broker_names()
+        for name in names:
+            try:
+                response, _address = await self.instance.invoke_any(
+                    name, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group}
+                )
+            except MQClientError:
+                continue
+            if response.code != ResponseCode.SUCCESS:
+                continue  # "no consumer for this group" is SYSTEM_ERROR on Java brokers too
+            try:
+                ids = json.loads(response.body).get("consumerIdList") or []
+            except (ValueError, AttributeError):
+                continue
+            return sorted(str(each) for each in ids)
+        return []
+
+    async def consumer_progress(self, group: str, topics: Iterable[str] | None = None) -> ConsumerProgress:
+        """Per queue: the broker's max offset, the group's committed offset, and the lag. Without
+        ``topics``, every non-system topic where the group committed a positive offset, and its retry
+        topic (brokers answer 0 for a group that never committed while a queue starts at 0, so a topic
+        the group never consumed from cannot be told apart from one it consumed nothing of)."""
+        explicit = topics is not None
+        candidates = list(topics) if topics is not None else [
+            topic
+            for topic in await self.list_topics(include_system=False)
+            if not topic.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)) or topic == retry_topic(group)
+        ]
+        results: list[QueueProgress] = []
+        for topic in candidates:
+            try:
+                route = await self.instance.topic_route(topic, refresh=True)
+            except TopicNotFoundError:
+                if explicit:
+                    raise
+                continue
+
+            async def progress(queue: MessageQueue) -> QueueProgress:
+                broker_offset, consumer_offset = await asyncio.gather(
+                    self.max_offset(queue), self.consumer_offset(group, queue)
+                )
+                return QueueProgress(queue, broker_offset, consumer_offset)
+
+            rows = await asyncio.gather(*(progress(queue) for queue in route.subscribe_queues))
+            if explicit or any((row.consumer_offset or 0) > 0 for row in rows):
+                results.extend(rows)
+        return ConsumerProgress(group, tuple(sorted(results, key=lambda row: row.queue)), tuple(await self.consumer_ids(group)))
+
+    # ------------------------------------------------------------------------------ messages
+
+    async def query_messages_by_key(
+        self,
+        topic: str,
+        key: str,
+        *,
+        max_num: int = 32,
+        begin_timestamp_ms: int = 0,
+        end_timestamp_ms: int | None = None,
+        unique_key: bool = False,
+    ) -> list[MessageExt]:
+        """QUERY_MESSAGE on every broker group of the topic: messages whose KEYS hold ``key`` (or
+        whose UNIQ_KEY is ``key`` with ``unique_key``), oldest first."""
+        route = await self.instance.topic_route(topic)
+        fields = {
+            "topic": topic,
+            "key": key,
+            "maxNum": str(min(max_num, _QUERY_MAX_NUM)),
+            "beginTimestamp": str(begin_timestamp_ms),
+            "endTimestamp": str(end_timestamp_ms if end_timestamp_ms is not None else 2**63 - 1),
+        }
+        if unique_key:
+            fields[UNIQUE_MSG_QUERY_FLAG] = "true"
+        found: dict[tuple[str, int], MessageExt] = {}
+        for name in route.broker_names:
+            response, address = await self.instance.invoke_any(name, RequestCode.QUERY_MESSAGE, fields)
+            if response.code == ResponseCode.QUERY_NOT_FOUND:
+                continue
+            check_response(response, address)
+            try:
+                messages = decode_messages(response.body, name)
+            except RecordError as error:
+                raise MQBrokerError(ResponseCode.SYSTEM_ERROR, f"bad QUERY_MESSAGE answer: {error}", address) from None
+            for message in messages:
+                # the key index is a hash: keep exact matches only (Java filters the same way)
+                matches = message.unique_id == key if unique_key else key in message.keys
+                if matches and message.topic == topic:
+                    found[(name, message.commit_log_offset)] = message
+        return sorted(found.values(), key=lambda message: (message.store_timestamp_ms, message.commit_log_offset))
+
+    async def view_message(self, offset_msg_id: str) -> MessageExt:
+        """VIEW_MESSAGE_BY_ID: the message at the commit-log offset the store-based id names. The id's
+        store host is the group's stable address, not a node's, so every known group is asked."""
+        try:
+            _, physical_offset = decode_message_id(offset_msg_id)
+        except ValueError as error:
+            raise MessageValidationError(f"not a message id: {offset_msg_id!r} ({error})") from None
+        names = self.instance.known_broker_names() or await self.broker_names()
+        last_error: MQClientError | None = None
+        for name in names:
+            try:
+                response, address = await self.instance.invoke_any(
+                    name, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": str(physical_offset)}
+                )
+                check_response(response, address)
+                (message,) = decode_messages(response.body, name)
+            except MQClientError as error:
+                last_error = error
+                continue
+            except (RecordError, ValueError):
+                continue
+            if message.offset_msg_id.upper() == offset_msg_id.upper():
+                return message
+        raise last_error or MQClientError(ResponseCode.QUERY_NOT_FOUND, f"no message with id {offset_msg_id}")
+
+    async def query_message_by_id(self, msg_id: str, topic: str | None = None) -> MessageExt:
+        """A message by store-based id, or by client id (UNIQ_KEY) when ``topic`` is given (Java's
+        ``queryMsgById`` tries both the same way)."""
+        try:
+            return await self.view_message(msg_id)
+        except MQClientError as error:
+            if topic is None:
+                raise
+            first_error = error
+        matches = await self.query_messages_by_key(topic, msg_id, unique_key=True)
+        if not matches:
+            raise MQClientError(
+                ResponseCode.QUERY_NOT_FOUND, f"no message with id {msg_id} in topic {topic!r} ({first_error.remark})"
+            )
+        return matches[-1]
