@@ -60,6 +60,12 @@ class BrokerConfig:
     client_expiry_seconds: float = 120.0
     #: an orderly consumer's queue lock lives this long without renewal (RocketMQ: 60 s)
     queue_lock_seconds: float = 60.0
+    #: a half message is checked back once it is this old (RocketMQ: transactionTimeOut 6 s)
+    transaction_timeout_ms: int = 6_000
+    #: how often an unresolved half is checked back (RocketMQ: transactionCheckInterval 60 s)
+    transaction_check_interval_ms: int = 60_000
+    #: check-backs before a half is discarded (RocketMQ: transactionCheckMax 15)
+    transaction_check_max: int = 15
 
     def validate(self) -> BrokerConfig:
         parse_address(self.listen_address, "broker.listen_address")
@@ -76,6 +82,9 @@ class BrokerConfig:
         _check_int(self, "pull_messages_max", 1, 1024)
         _check_int(self, "pull_bytes_max", 1024, 64 << 20)
         _check_int(self, "max_reconsume_times", 0, 1000)
+        _check_int(self, "transaction_timeout_ms", 0, 86_400_000)
+        _check_int(self, "transaction_check_interval_ms", 100, 86_400_000)
+        _check_int(self, "transaction_check_max", 0, 10_000)
         for name in ("register_interval_seconds", "client_expiry_seconds", "queue_lock_seconds"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 86_400:

@@ -16,6 +16,7 @@ from broker.config import BrokerConfig
 from broker.remoting.codes import ResponseCode
 from broker.requests import RequestError
 from broker.topics import (
+    INTERNAL_TOPIC_QUEUES,
     PERM_READ,
     PERM_WRITE,
     SYSTEM_TOPICS,
@@ -115,7 +116,12 @@ class BrokerContext:
     # ------------------------------------------------------------------ topics
 
     def topic_config(self, topic: str) -> TopicConfig | None:
-        return self.state.topics.get(topic)
+        config = self.state.topics.get(topic)
+        if config is None and topic in INTERNAL_TOPIC_QUEUES:
+            # the broker's own topics exist on every broker (readable by tools, never sent to by clients)
+            queues = INTERNAL_TOPIC_QUEUES[topic] or len(self.config.delay_levels_seconds)
+            return TopicConfig(topic, queues, queues, PERM_READ)
+        return config
 
     async def put_topic(self, config: TopicConfig) -> TopicConfig:
         await self.propose(Command((config,)))

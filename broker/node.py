@@ -33,6 +33,7 @@ from broker.remoting.server import RemotingServer
 from broker.send import SEND_CODES, SendProcessor
 from broker.send_back import SendBackProcessor
 from broker.topics import AUTO_CREATE_TOPIC, PERM_INHERIT, PERM_READ, PERM_WRITE
+from broker.transactions import EndTransactionProcessor, TransactionCheckService
 from commitlog.config import ConfigError
 from dledger.config import NodeConfig, parse_address
 from dledger.member import GroupMember, RoleChange
@@ -77,12 +78,16 @@ class BrokerNode:
                          RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ),
                         ClientProcessor(broker, consumers, locks), queue_max=10_000, workers=16, name="clients")
         server.register(ADMIN_CODES, AdminProcessor(broker, offsets), queue_max=10_000, workers=64, name="admin")
+        server.register(RequestCode.END_TRANSACTION, EndTransactionProcessor(broker), queue_max=10_000, workers=64,
+                        name="end-transaction")
+        self.transactions = TransactionCheckService(broker, consumers)
         server.add_close_listener(consumers.connection_closed)
         member.on_applied = self._applied
         await server.start()
         offsets.start()
         self.registrar.start()
         self.delay.start()
+        self.transactions.start()
         self._tasks.append(loop.create_task(self._housekeeping(), name="housekeeping"))
 
     # ------------------------------------------------------------------ events from the Raft thread
@@ -136,6 +141,7 @@ class BrokerNode:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.delay.stop()
+        await self.transactions.stop()
         await self.registrar.stop()
         await self.offsets.stop()
         if self.server is not None:

@@ -18,7 +18,7 @@ from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import RequestContext
 from broker.requests import RequestError, SendHeader
-from broker.topics import DLQ_PREFIX, PERM_WRITE, RETRY_PREFIX, SCHEDULE_TOPIC, dlq_topic
+from broker.topics import DLQ_PREFIX, PERM_WRITE, RETRY_PREFIX, SCHEDULE_TOPIC, TRANS_HALF_TOPIC, dlq_topic
 from commitlog.message import (
     PROPERTIES_BYTES_MAX,
     TRANSACTION_PREPARED_TYPE,
@@ -40,6 +40,7 @@ PROPERTY_REAL_QUEUE_ID: Final = "REAL_QID"
 PROPERTY_CLUSTER: Final = "CLUSTER"
 PROPERTY_UNIQ_KEY: Final = "UNIQ_KEY"
 PROPERTY_TRANSACTION_PREPARED: Final = "TRAN_MSG"
+PROPERTY_PRODUCER_GROUP: Final = "PGROUP"
 TIMER_PROPERTIES: Final = ("__STARTDELIVERTIME", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS")
 SEND_CODES: Final = (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
 
@@ -149,9 +150,11 @@ class SendProcessor:
                                f"request queueId[{queue_id}] is illegal, topic:[{topic}] "
                                f"topicConfig.writeQueueNums:[{queue_count}]")
         transaction_type = header.sys_flag & TRANSACTION_TYPE_MASK
-        if transaction_type == TRANSACTION_PREPARED_TYPE:
-            raise RequestError(ResponseCode.NO_PERMISSION,
-                               f"the broker[{broker.config.broker_name}] sending transaction message is forbidden")
+        if transaction_type not in (0, TRANSACTION_PREPARED_TYPE):
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
+                               "only a half message (PREPARED) may carry a transaction type; end it with END_TRANSACTION")
+        if transaction_type == TRANSACTION_PREPARED_TYPE and batch:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "a batch cannot be transactional")
         if topic.startswith(RETRY_PREFIX) and not batch:
             topic, queue_id = await self._retry_or_dead_letter(header, topic, queue_id)
         born_host = _born_host(context.remote_address)
@@ -166,13 +169,17 @@ class SendProcessor:
         else:
             properties = parse_properties(header.properties)
             messages = [self.build_message(topic, queue_id, header.flag, sys_flag, header.born_timestamp, born_host,
-                                           request.body, properties, reconsume_times, transaction_type)]
+                                           request.body, properties, reconsume_times, transaction_type,
+                                           header.producer_group)]
         results = await broker.append(messages)
-        return self._response(request, results, queue_id)
+        transaction_id = None
+        if transaction_type == TRANSACTION_PREPARED_TYPE:
+            transaction_id = parse_properties(header.properties).get(PROPERTY_UNIQ_KEY)
+        return self._response(request, results, queue_id, transaction_id)
 
     def build_message(self, topic: str, queue_id: int, flag: int, sys_flag: int, born_timestamp: int,
                       born_host: bytes, body: bytes, properties: dict[str, str], reconsume_times: int,
-                      transaction_type: int = 0) -> MessageInput:
+                      transaction_type: int = 0, producer_group: str = "") -> MessageInput:
         """One message to store, after RocketMQ's checks and its delay-level rewrite."""
         broker = self.broker
         if len(body) > broker.store.config.body_size_max_bytes:
@@ -183,6 +190,18 @@ class SendProcessor:
                 raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
                                    f"timed delivery ({name}) is not supported by this broker yet")
         properties.setdefault(PROPERTY_CLUSTER, broker.config.cluster_name)
+        if transaction_type == TRANSACTION_PREPARED_TYPE:
+            # a half message: stored out of sight in the half queue (TransactionalMessageBridge.parseHalfMessageInner)
+            properties[PROPERTY_REAL_TOPIC] = topic
+            properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+            properties.setdefault(PROPERTY_TRANSACTION_PREPARED, "true")
+            properties.setdefault(PROPERTY_PRODUCER_GROUP, producer_group)
+            return MessageInput(
+                topic=TRANS_HALF_TOPIC, queue_id=0, flag=flag, sys_flag=sys_flag & ~TRANSACTION_TYPE_MASK,
+                born_timestamp=born_timestamp, born_host=born_host, store_timestamp=0,
+                reconsume_times=reconsume_times, prepared_transaction_offset=0, body=body,
+                properties=_properties_bytes(properties),
+            )
         delay_text = properties.get(PROPERTY_DELAY)
         if delay_text and transaction_type not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
             try:
@@ -216,7 +235,8 @@ class SendProcessor:
         return topic, queue_id
 
     @staticmethod
-    def _response(request: RemotingCommand, results: tuple[AppendResult, ...], queue_id: int) -> RemotingCommand:
+    def _response(request: RemotingCommand, results: tuple[AppendResult, ...], queue_id: int,
+                  transaction_id: str | None = None) -> RemotingCommand:
         rejected = [result for result in results if result.status is not AppendStatus.OK]
         if rejected:
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL, rejected[0].reason or "message rejected by the store")
@@ -226,6 +246,8 @@ class SendProcessor:
             "queueId": str(queue_id),
             "queueOffset": str(first.queue_offset),
         }
+        if transaction_id:
+            fields["transactionId"] = transaction_id
         return make_response(request, ResponseCode.SUCCESS, None, fields)
 
 

@@ -9,12 +9,16 @@ from broker.namesrv.model import PERM_INHERIT, PERM_READ, PERM_WRITE
 
 __all__ = [
     "AUTO_CREATE_TOPIC",
+    "INTERNAL_TOPIC_QUEUES",
     "PERM_INHERIT",
     "PERM_READ",
     "PERM_WRITE",
     "SCHEDULE_TOPIC",
     "SYSTEM_TOPICS",
     "TOPIC_NAME_MAX_CHARS",
+    "TRANS_CHECK_MAX_TIME_TOPIC",
+    "TRANS_HALF_TOPIC",
+    "TRANS_OP_HALF_TOPIC",
     "check_topic_name",
     "dlq_topic",
     "retry_topic",
@@ -34,6 +38,9 @@ SYSTEM_TOPICS: Final = frozenset({
     AUTO_CREATE_TOPIC, SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC,
     "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC", "RMQ_SYS_TRACE_TOPIC",
 })
+#: the broker's own topics and their queue counts (0: one queue per delay level)
+INTERNAL_TOPIC_QUEUES: Final = {SCHEDULE_TOPIC: 0, TRANS_HALF_TOPIC: 1, TRANS_OP_HALF_TOPIC: 1,
+                                TRANS_CHECK_MAX_TIME_TOPIC: 1}
 RETRY_PREFIX: Final = "%RETRY%"
 DLQ_PREFIX: Final = "%DLQ%"
 

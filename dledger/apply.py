@@ -33,6 +33,7 @@ from dledger.command import (
     SubscriptionGroup,
     TimerProgress,
     TopicConfig,
+    TransactionAction,
     TransactionOp,
     decode_command,
 )
@@ -45,6 +46,8 @@ OwnBatch = tuple[Sequence[MessageInput], int]
 #: how many no-op reasons are kept for status pages
 NOOP_HISTORY_MAX = 100
 DISK_FULL_RETRY_SECONDS = 1.0
+#: the topic of transaction half messages (queue 0); its queue offsets name the halves
+TRANSACTION_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 #: a send whose topic, UNIQ_KEY and reconsume count match a message stored this recently is a client's
 #: retry and is not stored again (its answer is the stored message's). Part of apply: every member must
 #: use the same value, so it is a constant of the command format, not a setting.
@@ -101,6 +104,14 @@ class StateMachine:
             messages = []
             message_ops = []
             for operation in command.operations:
+                if (isinstance(operation, TransactionOp) and operation.action != TransactionAction.CHECK
+                        and raft_index > self.state.applied_index
+                        and not self.state.transaction_pending(
+                            operation.half_offset, self.store.max_queue_offset(TRANSACTION_HALF_TOPIC, 0))):
+                    # a second END_TRANSACTION (or a check-back racing a commit): the whole command is a no-op
+                    resolved = self.state.transactions_resolved.get(operation.half_offset)
+                    return self._noop(raft_index, f"transaction half {operation.half_offset} is not pending"
+                                                  + (f" (resolved: {resolved})" if resolved else ""))
                 if isinstance(operation, Messages):
                     message_ops.append(len(operation.messages))
                     messages.extend(operation.messages)
@@ -203,10 +214,11 @@ class StateMachine:
                     self.store.delete_below(raft_index, min_physical_offset)
             case TimerProgress(key, delivered_up_to):
                 self.state.apply_timer_progress(key, delivered_up_to)
-            case TransactionOp():
-                # The transaction state machine arrives with its issue; until then these operations are
-                # recorded (they travel in the log) and have no further effect.
-                self.noops.append((raft_index, f"{type(operation).__name__} not handled yet"))
+            case TransactionOp(half, action):
+                if action == TransactionAction.CHECK:
+                    self.state.count_transaction_check(half)
+                else:
+                    self.state.resolve_transaction(half, action)
             case Messages():
                 pass
 

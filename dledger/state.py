@@ -19,8 +19,12 @@ from typing import Final
 from dledger.command import ConsumerOffset, LeaderStamp, SubscriptionGroup, TopicConfig
 
 STATE_MAGIC: Final = 0x524D5354  # "RMST"
-#: 2 added the timer progress section
-STATE_VERSION: Final = 2
+#: 2 added the timer progress section, 3 the transaction sections
+STATE_VERSION: Final = 3
+#: the timer-progress key of the transaction half queue: every half below it is resolved
+TRANSACTION_PROGRESS_KEY: Final = "transaction"
+#: resolved halves below the progress whose resolution is still remembered
+RESOLVED_KEPT: Final = 10_000
 HEAD = struct.Struct(">IHqq")
 COUNT = struct.Struct(">I")
 CRC = struct.Struct(">I")
@@ -29,6 +33,7 @@ TOPIC_ENTRY = struct.Struct(">iiiiB")
 GROUP_ENTRY = struct.Struct(">BBiq")
 STAMP = struct.Struct(">qq")
 I64 = struct.Struct(">q")
+HALF_ENTRY = struct.Struct(">qi")
 
 
 class StateError(ValueError):
@@ -47,6 +52,10 @@ class ReplicatedState:
     last_store_timestamp: int = 0
     #: delay / timer delivery progress: timer key (e.g. "level:3") -> next queue offset to deliver
     timer_progress: dict[str, int] = field(default_factory=dict)
+    #: half queue offset -> how it was resolved (TransactionAction), for halves at or past the progress
+    transactions_resolved: dict[int, int] = field(default_factory=dict)
+    #: half queue offset -> check-backs so far, for unresolved halves
+    transaction_checks: dict[int, int] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ apply (deterministic)
 
@@ -70,6 +79,30 @@ class ReplicatedState:
 
     def apply_timer_progress(self, key: str, delivered_up_to: int) -> None:
         self.timer_progress[key] = max(self.timer_progress.get(key, 0), delivered_up_to)
+        if key == TRANSACTION_PROGRESS_KEY:
+            progress = self.timer_progress[key]
+            for half in [half for half in self.transaction_checks if half < progress]:
+                del self.transaction_checks[half]
+            # how recent halves were resolved is kept a while, to answer a repeated END_TRANSACTION
+            for half in [half for half in self.transactions_resolved if half < progress - RESOLVED_KEPT]:
+                del self.transactions_resolved[half]
+
+    @property
+    def transaction_progress(self) -> int:
+        return self.timer_progress.get(TRANSACTION_PROGRESS_KEY, 0)
+
+    def transaction_pending(self, half: int, half_queue_end: int) -> bool:
+        """Whether the half message at queue offset ``half`` exists and is not resolved yet."""
+        return (self.transaction_progress <= half < half_queue_end
+                and half not in self.transactions_resolved)
+
+    def resolve_transaction(self, half: int, action: int) -> None:
+        self.transactions_resolved[half] = action
+        self.transaction_checks.pop(half, None)
+
+    def count_transaction_check(self, half: int) -> None:
+        if half >= self.transaction_progress and half not in self.transactions_resolved:
+            self.transaction_checks[half] = self.transaction_checks.get(half, 0) + 1
 
     # ------------------------------------------------------------------ queries
 
@@ -100,6 +133,9 @@ class ReplicatedState:
         parts.append(COUNT.pack(len(self.timer_progress)))
         for key, offset in sorted(self.timer_progress.items()):
             parts += (_string(key), I64.pack(offset))
+        for table in (self.transactions_resolved, self.transaction_checks):
+            parts.append(COUNT.pack(len(table)))
+            parts += [HALF_ENTRY.pack(half, value) for half, value in sorted(table.items())]
         body = b"".join(parts)
         return body + CRC.pack(zlib.crc32(body))
 
@@ -111,7 +147,7 @@ class ReplicatedState:
         if zlib.crc32(body) != crc:
             raise StateError("state snapshot CRC mismatch")
         magic, version, applied, last_store_timestamp = HEAD.unpack_from(body)
-        if magic != STATE_MAGIC or version not in (1, STATE_VERSION):
+        if magic != STATE_MAGIC or version not in (1, 2, STATE_VERSION):
             raise StateError(f"unknown state snapshot (magic {magic:#x}, version {version})")
         reader = _Reader(body, HEAD.size)
         state = cls(applied_index=applied, last_store_timestamp=last_store_timestamp)
@@ -136,6 +172,11 @@ class ReplicatedState:
                     key = reader.string()
                     (offset,) = reader.unpack(I64)
                     state.timer_progress[key] = offset
+            if version >= 3:
+                for table in (state.transactions_resolved, state.transaction_checks):
+                    for _ in range(reader.count()):
+                        half, value = reader.unpack(HALF_ENTRY)
+                        table[half] = value
         except (struct.error, IndexError, UnicodeDecodeError) as exc:
             raise StateError(f"state snapshot is malformed: {exc}") from exc
         if reader.position != len(body):

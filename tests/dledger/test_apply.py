@@ -171,8 +171,8 @@ def test_messages_that_cannot_be_stored_are_refused_at_submit() -> None:
         committer.stop()
 
 
-def stamped(number: int, stamp: int, **changes: object) -> MessageInput:
-    return message(number)._replace(store_timestamp=stamp, **changes)
+def stamped(number: int, stamp: int, queue_id: int = 0, reconsume_times: int = 0) -> MessageInput:
+    return message(number)._replace(store_timestamp=stamp, queue_id=queue_id, reconsume_times=reconsume_times)
 
 
 def test_retried_sends_are_stored_once(tmp_path: Path) -> None:
