@@ -15,7 +15,10 @@ from dledger.command import (
     Messages,
     Retention,
     SubscriptionGroup,
+    TimerProgress,
     TopicConfig,
+    TransactionAction,
+    TransactionOp,
     encode_command,
 )
 from dledger.state import ReplicatedState, StateError
@@ -199,3 +202,22 @@ def test_deduplication_is_the_same_on_every_replica(tmp_path: Path) -> None:
         replica.store.flush()
     assert replicas[0].store.max_queue_offset("TopicTest", 0) == 3
     assert data_bytes(tmp_path / "a") == data_bytes(tmp_path / "b")
+
+
+def test_a_transaction_resolves_once_and_its_state_survives_a_snapshot(tmp_path: Path) -> None:
+    sm = machine(tmp_path / "a")
+    half = message(1, topic="RMQ_SYS_TRANS_HALF_TOPIC")
+    sm.apply(1, encode_command(Command((Messages((half,)),))))
+    unknown = sm.apply(2, encode_command(Command((TransactionOp(5, TransactionAction.COMMIT, "g", 1),))))
+    assert unknown.noop_reason is not None  # no half at queue offset 5
+    sm.apply(3, encode_command(Command((TransactionOp(0, TransactionAction.CHECK, "g", 1),))))
+    assert sm.state.transaction_checks == {0: 1}
+    commit = Command((Messages((message(2),)), TransactionOp(0, TransactionAction.COMMIT, "g", 2)))
+    assert sm.apply(4, encode_command(commit)).noop_reason is None
+    again = sm.apply(5, encode_command(commit))
+    assert again.noop_reason is not None and again.message_results == ()
+    assert sm.store.max_queue_offset("TopicTest", 0) == 1
+    assert sm.state.transactions_resolved == {0: TransactionAction.COMMIT} and sm.state.transaction_checks == {}
+    sm.apply(6, encode_command(Command((TimerProgress("transaction", 1), TimerProgress("level:3", 7)))))
+    decoded = ReplicatedState.decode(sm.state.encode())
+    assert decoded == sm.state and decoded.transaction_progress == 1 and decoded.timer_progress["level:3"] == 7
