@@ -1,10 +1,13 @@
 """raftmq's Python client SDK: an asyncio core with a thin synchronous facade.
 
-asyncio: :class:`AsyncProducer`. Blocking: :class:`Producer` (the same methods, run on a background
-event loop). Configuration: :class:`ClientConfig`, :class:`ProducerConfig`. Errors derive from
-:class:`MQClientError` and carry a RocketMQ response code.
+asyncio: :class:`AsyncProducer`, :class:`AsyncPushConsumer`, :class:`AsyncLitePullConsumer`,
+:class:`AsyncPullConsumer`, :class:`AsyncAdmin`. Blocking: :class:`Producer`, :class:`PushConsumer`,
+:class:`LitePullConsumer`, :class:`PullConsumer`, :class:`Admin` (the same methods, run on a
+background event loop). Configuration: :class:`ClientConfig`, :class:`ProducerConfig`,
+:class:`ConsumerConfig`. Errors derive from :class:`MQClientError` and carry a RocketMQ response code.
 """
 
+from client.admin import AsyncAdmin, ConsumerProgress, QueueOffsets, QueueProgress
 from client.config import (
     AllocateStrategy,
     ClientConfig,
@@ -26,6 +29,7 @@ from client.errors import (
     RequestTimeoutError,
     TopicNotFoundError,
 )
+from client.lite_pull_consumer import AsyncLitePullConsumer
 from client.message import (
     Message,
     MessageExt,
@@ -36,19 +40,36 @@ from client.message import (
     SendStatus,
 )
 from client.producer import AsyncProducer
+from client.pull_consumer import AsyncPullConsumer
+from client.push_consumer import (
+    AsyncPushConsumer,
+    ConsumeConcurrentlyStatus,
+    ConsumeContext,
+    ConsumeOrderlyStatus,
+)
 from client.selector import MessageQueueSelector, select_by_hash, select_by_sharding_key
-from client.sync import Producer
+from client.sync import Admin, LitePullConsumer, Producer, PullConsumer, PushConsumer
 
 __all__ = [
+    "Admin",
     "AllocateStrategy",
+    "AsyncAdmin",
+    "AsyncLitePullConsumer",
     "AsyncProducer",
+    "AsyncPullConsumer",
+    "AsyncPushConsumer",
     "BrokerUnavailableError",
     "ClientConfig",
     "ClientErrorCode",
     "ClientNotRunningError",
     "ConfigError",
+    "ConsumeConcurrentlyStatus",
+    "ConsumeContext",
     "ConsumeFromWhere",
+    "ConsumeOrderlyStatus",
     "ConsumerConfig",
+    "ConsumerProgress",
+    "LitePullConsumer",
     "MQBrokerError",
     "MQClientError",
     "Message",
@@ -61,8 +82,12 @@ __all__ = [
     "NotLeaderError",
     "Producer",
     "ProducerConfig",
+    "PullConsumer",
     "PullResult",
     "PullStatus",
+    "PushConsumer",
+    "QueueOffsets",
+    "QueueProgress",
     "RequestTimeoutError",
     "SendResult",
     "SendStatus",

@@ -8,14 +8,17 @@ Use them as context managers (``with Producer(...) as producer:``) or call ``sta
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
 from client.admin import AsyncAdmin, ConsumerProgress, QueueOffsets
-from client.config import ClientConfig, ProducerConfig
+from client.config import ClientConfig, ConsumerConfig, ProducerConfig
+from client.lite_pull_consumer import AsyncLitePullConsumer
 from client.loop import EventLoopThread
-from client.message import Message, MessageExt, MessageQueue, SendResult
+from client.message import Message, MessageExt, MessageQueue, PullResult, SendResult
 from client.producer import AsyncProducer
+from client.pull_consumer import AsyncPullConsumer
+from client.push_consumer import AsyncPushConsumer, MessageListener
 from client.route import TopicRoute
 from client.selector import MessageQueueSelector
 
@@ -166,3 +169,139 @@ class Admin(_Facade):
 
     def query_message_by_id(self, msg_id: str, topic: str | None = None) -> MessageExt:
         return self._loop.run(self.async_admin.query_message_by_id(msg_id, topic))
+
+
+class PushConsumer(_Facade):
+    """Blocking :class:`~client.push_consumer.AsyncPushConsumer`: listeners run in worker threads."""
+
+    def __init__(self, namesrv: str | ClientConfig, config: ConsumerConfig | None = None, **options: Any) -> None:
+        self._loop = EventLoopThread("raftmq-push-consumer")
+        self.async_consumer = AsyncPushConsumer(namesrv, config, **options)
+
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        self._loop.call(lambda: self.async_consumer.subscribe(topic, expression))
+
+    def unsubscribe(self, topic: str) -> None:
+        self._loop.call(lambda: self.async_consumer.unsubscribe(topic))
+
+    def register_listener(self, listener: MessageListener) -> None:
+        self.async_consumer.register_listener(listener)
+
+    def register_orderly_listener(self, listener: MessageListener) -> None:
+        self.async_consumer.register_orderly_listener(listener)
+
+    def start(self) -> Self:
+        try:
+            self._loop.run(self.async_consumer.start())
+        except BaseException:
+            self._loop.run(self.async_consumer.close())
+            self._loop.stop()
+            raise
+        return self
+
+    def close(self) -> None:
+        try:
+            self._loop.run(self.async_consumer.close())
+        finally:
+            self._loop.stop()
+
+    def assigned_queues(self) -> list[MessageQueue]:
+        return self._loop.call(self.async_consumer.assigned_queues)
+
+    def offsets(self) -> dict[MessageQueue, int]:
+        return self._loop.call(self.async_consumer.offsets)
+
+    def persist_offsets(self) -> None:
+        self._loop.run(self.async_consumer.persist_offsets())
+
+
+class LitePullConsumer(_Facade):
+    """Blocking :class:`~client.lite_pull_consumer.AsyncLitePullConsumer`."""
+
+    def __init__(self, namesrv: str | ClientConfig, config: ConsumerConfig | None = None, **options: Any) -> None:
+        self._loop = EventLoopThread("raftmq-lite-pull-consumer")
+        self.async_consumer = AsyncLitePullConsumer(namesrv, config, **options)
+
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        self._loop.call(lambda: self.async_consumer.subscribe(topic, expression))
+
+    def assign(self, queues: Sequence[MessageQueue]) -> None:
+        self._loop.call(lambda: self.async_consumer.assign(queues))
+
+    def start(self) -> Self:
+        try:
+            self._loop.run(self.async_consumer.start())
+        except BaseException:
+            self._loop.run(self.async_consumer.close())
+            self._loop.stop()
+            raise
+        return self
+
+    def close(self) -> None:
+        try:
+            self._loop.run(self.async_consumer.close())
+        finally:
+            self._loop.stop()
+
+    def poll(self, timeout_seconds: float = 5.0) -> list[MessageExt]:
+        return self._loop.run(self.async_consumer.poll(timeout_seconds))
+
+    def commit(self, offsets: Mapping[MessageQueue, int] | None = None) -> None:
+        self._loop.run(self.async_consumer.commit(offsets))
+
+    def committed(self, queue: MessageQueue) -> int | None:
+        return self._loop.run(self.async_consumer.committed(queue))
+
+    def seek(self, queue: MessageQueue, offset: int) -> None:
+        self._loop.run(self.async_consumer.seek(queue, offset))
+
+    def assigned_queues(self) -> list[MessageQueue]:
+        return self._loop.call(self.async_consumer.assigned_queues)
+
+
+class PullConsumer(_Facade):
+    """Blocking :class:`~client.pull_consumer.AsyncPullConsumer`."""
+
+    def __init__(self, namesrv: str | ClientConfig, config: ConsumerConfig | None = None, **options: Any) -> None:
+        self._loop = EventLoopThread("raftmq-pull-consumer")
+        self.async_consumer = AsyncPullConsumer(namesrv, config, **options)
+
+    def start(self) -> Self:
+        try:
+            self._loop.run(self.async_consumer.start())
+        except BaseException:
+            self._loop.stop()
+            raise
+        return self
+
+    def close(self) -> None:
+        try:
+            self._loop.run(self.async_consumer.close())
+        finally:
+            self._loop.stop()
+
+    def fetch_subscribe_queues(self, topic: str) -> list[MessageQueue]:
+        return self._loop.run(self.async_consumer.fetch_subscribe_queues(topic))
+
+    def pull(
+        self, queue: MessageQueue, expression: str = "*", offset: int = 0, max_nums: int = 32, *,
+        block_seconds: float = 0.0,
+    ) -> PullResult:
+        return self._loop.run(
+            self.async_consumer.pull(queue, expression, offset, max_nums, block_seconds=block_seconds)
+        )
+
+    def fetch_consume_offset(self, queue: MessageQueue) -> int | None:
+        return self._loop.run(self.async_consumer.fetch_consume_offset(queue))
+
+    def update_consume_offset(self, queue: MessageQueue, offset: int, *, persist: bool = False) -> None:
+        self._loop.run(self.async_consumer.update_consume_offset(queue, offset, persist=persist))
+
+    def max_offset(self, queue: MessageQueue) -> int:
+        return self._loop.run(self.async_consumer.max_offset(queue))
+
+    def min_offset(self, queue: MessageQueue) -> int:
+        return self._loop.run(self.async_consumer.min_offset(queue))
+
+    def send_message_back(self, message: MessageExt, delay_level: int = 0) -> None:
+        self._loop.run(self.async_consumer.send_message_back(message, delay_level))

@@ -407,12 +407,12 @@ async def _heartbeat(node: FakeNode, context: RequestContext) -> RemotingCommand
         connections = group.producer_connections[producer["groupName"]]
         if context.connection not in connections:
             connections.append(context.connection)
-    changed = []
     for consumer in data.get("consumerDataSet", []):
-        members = group.consumers[consumer["groupName"]]
-        if data["clientID"] not in members:
-            changed.append(consumer["groupName"])
-        members[data["clientID"]] = time.monotonic()
+        group.consumers[consumer["groupName"]][data["clientID"]] = time.monotonic()
+        retry = "%RETRY%" + consumer["groupName"]
+        if consumer.get("messageModel") == "CLUSTERING" and retry not in group.store.topics:
+            group.store.topic(retry, 1)  # as the real broker: a clustering group gets its retry topic
+            await group.register_all()
     return make_response(context.request, ResponseCode.SUCCESS)
 
 
