@@ -1,0 +1,146 @@
+"""The SDK against a real three-node group (name server + broker processes on loopback): sends of every
+kind, admin, push and lite-pull consumers with offsets on the broker, a redelivery through the retry
+topic, and a leader kill that loses no acknowledged message. One cluster for the module."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from cli.cluster import LocalCluster
+from client import (
+    Admin,
+    ClientConfig,
+    ConsumeConcurrentlyStatus,
+    ConsumeContext,
+    ConsumerConfig,
+    LitePullConsumer,
+    Message,
+    MessageExt,
+    Producer,
+    ProducerConfig,
+    PushConsumer,
+    SendStatus,
+    select_by_sharding_key,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster.start(tmp_path_factory.mktemp("client-cluster")) as started:
+        yield started
+
+
+def client_config(cluster: LocalCluster) -> ClientConfig:
+    return ClientConfig(
+        (cluster.namesrv,),
+        client_ip="127.0.0.1",
+        request_timeout_seconds=2.0,
+        route_refresh_interval_seconds=2.0,
+        heartbeat_interval_seconds=2.0,
+    )
+
+
+def consumer_config(group: str, **overrides: object) -> ConsumerConfig:
+    values: dict[str, object] = {
+        "group": group,
+        "consume_from_where": "CONSUME_FROM_FIRST_OFFSET",
+        "suspend_timeout_seconds": 1.0,
+        "pull_backoff_seconds": 0.1,
+        "rebalance_interval_seconds": 1.0,
+        "persist_offsets_interval_seconds": 0.5,
+    }
+    values.update(overrides)
+    return ConsumerConfig.from_mapping(values)
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout_seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_seconds} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_sends_admin_and_push_consumer(cluster: LocalCluster) -> None:
+    config = client_config(cluster)
+    with Admin(config) as admin, Producer(config, ProducerConfig(group="it-producer")) as producer:
+        admin.create_topic("ItOrders", read_queue_nums=4, write_queue_nums=4)
+        assert len(admin.describe_topic("ItOrders").publish_queues) == 4
+        sent = [producer.send(Message("ItOrders", f"m{i}".encode(), tags="T", keys=(f"key-{i}",))) for i in range(10)]
+        assert {result.status for result in sent} == {SendStatus.SEND_OK}
+        batch = producer.send_batch([Message("ItOrders", f"b{i}".encode()) for i in range(5)])
+        assert len(batch.msg_ids) == 5
+        for step in range(3):
+            producer.send_orderly(Message("ItOrders", f"o{step}".encode(), sharding_key="order-9"),
+                                  select_by_sharding_key)
+        futures = [producer.send_async(Message("ItOrders", f"a{i}".encode())) for i in range(10)]
+        assert all(future.result(30).status is SendStatus.SEND_OK for future in futures)
+        assert sum(entry.max_offset for entry in admin.topic_offsets("ItOrders")) == 28
+        (found,) = admin.query_messages_by_key("ItOrders", "key-3")
+        assert found.body == b"m3" and found.msg_id == sent[3].msg_id
+        assert admin.view_message(sent[4].offset_msg_id).body == b"m4"
+
+        received: dict[str, bytes] = {}
+        consumer = PushConsumer(config, consumer_config("it-push"),
+                                listener=lambda messages, context: received.update((m.msg_id, m.body) for m in messages))
+        consumer.subscribe("ItOrders")
+        with consumer:
+            wait_until(lambda: len(received) == 28, "28 consumed messages")
+            wait_until(lambda: admin.consumer_progress("it-push", ["ItOrders"]).total_lag == 0, "offsets committed")
+        assert set(received) >= {result.msg_id for result in sent}
+        assert admin.consumer_ids("it-push") == []  # unregistered at close
+
+
+def test_reconsume_later_is_redelivered_through_the_retry_topic(cluster: LocalCluster) -> None:
+    config = client_config(cluster)
+    with Producer(config, ProducerConfig(group="it-producer")) as producer:
+        result = producer.send(Message("ItRetry", b"try me"))
+    deliveries: list[MessageExt] = []
+
+    def listener(messages: list[MessageExt], context: ConsumeContext) -> ConsumeConcurrentlyStatus:
+        deliveries.extend(messages)
+        if len(deliveries) == 1:
+            context.delay_level_when_next_consume = 1  # 1 s
+            return ConsumeConcurrentlyStatus.RECONSUME_LATER
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    consumer = PushConsumer(config, consumer_config("it-retry"), listener=listener)
+    consumer.subscribe("ItRetry")
+    with consumer:
+        wait_until(lambda: len(deliveries) >= 2, "the redelivery")
+    again = deliveries[1]
+    assert again.topic == "ItRetry" and again.msg_id == result.msg_id and again.reconsume_times == 1
+
+
+def test_a_leader_kill_loses_no_acknowledged_message(cluster: LocalCluster, tmp_path: Path) -> None:
+    config = client_config(cluster)
+    acknowledged: list[str] = []
+    with Producer(config, ProducerConfig(group="it-failover", send_timeout_seconds=30.0)) as producer:
+        for index in range(20):
+            acknowledged.append(producer.send(Message("ItFailover", f"before-{index}".encode())).msg_id)
+        leader = cluster.leader_id()
+        assert leader is not None
+        cluster.kill(leader, signal.SIGKILL)
+        started = time.monotonic()
+        acknowledged.append(producer.send(Message("ItFailover", b"during")).msg_id)
+        failover_seconds = time.monotonic() - started
+        for index in range(20):
+            acknowledged.append(producer.send(Message("ItFailover", f"after-{index}".encode())).msg_id)
+    assert failover_seconds < 20, f"the first send after the kill took {failover_seconds:.1f} s"
+    seen: set[str] = set()
+    with LitePullConsumer(config, consumer_config("it-failover-reader")) as reader:
+        reader.subscribe("ItFailover")
+
+        def read_more() -> bool:
+            seen.update(message.msg_id for message in reader.poll(0.5))
+            return set(acknowledged) <= seen
+
+        wait_until(read_more, "every acknowledged message")
+    cluster.restart(leader)
