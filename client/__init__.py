@@ -1,8 +1,8 @@
 """raftmq's Python client SDK: an asyncio core with a thin synchronous facade.
 
-asyncio: :class:`AsyncProducer`, :class:`AsyncPushConsumer`, :class:`AsyncLitePullConsumer`,
+asyncio: :class:`AsyncProducer`, :class:`AsyncTransactionProducer`, :class:`AsyncPushConsumer`, :class:`AsyncLitePullConsumer`,
 :class:`AsyncPullConsumer`, :class:`AsyncAdmin`. Blocking: :class:`Producer`, :class:`PushConsumer`,
-:class:`LitePullConsumer`, :class:`PullConsumer`, :class:`Admin` (the same methods, run on a
+:class:`LitePullConsumer`, :class:`PullConsumer`, :class:`Admin`, :class:`TransactionProducer` (the same methods, run on a
 background event loop). Configuration: :class:`ClientConfig`, :class:`ProducerConfig`,
 :class:`ConsumerConfig`. Errors derive from :class:`MQClientError` and carry a RocketMQ response code.
 """
@@ -48,7 +48,13 @@ from client.push_consumer import (
     ConsumeOrderlyStatus,
 )
 from client.selector import MessageQueueSelector, select_by_hash, select_by_sharding_key
-from client.sync import Admin, LitePullConsumer, Producer, PullConsumer, PushConsumer
+from client.sync import Admin, LitePullConsumer, Producer, PullConsumer, PushConsumer, TransactionProducer
+from client.transaction import (
+    AsyncTransactionProducer,
+    LocalTransactionState,
+    TransactionListener,
+    TransactionSendResult,
+)
 
 __all__ = [
     "Admin",
@@ -58,6 +64,7 @@ __all__ = [
     "AsyncProducer",
     "AsyncPullConsumer",
     "AsyncPushConsumer",
+    "AsyncTransactionProducer",
     "BrokerUnavailableError",
     "ClientConfig",
     "ClientErrorCode",
@@ -70,6 +77,7 @@ __all__ = [
     "ConsumerConfig",
     "ConsumerProgress",
     "LitePullConsumer",
+    "LocalTransactionState",
     "MQBrokerError",
     "MQClientError",
     "Message",
@@ -92,6 +100,9 @@ __all__ = [
     "SendResult",
     "SendStatus",
     "TopicNotFoundError",
+    "TransactionListener",
+    "TransactionProducer",
+    "TransactionSendResult",
     "select_by_hash",
     "select_by_sharding_key",
 ]

@@ -287,11 +287,19 @@ class ClientInstance:
             raise MessageValidationError(f"the request cannot be framed: {error}") from None
 
     async def oneway(
-        self, address: str, code: int, ext_fields: Mapping[str, str] | None = None, body: bytes = b""
+        self,
+        address: str,
+        code: int,
+        ext_fields: Mapping[str, str] | None = None,
+        body: bytes = b"",
+        *,
+        remark: str | None = None,
     ) -> None:
         connection = await self._connection(address)
         try:
-            await connection.oneway(code, ext_fields, body, timeout_seconds=self.config.request_timeout_seconds)
+            await connection.oneway(
+                code, ext_fields, body, timeout_seconds=self.config.request_timeout_seconds, remark=remark
+            )
         except RemotingTimeoutError as error:
             raise RequestTimeoutError(str(error), address) from None
         except ConnectionClosedError as error:

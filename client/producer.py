@@ -292,12 +292,14 @@ class AsyncProducer:
         selector: MessageQueueSelector | None = None,
         arg: object = None,
         timeout_seconds: float | None = None,
+        extra_properties: Mapping[str, str] | None = None,
     ) -> SendResult:
         """Send and wait for the broker's acknowledgement. ``queue`` pins the queue; ``selector``
-        (with ``arg``) picks it (an orderly send); otherwise queues rotate. Raises
+        (with ``arg``) picks it (an orderly send); otherwise queues rotate. ``extra_properties`` may
+        set system properties (the transactional producer's). Raises
         :class:`~client.errors.MQClientError` subclasses."""
         self._check_running()
-        prepared = self._prepare(message)
+        prepared = self._prepare(message, extra_properties)
         return await self._send_prepared(prepared, queue, selector, message, arg, timeout_seconds)
 
     async def send_orderly(

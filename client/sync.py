@@ -21,6 +21,7 @@ from client.pull_consumer import AsyncPullConsumer
 from client.push_consumer import AsyncPushConsumer, MessageListener
 from client.route import TopicRoute
 from client.selector import MessageQueueSelector
+from client.transaction import AsyncTransactionProducer, TransactionListener, TransactionSendResult
 
 
 class _Facade:
@@ -305,3 +306,23 @@ class PullConsumer(_Facade):
 
     def send_message_back(self, message: MessageExt, delay_level: int = 0) -> None:
         self._loop.run(self.async_consumer.send_message_back(message, delay_level))
+
+
+class TransactionProducer(Producer):
+    """Blocking :class:`~client.transaction.AsyncTransactionProducer`: listener methods run in threads."""
+
+    def __init__(
+        self,
+        namesrv: str | ClientConfig,
+        config: ProducerConfig | None = None,
+        *,
+        listener: TransactionListener,
+        **options: Any,
+    ) -> None:
+        self._loop = EventLoopThread("raftmq-transaction-producer")
+        self.async_producer = AsyncTransactionProducer(namesrv, config, listener=listener, **options)
+
+    def send_message_in_transaction(self, message: Message, arg: object = None) -> TransactionSendResult:
+        producer = self.async_producer
+        assert isinstance(producer, AsyncTransactionProducer)
+        return self._loop.run(producer.send_message_in_transaction(message, arg))

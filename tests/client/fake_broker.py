@@ -578,3 +578,17 @@ _PROCESSORS: dict[int, Handler] = {
     RequestCode.CONSUMER_SEND_MSG_BACK: _send_back,
     RequestCode.END_TRANSACTION: _end_transaction,
 }
+
+
+async def check_transaction(group: FakeGroup, producer_group: str, physical_offset: int,
+                            transaction_id: str = "TX") -> None:
+    """CHECK_TRANSACTION_STATE to the first live producer connection of ``producer_group``, as the
+    leader's check service does: oneway, the stored half message as the body."""
+    raw = group.store.records[physical_offset]
+    record = decode_record(raw)
+    connection = next(c for c in group.producer_connections[producer_group] if not c.is_closed)
+    await connection.send_oneway(RequestCode.CHECK_TRANSACTION_STATE, {
+        "tranStateTableOffset": str(record.queue_offset), "commitLogOffset": str(physical_offset),
+        "msgId": decode_properties(record.properties).get("UNIQ_KEY", ""), "transactionId": transaction_id,
+        "offsetMsgId": encode_message_id(STORE_HOST, physical_offset),
+    }, raw)
