@@ -32,6 +32,7 @@ from broker.remoting.codes import RequestCode
 from broker.remoting.server import RemotingServer
 from broker.send import SEND_CODES, SendProcessor
 from broker.send_back import SendBackProcessor
+from broker.timers import TimerService
 from broker.topics import AUTO_CREATE_TOPIC, PERM_INHERIT, PERM_READ, PERM_WRITE
 from broker.transactions import EndTransactionProcessor, TransactionCheckService
 from commitlog.config import ConfigError
@@ -67,6 +68,7 @@ class BrokerNode:
         broker.on_topics_changed = self.registrar.trigger
         sender = SendProcessor(broker)
         self.delay = DelayService(broker)
+        self.timers = TimerService(broker)
         host, port = parse_address(self.config.listen_address, "broker.listen_address")
         server = self.server = RemotingServer(host, port)
         server.register(SEND_CODES, sender, queue_max=10_000, workers=512, name="send")
@@ -87,6 +89,7 @@ class BrokerNode:
         offsets.start()
         self.registrar.start()
         self.delay.start()
+        self.timers.start()
         self.transactions.start()
         self._tasks.append(loop.create_task(self._housekeeping(), name="housekeeping"))
 
@@ -101,6 +104,7 @@ class BrokerNode:
         log.info("%s is now %s (term %d)", self.node.id, change.role, change.term)
         self.registrar.trigger()
         self.delay.role_changed()
+        self.timers.wake()
         self.waiters.wake_all()
 
     def _applied(self) -> None:
@@ -141,6 +145,7 @@ class BrokerNode:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.delay.stop()
+        await self.timers.stop()
         await self.transactions.stop()
         await self.registrar.stop()
         await self.offsets.stop()

@@ -18,6 +18,7 @@ from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import RequestContext
 from broker.requests import RequestError, SendHeader
+from broker.timers import TIMER_IMMEDIATE_MS, due_time_ms
 from broker.topics import DLQ_PREFIX, PERM_WRITE, RETRY_PREFIX, SCHEDULE_TOPIC, TRANS_HALF_TOPIC, dlq_topic
 from commitlog.message import (
     PROPERTIES_BYTES_MAX,
@@ -28,6 +29,7 @@ from commitlog.message import (
     encode_host,
 )
 from commitlog.store import AppendResult, AppendStatus
+from dledger.timers import schedule
 
 #: the magic of a message inside a batch body (MessageDecoder.MESSAGE_MAGIC_CODE)
 BATCH_MAGIC: Final = 0xDAA320A7
@@ -162,8 +164,10 @@ class SendProcessor:
         if batch:
             items = decode_batch(request.body)
             for item in items:
-                if item.properties.get(PROPERTY_DELAY, "0") not in ("", "0"):
-                    raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "a batch message cannot have a delay level")
+                if item.properties.get(PROPERTY_DELAY, "0") not in ("", "0") or any(
+                        name in item.properties for name in TIMER_PROPERTIES):
+                    raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
+                                       "a batch message cannot have a delay level or a delivery time")
             messages = [self.build_message(topic, queue_id, item.flag, sys_flag, header.born_timestamp, born_host,
                                            item.body, item.properties, reconsume_times) for item in items]
         else:
@@ -185,10 +189,12 @@ class SendProcessor:
         if len(body) > broker.store.config.body_size_max_bytes:
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
                                f"the message body size {len(body)} exceeds {broker.store.config.body_size_max_bytes}")
-        for name in TIMER_PROPERTIES:
-            if name in properties:
-                raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
-                                   f"timed delivery ({name}) is not supported by this broker yet")
+        due_ms = None
+        if transaction_type != TRANSACTION_PREPARED_TYPE:
+            now_ms = broker.wall_clock_ms()
+            due_ms = due_time_ms(properties, now_ms)
+            if due_ms is not None and due_ms - now_ms <= TIMER_IMMEDIATE_MS:
+                due_ms = None  # due (or past): delivered now
         properties.setdefault(PROPERTY_CLUSTER, broker.config.cluster_name)
         if transaction_type == TRANSACTION_PREPARED_TYPE:
             # a half message: stored out of sight in the half queue (TransactionalMessageBridge.parseHalfMessageInner)
@@ -202,6 +208,12 @@ class SendProcessor:
                 reconsume_times=reconsume_times, prepared_transaction_offset=0, body=body,
                 properties=_properties_bytes(properties),
             )
+        if due_ms is not None:
+            return schedule(MessageInput(
+                topic=topic, queue_id=queue_id, flag=flag, sys_flag=sys_flag, born_timestamp=born_timestamp,
+                born_host=born_host, store_timestamp=0, reconsume_times=reconsume_times,
+                prepared_transaction_offset=0, body=body, properties=_properties_bytes(properties),
+            ), due_ms)
         delay_text = properties.get(PROPERTY_DELAY)
         if delay_text and transaction_type not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
             try:

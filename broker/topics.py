@@ -6,6 +6,7 @@ import re
 from typing import Final
 
 from broker.namesrv.model import PERM_INHERIT, PERM_READ, PERM_WRITE
+from dledger.timers import TIMER_TOPIC
 
 __all__ = [
     "AUTO_CREATE_TOPIC",
@@ -35,12 +36,12 @@ TRANS_OP_HALF_TOPIC: Final = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 TRANS_CHECK_MAX_TIME_TOPIC: Final = "TRANS_CHECK_MAX_TIME_TOPIC"
 #: topics clients may not send to directly
 SYSTEM_TOPICS: Final = frozenset({
-    AUTO_CREATE_TOPIC, SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC,
+    AUTO_CREATE_TOPIC, TIMER_TOPIC, SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC,
     "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC", "RMQ_SYS_TRACE_TOPIC",
 })
 #: the broker's own topics and their queue counts (0: one queue per delay level)
 INTERNAL_TOPIC_QUEUES: Final = {SCHEDULE_TOPIC: 0, TRANS_HALF_TOPIC: 1, TRANS_OP_HALF_TOPIC: 1,
-                                TRANS_CHECK_MAX_TIME_TOPIC: 1}
+                                TRANS_CHECK_MAX_TIME_TOPIC: 1, TIMER_TOPIC: 1}
 RETRY_PREFIX: Final = "%RETRY%"
 DLQ_PREFIX: Final = "%DLQ%"
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from commitlog.errors import DiskFullError
-from commitlog.message import MessageInput
+from commitlog.message import MessageInput, StoredMessage
 from commitlog.store import AppendOutcome, AppendResult, MessageStore
 from dledger.command import (
     CommandError,
@@ -38,6 +38,7 @@ from dledger.command import (
     decode_command,
 )
 from dledger.state import ReplicatedState
+from dledger.timers import TIMER_PROGRESS_KEY, TIMER_TOPIC, release, timer_due_second, timer_key
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,14 @@ TRANSACTION_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 #: retry and is not stored again (its answer is the stored message's). Part of apply: every member must
 #: use the same value, so it is a constant of the command format, not a setting.
 UNIQ_KEY_WINDOW_MS = 120_000
+#: TimerProgress(TIMER_DELIVER_KEY, second * TIMER_CURSOR_SCALE + start) releases due timers (dledger.timers)
+TIMER_DELIVER_KEY = "timer-deliver"
+TIMER_CURSOR_SCALE = 1_000_000
+#: timers one operation releases at most, and timers one second may hold at most
+TIMER_RELEASE_MAX = 256
+TIMER_SECOND_MAX = TIMER_CURSOR_SCALE - 1
+#: seconds one operation may cover (an idle stretch is covered in steps)
+TIMER_SPAN_MAX_SECONDS = 3600
 _UNIQ_KEY_PROPERTY = re.compile(rb"(?:^|\x02)UNIQ_KEY\x01([^\x02]+)")
 
 
@@ -92,6 +101,8 @@ class StateMachine:
         is then byte for byte what decoding gives on the followers."""
         if raft_index <= self.store.applied_raft_index and raft_index <= self.state.applied_index:
             return ApplyResult(raft_index, already_applied=True)
+        timer_advance: int | None = None
+        timer_start: int | None = None
         if own is not None:
             messages, stamp = own
             command = None
@@ -115,6 +126,11 @@ class StateMachine:
                 if isinstance(operation, Messages):
                     message_ops.append(len(operation.messages))
                     messages.extend(operation.messages)
+                elif (isinstance(operation, TimerProgress) and operation.timer_key == TIMER_DELIVER_KEY
+                      and raft_index > self.state.applied_index):
+                    released, timer_advance = self._release_timers(operation.delivered_up_to)
+                    message_ops.append(len(released))
+                    messages.extend(released)
             stamp = None
         floor = self.state.last_store_timestamp
         if stamp is not None:
@@ -122,6 +138,8 @@ class StateMachine:
         elif any(message.store_timestamp < floor for message in messages):
             # store timestamps never decrease in log order, whatever clocks past leaders had
             messages = [m if m.store_timestamp >= floor else m._replace(store_timestamp=floor) for m in messages]
+        if messages and raft_index > self.state.applied_index:
+            timer_start, messages = self._release_late_timers(messages, stamp)
         results: tuple[tuple[AppendResult, ...], ...] = ()
         if messages and raft_index > self.store.applied_raft_index:
             window_end = stamp if stamp is not None else max(message.store_timestamp for message in messages)
@@ -138,6 +156,10 @@ class StateMachine:
                 position += count
             results = tuple(split)
         if raft_index > self.state.applied_index:
+            if timer_start is not None:
+                self.state.apply_timer_progress(TIMER_PROGRESS_KEY, timer_start)
+            if timer_advance is not None:
+                self.state.apply_timer_progress(TIMER_PROGRESS_KEY, timer_advance)
             if command is not None:
                 for operation in command.operations:
                     self._apply_state(raft_index, operation)
@@ -146,6 +168,53 @@ class StateMachine:
                 self.state.last_store_timestamp = max(self.state.last_store_timestamp, newest)
             self.state.applied_index = raft_index
         return ApplyResult(raft_index, results)
+
+    def _release_late_timers(self, messages: Sequence[MessageInput], stamp: int | None
+                             ) -> tuple[int | None, Sequence[MessageInput]]:
+        """Timed messages already due by the replicated timer progress become their real messages now
+        (dledger.timers). Returns the progress to start from when there was none yet (the first
+        messages ever: the second before this command's store time) and the messages to store."""
+        progress = self.state.timer_progress.get(TIMER_PROGRESS_KEY)
+        start = None
+        if progress is None:
+            newest = stamp if stamp is not None else max(message.store_timestamp for message in messages)
+            progress = start = newest // 1000 - 1
+        if not any(message.topic == TIMER_TOPIC for message in messages):
+            return start, messages
+        released: list[MessageInput] = []
+        for message in messages:
+            if message.topic == TIMER_TOPIC:
+                due = timer_due_second(message.properties)
+                if due is not None and due <= progress:
+                    real = release(message, message.store_timestamp)
+                    if real is not None:
+                        message = real
+            released.append(message)
+        return start, released
+
+    def _release_timers(self, value: int) -> tuple[list[MessageInput], int | None]:
+        """A TimerProgress(TIMER_DELIVER_KEY, second * TIMER_CURSOR_SCALE + start) operation: the real
+        messages of the timers due after the progress and at or before ``second`` (in commit-log order,
+        from position ``start``, at most TIMER_RELEASE_MAX), and the new progress when that was the rest.
+        Reads only the store and the replicated state: the same on every replica."""
+        second, start = divmod(value, TIMER_CURSOR_SCALE)
+        progress = self.state.timer_progress.get(TIMER_PROGRESS_KEY)
+        if progress is None or second <= progress or second - progress > TIMER_SPAN_MAX_SECONDS:
+            return [], None
+        due: list[StoredMessage] = []
+        for each in range(progress + 1, second + 1):
+            due.extend(self.store.query_by_key(TIMER_TOPIC, timer_key(each), TIMER_SECOND_MAX))
+        due.sort(key=lambda stored: stored.physical_offset)
+        chunk = due[start : start + TIMER_RELEASE_MAX]
+        stamp = max(self.state.last_store_timestamp, second * 1000)
+        released = []
+        for stored in chunk:
+            real = release(MessageInput(stored.topic, stored.queue_id, stored.flag, stored.sys_flag,
+                                        stored.born_timestamp, stored.born_host, stamp, stored.reconsume_times,
+                                        stored.prepared_transaction_offset, stored.body, stored.properties), stamp)
+            if real is not None:
+                released.append(real)
+        return released, (second if start + TIMER_RELEASE_MAX >= len(due) else None)
 
     def _split_duplicates(self, messages: Sequence[MessageInput], since_timestamp: int
                           ) -> tuple[list[MessageInput], dict[int, AppendResult | int]]:

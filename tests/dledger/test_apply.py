@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from commitlog.message import MessageInput
+from commitlog.message import MessageInput, decode_record
 from commitlog.store import AppendStatus, MessageStore
-from dledger.apply import UNIQ_KEY_WINDOW_MS, StateMachine
+from dledger.apply import (
+    TIMER_CURSOR_SCALE,
+    TIMER_DELIVER_KEY,
+    TIMER_RELEASE_MAX,
+    UNIQ_KEY_WINDOW_MS,
+    StateMachine,
+)
 from dledger.command import (
     Command,
     ConsumerOffset,
@@ -22,6 +28,7 @@ from dledger.command import (
     encode_command,
 )
 from dledger.state import ReplicatedState, StateError
+from dledger.timers import schedule
 from tests.commitlog.helpers import data_bytes, message, small_config, tree_bytes
 
 
@@ -221,3 +228,28 @@ def test_a_transaction_resolves_once_and_its_state_survives_a_snapshot(tmp_path:
     sm.apply(6, encode_command(Command((TimerProgress("transaction", 1), TimerProgress("level:3", 7)))))
     decoded = ReplicatedState.decode(sm.state.encode())
     assert decoded == sm.state and decoded.transaction_progress == 1 and decoded.timer_progress["level:3"] == 7
+
+
+def test_timers_release_once_in_chunks_and_late_ones_at_once(tmp_path: Path) -> None:
+    replicas = [machine(tmp_path / name) for name in ("a", "b")]
+    base = 1_700_000_000_000
+    due_second = base // 1000 + 100
+    timers = [schedule(stamped(n, base), (due_second - 1) * 1000 + 1) for n in range(300)]
+    late = schedule(stamped(999, base + 1), base - 50_000)  # already past when it is applied
+    deliver = [TimerProgress(TIMER_DELIVER_KEY, due_second * TIMER_CURSOR_SCALE + start)
+               for start in (0, TIMER_RELEASE_MAX, 2 * TIMER_RELEASE_MAX)]
+    commands = [Command((Messages(tuple(timers)),)), Command((Messages((late,)),)),
+                *(Command((operation,)) for operation in deliver)]
+    for replica in replicas:
+        for index, command in enumerate(commands, start=1):
+            replica.apply(index, encode_command(command))
+        replica.store.flush()
+    sm = replicas[0]
+    assert sm.store.max_queue_offset("RMQ_SYS_TIMER_TOPIC", 0) == 300
+    real = sm.store.get_messages("TopicTest", 0, 0, 1000)
+    released = [decode_record(raw) for raw in real.messages]
+    assert len(released) == 301 and released[0].body == late.body  # the late one first, at once
+    assert sorted(m.body for m in released[1:]) == sorted(m.body for m in timers)
+    assert all(m.store_timestamp >= due_second * 1000 - 999 for m in released[1:])
+    assert sm.state.timer_progress["timer"] == due_second
+    assert data_bytes(tmp_path / "a") == data_bytes(tmp_path / "b")
