@@ -37,6 +37,11 @@ def delivered(address: str, topic: str) -> list[StoredMessage] | None:
     return messages if code == ResponseCode.SUCCESS else []
 
 
+def delivered_at_least(address: str, topic: str, count: int) -> list[StoredMessage] | None:
+    messages = delivered(address, topic)
+    return messages if messages is not None and len(messages) >= count else None
+
+
 def create_topic(address: str, topic: str) -> None:
     code, _, _ = wire.call(address, RequestCode.UPDATE_AND_CREATE_TOPIC,
                            {"topic": topic, "readQueueNums": "1", "writeQueueNums": "1", "perm": "6"})
@@ -55,9 +60,9 @@ def test_timed_messages_arrive_once_not_before_their_time(cluster: LocalCluster)
         assert code == ResponseCode.SUCCESS, remark
     first = delivered(address, "Timed")
     assert [m.body for m in first or []] == [b"past"]  # already due: delivered at once
-    messages = wait_for(lambda: (m := delivered(address, "Timed")) and len(m) == 4 and m, 30, "every timer")
+    messages = wait_for(lambda: delivered_at_least(address, "Timed", 4), 30, "every timer")
     by_body = {m.body: m for m in messages}
-    for name, properties in cases.items():
+    for name in cases:
         message = by_body[name.encode()]
         assert message.property_map["UNIQ_KEY"] == f"TIMER{name}" and message.property_map["KEYS"] == f"k-{name}"
         if name != "past":
@@ -92,15 +97,14 @@ def test_timer_survives_a_leader_kill_and_a_full_restart(cluster: LocalCluster) 
     cluster.kill(old.id, signal.SIGKILL)
     cluster.restart(old.id)
     new_address = leader(cluster)
-    messages = wait_for(lambda: (m := delivered(new_address, "TimedFailover")) and len(m) >= 1 and m, 30,
-                        "the first timer from the new leader")
+    wait_for(lambda: delivered_at_least(new_address, "TimedFailover", 1), 30, "the first timer from the new leader")
     # the whole group restarts while the second timer is pending
     for node in cluster.info.nodes:
         cluster.kill(node.id, signal.SIGKILL)
     for node in cluster.info.nodes:
         cluster.restart(node.id)
     address = leader(cluster)
-    messages = wait_for(lambda: (m := delivered(address, "TimedFailover")) and len(m) == 2 and m, 60,
+    messages = wait_for(lambda: delivered_at_least(address, "TimedFailover", 2), 60,
                         "the second timer after the restart")
     assert [m.body for m in messages] == [b"f0", b"f1"]
     for message in messages:
