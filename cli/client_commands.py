@@ -1,7 +1,761 @@
-"""``raftmq topic|send|consume|msg|group|bench``: what users do with a running cluster, through client/."""
+"""``raftmq topic|send|consume|msg|group|bench``: what users do with a running cluster, through client/.
+
+Every command takes ``--namesrv HOST:PORT[;HOST:PORT]`` (or ``RAFTMQ_NAMESRV``). Expected failures
+(broker errors, unreachable name servers, bad input the broker refuses) print ``Error: ...`` and exit
+with 1; usage errors exit with 2; neither prints a traceback.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import datetime
+import json
+import math
+import random
+import re
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
 import click
 
-COMMANDS: list[click.Command] = []
+from broker.namesrv.model import PERM_READ, PERM_WRITE
+from client.admin import AsyncAdmin
+from client.config import ClientConfig, ConfigError, ConsumeFromWhere, ConsumerConfig, ProducerConfig
+from client.errors import MQClientError
+from client.lite_pull_consumer import AsyncLitePullConsumer
+from client.message import Message, MessageExt, MessageQueue, PullStatus, SendResult
+from client.producer import AsyncProducer
+from client.pull_consumer import AsyncPullConsumer
+
+T = TypeVar("T")
+NAMESRV_ENV: Final = "RAFTMQ_NAMESRV"
+DEFAULT_PRODUCER_GROUP: Final = "raftmq-cli-producer"
+PERMS: Final = {"rw": PERM_READ | PERM_WRITE, "r": PERM_READ, "w": PERM_WRITE, "none": 0}
+CONTEXT: Final = {"help_option_names": ["-h", "--help"]}
+
+namesrv_option = click.option(
+    "--namesrv",
+    envvar=NAMESRV_ENV,
+    required=True,
+    metavar="HOST:PORT",
+    help=f"Name server address(es), ';'-separated (env {NAMESRV_ENV}).",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def client_config(namesrv: str) -> ClientConfig:
+    try:
+        return ClientConfig.of(namesrv)
+    except ConfigError as error:
+        raise click.BadParameter(str(error), param_hint="'--namesrv'") from None
+
+
+def run(coroutine: Awaitable[T]) -> T:
+    """Run the command's coroutine; expected failures become ``Error: ...`` and exit code 1."""
+
+    async def main() -> T:
+        return await coroutine
+
+    try:
+        return asyncio.run(main())
+    except MQClientError as error:
+        raise click.ClickException(str(error)) from None
+    except (ConfigError, OSError) as error:
+        raise click.ClickException(str(error)) from None
+    except KeyboardInterrupt:
+        raise click.exceptions.Exit(130) from None
+
+
+def echo_json(value: object) -> None:
+    click.echo(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+
+
+def echo_table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    cells = [[str(value) for value in row] for row in rows]
+    widths = [max([len(column), *(len(row[index]) for row in cells)]) for index, column in enumerate(columns)]
+    click.echo("  ".join(column.ljust(widths[index]) for index, column in enumerate(columns)).rstrip())
+    for row in cells:
+        click.echo("  ".join(value.ljust(widths[index]) for index, value in enumerate(row)).rstrip())
+
+
+def perm_value(text: str) -> int:
+    if text in PERMS:
+        return PERMS[text]
+    if text.isdigit() and 0 <= int(text) <= 7:
+        return int(text)
+    raise click.BadParameter(f"use rw, r, w, none or 0..7, got {text!r}", param_hint="'--perm'")
+
+
+def perm_text(perm: int) -> str:
+    return ("r" if perm & PERM_READ else "-") + ("w" if perm & PERM_WRITE else "-")
+
+
+_RELATIVE: Final = re.compile(r"^\+(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+_UNIT_MS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_deliver_at(text: str, now_ms: int | None = None) -> int:
+    """Epoch milliseconds from ``1767225600000``, ``2026-01-01T10:00:00[+01:00]`` (local time when no
+    offset is given) or ``+30s`` / ``+5m`` / ``+1h`` (from now)."""
+    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    text = text.strip()
+    relative = _RELATIVE.match(text)
+    if relative:
+        return now + int(float(relative.group(1)) * _UNIT_MS[relative.group(2)])
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"use epoch ms, an ISO time (2026-01-01T10:00:00) or +30s/+5m/+1h, got {text!r}",
+            param_hint="'--deliver-at'",
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.astimezone()
+    return int(moment.timestamp() * 1000)
+
+
+def parse_properties(items: Sequence[str]) -> dict[str, str]:
+    properties: dict[str, str] = {}
+    for item in items:
+        name, separator, value = item.partition("=")
+        if not separator or not name:
+            raise click.BadParameter(f"use NAME=VALUE, got {item!r}", param_hint="'--property'")
+        properties[name] = value
+    return properties
+
+
+def message_json(message: MessageExt) -> dict[str, object]:
+    return message.to_json_object()
+
+
+# -------------------------------------------------------------------------------------------- topic
+
+
+@click.group(context_settings=CONTEXT)
+def topic() -> None:
+    """Create, change, list and describe topics."""
+
+
+def _topic_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(
+        [
+            click.option("--queues", type=click.IntRange(1, 1024), default=None,
+                         help="Read and write queue count (default 4 for create)."),
+            click.option("--read-queues", type=click.IntRange(0, 1024), default=None, help="Read queue count."),
+            click.option("--write-queues", type=click.IntRange(0, 1024), default=None, help="Write queue count."),
+            click.option("--perm", default="rw", show_default=True, help="rw, r, w, none, or RocketMQ's 0..7."),
+            click.option("--order", is_flag=True, help="Mark the topic as ordered."),
+            click.option("--cluster", default=None, help="Only the broker groups of this cluster (default: all)."),
+        ]
+    ):
+        function = option(function)
+    return function
+
+
+def _queue_counts(queues: int | None, read: int | None, write: int | None, current: tuple[int, int]) -> tuple[int, int]:
+    if queues is not None and (read is not None or write is not None):
+        raise click.UsageError("use --queues or --read-queues/--write-queues, not both")
+    if queues is not None:
+        return queues, queues
+    return (current[0] if read is None else read, current[1] if write is None else write)
+
+
+@topic.command("create", context_settings=CONTEXT)
+@click.argument("name")
+@_topic_options
+@namesrv_option
+def topic_create(name: str, queues: int | None, read_queues: int | None, write_queues: int | None, perm: str,
+                 order: bool, cluster: str | None, namesrv: str) -> None:
+    """Create topic NAME on every broker group's leader (or update it if it exists).
+
+    \b
+    Examples:
+      raftmq topic create Orders --queues 8
+      raftmq topic create Audit --read-queues 4 --write-queues 4 --perm rw --namesrv 127.0.0.1:9876
+    """
+    read, write = _queue_counts(queues, read_queues, write_queues, (4, 4))
+    perm_number = perm_value(perm)
+    config = client_config(namesrv)
+
+    async def create() -> list[str]:
+        async with AsyncAdmin(config) as admin:
+            return await admin.create_topic(name, read_queue_nums=read, write_queue_nums=write,
+                                            perm=perm_number, order=order, cluster=cluster)
+
+    groups = run(create())
+    click.echo(f"topic {name}: {read} read / {write} write queues, perm {perm_text(perm_value(perm))} "
+               f"on {', '.join(groups)}")
+
+
+@topic.command("update", context_settings=CONTEXT)
+@click.argument("name")
+@_topic_options
+@namesrv_option
+def topic_update(name: str, queues: int | None, read_queues: int | None, write_queues: int | None, perm: str,
+                 order: bool, cluster: str | None, namesrv: str) -> None:
+    """Change an existing topic's queue counts or permissions (unset options keep their value).
+
+    \b
+    Examples:
+      raftmq topic update Orders --queues 16
+      raftmq topic update Orders --perm r        # stop writes, keep reads
+    """
+    perm_number = perm_value(perm)
+    config = client_config(namesrv)
+
+    async def update() -> tuple[int, int, list[str]]:
+        async with AsyncAdmin(config) as admin:
+            route = await admin.describe_topic(name)
+            current = max(((q.read_queue_nums, q.write_queue_nums) for q in route.data.queue_datas), default=(4, 4))
+            read, write = _queue_counts(queues, read_queues, write_queues, current)
+            options: dict[str, object] = {"read_queue_nums": read, "write_queue_nums": write,
+                                          "perm": perm_number, "order": order}
+            if cluster is not None:
+                options["cluster"] = cluster
+            return read, write, await admin.update_topic(name, **options)
+
+    read, write, groups = run(update())
+    click.echo(f"topic {name}: {read} read / {write} write queues, perm {perm_text(perm_value(perm))} "
+               f"on {', '.join(groups)}")
+
+
+@topic.command("list", context_settings=CONTEXT)
+@click.option("--system", is_flag=True, help="Include system topics (TBW102, SCHEDULE_TOPIC_XXXX, ...).")
+@json_option
+@namesrv_option
+def topic_list(system: bool, as_json: bool, namesrv: str) -> None:
+    """List the topics the name servers route.
+
+    \b
+    Example:
+      raftmq topic list --namesrv 127.0.0.1:9876
+    """
+    config = client_config(namesrv)
+
+    async def fetch() -> list[str]:
+        async with AsyncAdmin(config) as admin:
+            return await admin.list_topics(include_system=system)
+
+    topics = run(fetch())
+    if as_json:
+        echo_json(topics)
+        return
+    for name in topics:
+        click.echo(name)
+
+
+@topic.command("describe", context_settings=CONTEXT)
+@click.argument("name")
+@json_option
+@namesrv_option
+def topic_describe(name: str, as_json: bool, namesrv: str) -> None:
+    """Show a topic's broker groups (leader and followers) and each queue's offsets.
+
+    \b
+    Example:
+      raftmq topic describe Orders
+    """
+    config = client_config(namesrv)
+
+    async def describe() -> dict[str, Any]:
+        async with AsyncAdmin(config) as admin:
+            route = await admin.describe_topic(name)
+            offsets = await admin.topic_offsets(name)
+        return {
+            "topic": name,
+            "brokers": [
+                {"brokerName": broker, "cluster": route.broker_clusters.get(broker, ""),
+                 "addresses": {str(broker_id): address for broker_id, address in addresses.items()}}
+                for broker, addresses in sorted(route.broker_addresses.items())
+            ],
+            "queueDatas": [
+                {"brokerName": q.broker_name, "readQueueNums": q.read_queue_nums,
+                 "writeQueueNums": q.write_queue_nums, "perm": q.perm}
+                for q in route.data.queue_datas
+            ],
+            "queues": [
+                {"brokerName": entry.queue.broker_name, "queueId": entry.queue.queue_id,
+                 "minOffset": entry.min_offset, "maxOffset": entry.max_offset}
+                for entry in offsets
+            ],
+        }
+
+    info = run(describe())
+    if as_json:
+        echo_json(info)
+        return
+    click.echo(f"topic {name}")
+    for broker in info["brokers"]:
+        addresses = ", ".join(
+            f"{'leader' if broker_id == '0' else 'follower ' + broker_id} {address}"
+            for broker_id, address in sorted(broker["addresses"].items())
+        )
+        click.echo(f"  {broker['brokerName']} ({broker['cluster']}): {addresses}")
+    for data in info["queueDatas"]:
+        click.echo(f"  {data['brokerName']}: {data['readQueueNums']} read / {data['writeQueueNums']} write queues, "
+                   f"perm {perm_text(data['perm'])}")
+    echo_table(["broker", "queue", "min offset", "max offset", "messages"],
+               [[q["brokerName"], q["queueId"], q["minOffset"], q["maxOffset"], q["maxOffset"] - q["minOffset"]]
+                for q in info["queues"]])
+
+
+# --------------------------------------------------------------------------------------------- send
+
+
+def _read_body(body: str | None, file: Path | None) -> bytes:
+    if body is not None and file is not None:
+        raise click.UsageError("give the body as an argument or with --file, not both")
+    if body is not None:
+        return body.encode("utf-8")
+    if file is not None:
+        try:
+            return file.read_bytes()
+        except OSError as error:
+            raise click.BadParameter(str(error), param_hint="'--file'") from None
+    stdin = sys.stdin.buffer
+    if stdin.isatty():
+        raise click.UsageError("no body: give it as an argument, with --file, or on stdin")
+    return stdin.read()
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("topic_name", metavar="TOPIC")
+@click.argument("body", required=False)
+@click.option("--file", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Read the body from a file.")
+@click.option("--tags", default=None, help="The message tag (consumers filter on it).")
+@click.option("--keys", multiple=True, help="A key to index the message by (repeatable).")
+@click.option("--property", "properties", multiple=True, metavar="NAME=VALUE", help="A user property (repeatable).")
+@click.option("--delay-level", type=click.IntRange(0, 18), default=0, help="1..18 = 1s 5s 10s 30s 1m ... 2h.")
+@click.option("--deliver-at", default=None, help="Epoch ms, an ISO time, or +30s / +5m / +1h.")
+@click.option("--sharding-key", default=None, help="Send orderly: one key always goes to the same queue.")
+@click.option("--group", default=DEFAULT_PRODUCER_GROUP, show_default=True, help="Producer group.")
+@json_option
+@namesrv_option
+def send(topic_name: str, body: str | None, file: Path | None, tags: str | None, keys: tuple[str, ...],
+         properties: tuple[str, ...], delay_level: int, deliver_at: str | None, sharding_key: str | None, group: str,
+         as_json: bool, namesrv: str) -> None:
+    """Send one message to TOPIC; the body comes from BODY, --file, or stdin.
+
+    \b
+    Examples:
+      raftmq send Orders 'order 42 paid' --tags paid --keys order-42
+      raftmq send Orders --file order.json --delay-level 3
+      echo hello | raftmq send Orders --deliver-at +30s
+      raftmq send Orders 'step 2' --sharding-key order-42
+    """
+    if delay_level and deliver_at is not None:
+        raise click.UsageError("--delay-level and --deliver-at are exclusive")
+    message = Message(
+        topic_name,
+        _read_body(body, file),
+        tags=tags,
+        keys=keys,
+        properties=parse_properties(properties),
+        delay_level=delay_level,
+        deliver_at_ms=parse_deliver_at(deliver_at) if deliver_at is not None else None,
+        sharding_key=sharding_key,
+    )
+    config = client_config(namesrv)
+    try:
+        producer_config = ProducerConfig(group=group)
+    except ConfigError as error:
+        raise click.BadParameter(str(error), param_hint="'--group'") from None
+
+    async def deliver() -> SendResult:
+        from client.selector import select_by_sharding_key
+
+        async with AsyncProducer(config, producer_config) as producer:
+            if sharding_key is not None:
+                return await producer.send_orderly(message, select_by_sharding_key)
+            return await producer.send(message)
+
+    result = run(deliver())
+    summary = {
+        "status": result.status.value,
+        "msgId": result.msg_id,
+        "offsetMsgId": result.offset_msg_id,
+        "topic": result.message_queue.topic,
+        "brokerName": result.message_queue.broker_name,
+        "queueId": result.message_queue.queue_id,
+        "queueOffset": result.queue_offset,
+    }
+    if as_json:
+        echo_json(summary)
+    else:
+        click.echo(f"{result.status.value} msgId={result.msg_id} queue={result.message_queue.broker_name}/"
+                   f"{result.message_queue.queue_id} offset={result.queue_offset}")
+
+
+# ------------------------------------------------------------------------------------------ consume
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("topic_name", metavar="TOPIC")
+@click.option("--group", required=True, help="Consumer group (its offsets are committed on the broker).")
+@click.option("--from", "start", type=click.Choice(["first", "last"]), default="last", show_default=True,
+              help="Where a group without committed offsets starts.")
+@click.option("--tags", "expression", default="*", show_default=True, help="Tag filter: '*' or 'TagA || TagB'.")
+@click.option("--count", type=click.IntRange(min=1), default=None, help="Stop after this many messages.")
+@click.option("--wait", type=click.FloatRange(min=0.1), default=None,
+              help="Stop when no message arrived for this many seconds (default: wait forever).")
+@click.option("--base64", "as_base64", is_flag=True, help="Print bodies as base64 instead of text.")
+@namesrv_option
+def consume(topic_name: str, group: str, start: str, expression: str, count: int | None, wait: float | None,
+            as_base64: bool, namesrv: str) -> None:
+    """Consume TOPIC as a member of GROUP, one JSON line per message on stdout.
+
+    Offsets of the messages printed are committed when the command ends, so the next run of the
+    same group continues after them. Note: a new group on a queue that still starts at offset 0
+    reads from the beginning even with --from last (RocketMQ brokers answer 0 for it).
+
+    \b
+    Examples:
+      raftmq consume Orders --group audit --from first --count 10
+      raftmq consume Orders --group audit --tags 'paid || refunded' --wait 5 | jq .body
+    """
+    config = client_config(namesrv)
+    try:
+        consumer_config = ConsumerConfig(
+            group=group,
+            consume_from_where=(
+                ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET if start == "first" else ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
+            ),
+            suspend_timeout_seconds=min(5.0, wait or 5.0),
+            pull_backoff_seconds=0.2,
+        )
+    except ConfigError as error:
+        raise click.BadParameter(str(error), param_hint="'--group'") from None
+
+    async def consume_messages() -> int:
+        consumer = AsyncLitePullConsumer(config, consumer_config, auto_commit=False)
+        consumer.subscribe(topic_name, expression)
+        printed = 0
+        commits: dict[MessageQueue, int] = {}
+        async with consumer:
+            idle_since = time.monotonic()
+            while count is None or printed < count:
+                remaining = None if wait is None else wait - (time.monotonic() - idle_since)
+                if remaining is not None and remaining <= 0:
+                    break
+                messages = await consumer.poll(min(1.0, remaining) if remaining is not None else 1.0)
+                if messages:
+                    idle_since = time.monotonic()
+                for message in messages:
+                    if count is not None and printed >= count:
+                        break
+                    echo_json(message.to_json_object(body_as_text=not as_base64))
+                    commits[message.message_queue] = message.queue_offset + 1
+                    printed += 1
+            if commits:
+                await consumer.commit(commits)
+        return printed
+
+    printed = run(consume_messages())
+    click.echo(f"consumed {printed} messages", err=True)
+
+
+# -------------------------------------------------------------------------------------------- msg
+
+
+@click.group(context_settings=CONTEXT)
+def msg() -> None:
+    """Look messages up by key or id."""
+
+
+@msg.command("query", context_settings=CONTEXT)
+@click.option("--key", default=None, help="A key the message was sent with (needs --topic).")
+@click.option("--id", "msg_id", default=None, help="A message id: store-based (offsetMsgId) or client (msgId, with --topic).")
+@click.option("--topic", "topic_name", default=None, help="The topic (required with --key).")
+@click.option("--max", "max_num", type=click.IntRange(1, 64), default=32, show_default=True)
+@json_option
+@namesrv_option
+def msg_query(key: str | None, msg_id: str | None, topic_name: str | None, max_num: int, as_json: bool,
+              namesrv: str) -> None:
+    """Find messages by --key or --id and print them.
+
+    \b
+    Examples:
+      raftmq msg query --topic Orders --key order-42
+      raftmq msg query --id 7F0000010000BDBF0000000000000000
+      raftmq msg query --topic Orders --id 7F000001059CDBEBABBA6D754E47D51F --json
+    """
+    if (key is None) == (msg_id is None):
+        raise click.UsageError("give exactly one of --key and --id")
+    if key is not None and topic_name is None:
+        raise click.UsageError("--key needs --topic")
+    config = client_config(namesrv)
+
+    async def query() -> list[MessageExt]:
+        async with AsyncAdmin(config) as admin:
+            if key is not None:
+                assert topic_name is not None
+                return await admin.query_messages_by_key(topic_name, key, max_num=max_num)
+            assert msg_id is not None
+            return [await admin.query_message_by_id(msg_id, topic_name)]
+
+    messages = run(query())
+    if not messages:
+        raise click.ClickException(f"no message with key {key!r} in {topic_name}")
+    for message in messages:
+        if as_json:
+            echo_json(message_json(message))
+            continue
+        stored = datetime.datetime.fromtimestamp(message.store_timestamp_ms / 1000).isoformat(timespec="milliseconds")
+        click.echo(f"msgId={message.msg_id} offsetMsgId={message.offset_msg_id} topic={message.topic} "
+                   f"queue={message.broker_name}/{message.queue_id} offset={message.queue_offset} stored={stored}")
+        click.echo(f"  tags={message.tags} keys={' '.join(message.keys)} properties={message.user_properties}")
+        preview = message.body[:200].decode("utf-8", "replace")
+        click.echo(f"  body ({len(message.body)} bytes): {preview}")
+
+
+# ------------------------------------------------------------------------------------------- group
+
+
+@click.group(context_settings=CONTEXT)
+def group() -> None:
+    """Consumer groups."""
+
+
+@group.command("progress", context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--topic", "topics", multiple=True, help="Only these topics (default: every topic the group committed on).")
+@json_option
+@namesrv_option
+def group_progress(name: str, topics: tuple[str, ...], as_json: bool, namesrv: str) -> None:
+    """Show GROUP's committed offset and lag on every queue, and its live members.
+
+    \b
+    Examples:
+      raftmq group progress audit
+      raftmq group progress audit --topic Orders --json
+    """
+    config = client_config(namesrv)
+
+    async def fetch() -> Any:
+        async with AsyncAdmin(config) as admin:
+            return await admin.consumer_progress(name, list(topics) or None)
+
+    progress = run(fetch())
+    rows = [
+        {"topic": row.queue.topic, "brokerName": row.queue.broker_name, "queueId": row.queue.queue_id,
+         "brokerOffset": row.broker_offset, "consumerOffset": row.consumer_offset, "lag": row.lag}
+        for row in progress.queues
+    ]
+    if as_json:
+        echo_json({"group": name, "consumers": list(progress.consumer_ids), "totalLag": progress.total_lag,
+                   "queues": rows})
+        return
+    click.echo(f"group {name}: {len(progress.consumer_ids)} live consumer(s) {', '.join(progress.consumer_ids)}".rstrip())
+    echo_table(["topic", "broker", "queue", "broker offset", "consumer offset", "lag"],
+               [[r["topic"], r["brokerName"], r["queueId"], r["brokerOffset"],
+                 "-" if r["consumerOffset"] is None else r["consumerOffset"], r["lag"]] for r in rows])
+    click.echo(f"total lag: {progress.total_lag}")
+
+
+# ------------------------------------------------------------------------------------------- bench
+
+
+@dataclass
+class BenchStats:
+    """Latencies in seconds, counts, and the wall time of a run."""
+
+    latencies: list[float] = field(default_factory=list)
+    messages: int = 0
+    payload_bytes: int = 0
+    errors: int = 0
+    first_error: str = ""
+    seconds: float = 0.0
+
+    def percentile_ms(self, fraction: float) -> float:
+        if not self.latencies:
+            return 0.0
+        ordered = sorted(self.latencies)
+        index = min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))  # nearest rank
+        return ordered[index] * 1000
+
+    def summary(self) -> dict[str, float | int | str]:
+        seconds = max(self.seconds, 1e-9)
+        result: dict[str, float | int | str] = {
+            "messages": self.messages,
+            "errors": self.errors,
+            "seconds": round(self.seconds, 3),
+            "msgs_per_s": round(self.messages / seconds, 1),
+            "MB_per_s": round(self.payload_bytes / seconds / 1e6, 3),
+            "p50_ms": round(self.percentile_ms(0.50), 3),
+            "p99_ms": round(self.percentile_ms(0.99), 3),
+            "max_ms": round(max(self.latencies, default=0.0) * 1000, 3),
+        }
+        if self.first_error:
+            result["first_error"] = self.first_error
+        return result
+
+
+def report(stats: BenchStats, as_json: bool, latency_of: str) -> None:
+    summary = stats.summary()
+    if as_json:
+        echo_json(summary)
+    else:
+        echo_table(["metric", "value"], [
+            ["messages", summary["messages"]], ["errors", summary["errors"]], ["seconds", summary["seconds"]],
+            ["msgs/s", summary["msgs_per_s"]], ["MB/s", summary["MB_per_s"]],
+            [f"p50 ms ({latency_of})", summary["p50_ms"]], [f"p99 ms ({latency_of})", summary["p99_ms"]],
+            [f"max ms ({latency_of})", summary["max_ms"]],
+        ])
+        if stats.first_error:
+            click.echo(f"first error: {stats.first_error}", err=True)
+    if stats.errors:
+        sys.exit(1)
+
+
+@click.group(context_settings=CONTEXT)
+def bench() -> None:
+    """Measure throughput and latency against a running cluster."""
+
+
+@bench.command("produce", context_settings=CONTEXT)
+@click.option("--topic", "topic_name", default="BenchTopic", show_default=True)
+@click.option("--count", type=click.IntRange(min=1), default=10_000, show_default=True, help="Messages to send.")
+@click.option("--size", type=click.IntRange(1, 4 * 1024 * 1024), default=1024, show_default=True, help="Body bytes.")
+@click.option("--inflight", type=click.IntRange(1, 10_000), default=64, show_default=True,
+              help="Concurrent unacknowledged sends.")
+@click.option("--group", default="raftmq-bench-producer", show_default=True, help="Producer group.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random bodies.")
+@json_option
+@namesrv_option
+def bench_produce(topic_name: str, count: int, size: int, inflight: int, group: str, seed: int, as_json: bool,
+                  namesrv: str) -> None:
+    """Send COUNT messages of SIZE random bytes with INFLIGHT sends outstanding; print msgs/s, MB/s and
+    send latency (p50/p99/max). Exit code 1 if any send failed.
+
+    \b
+    Examples:
+      raftmq bench produce --count 100000 --size 1024 --inflight 256
+      raftmq bench produce --topic Bench --count 5000 --json
+    """
+    config = client_config(namesrv)
+    body = random.Random(seed).randbytes(size)
+
+    async def produce() -> BenchStats:
+        stats = BenchStats()
+        remaining = count
+        producer_config = ProducerConfig(group=group, inflight_sends_max=max(inflight, 1),
+                                         compress_body_over_bytes=0)
+        async with AsyncProducer(config, producer_config) as producer:
+            with click.progressbar(length=count, label="produce", file=sys.stderr,
+                                   update_min_steps=max(1, count // 200)) as bar:
+
+                async def worker() -> None:
+                    nonlocal remaining
+                    while remaining > 0:
+                        remaining -= 1
+                        started = time.perf_counter()
+                        try:
+                            await producer.send(Message(topic_name, body))
+                        except MQClientError as error:
+                            stats.errors += 1
+                            stats.first_error = stats.first_error or str(error)
+                        else:
+                            stats.latencies.append(time.perf_counter() - started)
+                            stats.messages += 1
+                            stats.payload_bytes += size
+                        bar.update(1)
+
+                started = time.perf_counter()
+                await asyncio.gather(*(worker() for _ in range(min(inflight, count))))
+                stats.seconds = time.perf_counter() - started
+        return stats
+
+    report(run(produce()), as_json, "send")
+
+
+@bench.command("consume", context_settings=CONTEXT)
+@click.option("--topic", "topic_name", default="BenchTopic", show_default=True)
+@click.option("--count", type=click.IntRange(min=1), default=10_000, show_default=True, help="Messages to read.")
+@click.option("--batch", type=click.IntRange(1, 1024), default=32, show_default=True, help="Messages per pull.")
+@click.option("--wait", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="Give up when no message arrived for this many seconds.")
+@click.option("--group", default="raftmq-bench-consumer", show_default=True, help="Consumer group (nothing is committed).")
+@json_option
+@namesrv_option
+def bench_consume(topic_name: str, count: int, batch: int, wait: float, group: str, as_json: bool,
+                  namesrv: str) -> None:
+    """Read COUNT messages of TOPIC from the start of every queue, one puller per queue; print msgs/s,
+    MB/s and pull latency (p50/p99/max). Exit code 1 if fewer than COUNT arrived.
+
+    \b
+    Examples:
+      raftmq bench produce --topic Bench --count 100000 && raftmq bench consume --topic Bench --count 100000
+      raftmq bench consume --topic Bench --count 5000 --json
+    """
+    config = client_config(namesrv)
+
+    async def read() -> BenchStats:
+        stats = BenchStats()
+        consumer = AsyncPullConsumer(config, ConsumerConfig(group=group))
+        async with consumer:
+            queues = await consumer.fetch_subscribe_queues(topic_name)
+            last_message = time.monotonic()
+            with click.progressbar(length=count, label="consume", file=sys.stderr,
+                                   update_min_steps=max(1, count // 200)) as bar:
+
+                finished = asyncio.Event()
+
+                async def puller(queue: MessageQueue) -> None:
+                    nonlocal last_message
+                    try:
+                        offset = await consumer.min_offset(queue)
+                    except MQClientError as error:
+                        stats.errors += 1
+                        stats.first_error = stats.first_error or str(error)
+                        finished.set()
+                        return
+                    while stats.messages < count and time.monotonic() - last_message < wait:
+                        started = time.perf_counter()
+                        try:
+                            result = await consumer.pull(queue, "*", offset, batch, block_seconds=min(wait, 2.0))
+                        except MQClientError as error:
+                            stats.errors += 1
+                            stats.first_error = stats.first_error or str(error)
+                            await asyncio.sleep(0.1)
+                            continue
+                        offset = result.next_begin_offset
+                        if result.status is PullStatus.FOUND and result.messages:
+                            # only pulls that returned data: a long poll on an empty queue is no latency
+                            stats.latencies.append(time.perf_counter() - started)
+                            last_message = time.monotonic()
+                            taken = min(len(result.messages), count - stats.messages)
+                            stats.messages += taken
+                            stats.payload_bytes += sum(len(m.body) for m in result.messages[:taken])
+                            bar.update(taken)
+                    finished.set()
+
+                started = time.perf_counter()
+                pullers = [asyncio.ensure_future(puller(queue)) for queue in queues]
+                try:
+                    if pullers:
+                        # the first puller to see the count (or the idle limit) ends the run: the
+                        # others may sit in a long poll on an empty queue
+                        await finished.wait()
+                finally:
+                    for task in pullers:
+                        task.cancel()
+                    await asyncio.gather(*pullers, return_exceptions=True)
+                stats.seconds = time.perf_counter() - started
+        if stats.messages < count:
+            stats.errors += 1
+            stats.first_error = stats.first_error or f"only {stats.messages} of {count} messages arrived"
+        return stats
+
+    report(run(read()), as_json, "pull")
+
+
+COMMANDS: list[click.Command] = [topic, send, consume, msg, group, bench]

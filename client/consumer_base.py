@@ -64,7 +64,7 @@ def restore_retry_topic(message: MessageExt, group: str) -> MessageExt:
     """A redelivery from ``%RETRY%<group>`` shows its original topic (Java's ``resetRetryAndNamespace``)."""
     original = message.properties.get(PROPERTY_RETRY_TOPIC)
     if original and message.topic == retry_topic(group):
-        return message.with_changes(topic=original)
+        return message.with_changes(topic=original, queue_topic=message.topic)
     return message
 
 

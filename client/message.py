@@ -335,6 +335,9 @@ class MessageExt:
     prepared_transaction_offset: int
     broker_name: str = ""
     store_size: int = 0
+    #: the topic of the queue it was pulled from, when that differs from ``topic`` (a redelivery
+    #: through ``%RETRY%<group>`` shows its original topic)
+    queue_topic: str = ""
 
     @property
     def tags(self) -> str | None:
@@ -362,7 +365,8 @@ class MessageExt:
 
     @property
     def message_queue(self) -> MessageQueue:
-        return MessageQueue(self.topic, self.broker_name, self.queue_id)
+        """The queue the message was pulled from (what its offset counts in)."""
+        return MessageQueue(self.queue_topic or self.topic, self.broker_name, self.queue_id)
 
     def with_changes(self, **changes: object) -> MessageExt:
         return replace(self, **changes)  # type: ignore[arg-type]

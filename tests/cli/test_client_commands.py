@@ -1,0 +1,187 @@
+"""``raftmq topic|send|consume|msg|group|bench`` through click's runner, against the in-process fake
+broker group (tests/client/fake_broker.py) running on a background event loop."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from cli.client_commands import BenchStats, parse_deliver_at
+from cli.main import main
+from client.loop import EventLoopThread
+from tests.client.fake_broker import FakeGroup
+from tests.support import free_ports
+
+
+@pytest.fixture(scope="module")
+def group() -> Iterator[FakeGroup]:
+    fake = FakeGroup()
+    loop = EventLoopThread("fake-broker")
+    try:
+        loop.run(fake.start())
+        yield fake
+    finally:
+        loop.run(fake.stop())
+        loop.stop()
+
+
+def raftmq(group: FakeGroup, *arguments: str, stdin: bytes | None = None) -> Result:
+    return CliRunner().invoke(main, list(arguments), input=stdin, env={"RAFTMQ_NAMESRV": group.namesrv})
+
+
+def json_lines(result: Result) -> list[dict[str, object]]:
+    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["topic", "create"], ["topic", "update"], ["topic", "list"], ["topic", "describe"], ["send"], ["consume"],
+        ["msg", "query"], ["group", "progress"], ["bench", "produce"], ["bench", "consume"],
+    ],
+)
+def test_every_command_has_help_with_examples(command: list[str]) -> None:
+    result = CliRunner().invoke(main, [*command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Example" in result.output and "--namesrv" in result.output
+
+
+def test_missing_namesrv_is_a_usage_error() -> None:
+    result = CliRunner().invoke(main, ["topic", "list"], env={"RAFTMQ_NAMESRV": None})
+    assert result.exit_code == 2 and "Missing option '--namesrv'" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_unreachable_name_server_fails_cleanly() -> None:
+    (port,) = free_ports(1)
+    result = CliRunner().invoke(main, ["topic", "list", "--namesrv", f"127.0.0.1:{port}"])
+    assert result.exit_code == 1
+    assert "Error:" in result.output and "NO_NAME_SERVER_EXCEPTION" in result.output
+    assert "Traceback" not in result.output
+    bad = CliRunner().invoke(main, ["topic", "list", "--namesrv", "nonsense"])
+    assert bad.exit_code == 2 and "host:port" in bad.output
+
+
+def test_topic_commands(group: FakeGroup) -> None:
+    created = raftmq(group, "topic", "create", "CliTopic", "--queues", "3")
+    assert created.exit_code == 0, created.output
+    assert "3 read / 3 write queues" in created.stdout
+    listed = raftmq(group, "topic", "list", "--json")
+    assert "CliTopic" in json.loads(listed.stdout)
+    described = raftmq(group, "topic", "describe", "CliTopic", "--json")
+    info = json.loads(described.stdout)
+    assert [queue["queueId"] for queue in info["queues"]] == [0, 1, 2]
+    assert info["brokers"][0]["addresses"]["0"] == group.leader.address
+    table = raftmq(group, "topic", "describe", "CliTopic")
+    assert "leader" in table.stdout and "max offset" in table.stdout
+    updated = raftmq(group, "topic", "update", "CliTopic", "--write-queues", "2", "--perm", "rw")
+    assert updated.exit_code == 0, updated.output
+    assert "3 read / 2 write" in updated.stdout
+    missing = raftmq(group, "topic", "update", "NoSuchTopic", "--queues", "2")
+    assert missing.exit_code == 1 and "NOT_FOUND_TOPIC" in missing.output
+    both = raftmq(group, "topic", "create", "X", "--queues", "2", "--read-queues", "1")
+    assert both.exit_code == 2
+    bad_perm = raftmq(group, "topic", "create", "X", "--perm", "rwx")
+    assert bad_perm.exit_code == 2 and "--perm" in bad_perm.output
+
+
+def test_send_consume_and_continue_where_the_group_stopped(group: FakeGroup, tmp_path: Path) -> None:
+    first = raftmq(group, "send", "CliMsgs", "hello", "--tags", "paid", "--keys", "order-1", "--keys", "order-2",
+                   "--property", "color=red", "--json")
+    assert first.exit_code == 0, first.output
+    sent = json.loads(first.stdout)
+    assert sent["status"] == "SEND_OK" and sent["topic"] == "CliMsgs"
+    piped = raftmq(group, "send", "CliMsgs", stdin=b"from stdin")
+    assert piped.exit_code == 0 and "SEND_OK" in piped.stdout
+    body_file = tmp_path / "body.bin"
+    body_file.write_bytes(b"from a file")
+    assert raftmq(group, "send", "CliMsgs", "--file", str(body_file), "--delay-level", "2").exit_code == 0
+    assert raftmq(group, "send", "CliMsgs", "later", "--deliver-at", "+1h").exit_code == 0
+    assert raftmq(group, "send", "CliMsgs", "ordered", "--sharding-key", "order-1").exit_code == 0
+
+    consumed = raftmq(group, "consume", "CliMsgs", "--group", "cli-g", "--from", "first", "--count", "3", "--wait", "5")
+    assert consumed.exit_code == 0, consumed.output
+    messages = json_lines(consumed)
+    assert len(messages) == 3
+    rest = raftmq(group, "consume", "CliMsgs", "--group", "cli-g", "--from", "first", "--wait", "1")
+    more = json_lines(rest)
+    assert len(more) == 2  # the group continues after what it printed; nothing twice
+    bodies = sorted(str(message["body"]) for message in messages + more)
+    assert bodies == ["from a file", "from stdin", "hello", "later", "ordered"]
+    hello = next(message for message in messages + more if message["body"] == "hello")
+    assert hello["tags"] == "paid" and hello["keys"] == ["order-1", "order-2"]
+    assert hello["properties"] == {"color": "red"} and hello["msgId"] == sent["msgId"]
+
+    progress = raftmq(group, "group", "progress", "cli-g", "--json")
+    assert progress.exit_code == 0, progress.output
+    report = json.loads(progress.stdout)
+    assert report["totalLag"] == 0 and {row["topic"] for row in report["queues"]} == {"CliMsgs"}
+    assert "total lag: 0" in raftmq(group, "group", "progress", "cli-g").stdout
+
+    by_key = raftmq(group, "msg", "query", "--topic", "CliMsgs", "--key", "order-2", "--json")
+    assert [line["msgId"] for line in json_lines(by_key)] == [sent["msgId"]]
+    by_id = raftmq(group, "msg", "query", "--id", str(sent["offsetMsgId"]))
+    assert by_id.exit_code == 0 and "hello" in by_id.stdout
+    by_unique_id = raftmq(group, "msg", "query", "--topic", "CliMsgs", "--id", str(sent["msgId"]), "--json")
+    assert json_lines(by_unique_id)[0]["body"] == "hello"
+    unknown = raftmq(group, "msg", "query", "--topic", "CliMsgs", "--key", "nothing")
+    assert unknown.exit_code == 1 and "no message" in unknown.output
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["send", "T", "body", "--file", "x"],
+        ["send", "T", "body", "--delay-level", "2", "--deliver-at", "+5s"],
+        ["send", "T", "body", "--deliver-at", "tomorrow"],
+        ["send", "T", "body", "--property", "novalue"],
+        ["send", "T", "body", "--delay-level", "19"],
+        ["msg", "query", "--key", "k"],
+        ["msg", "query", "--topic", "T"],
+        ["consume", "T"],
+    ],
+)
+def test_usage_errors_exit_2_without_traceback(group: FakeGroup, arguments: list[str]) -> None:
+    result = raftmq(group, *arguments)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_refused_message_is_a_failure_not_a_traceback(group: FakeGroup) -> None:
+    result = raftmq(group, "send", "bad topic!", "x")
+    assert result.exit_code == 1 and "MESSAGE_ILLEGAL" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bench_produce_and_consume_report_json(group: FakeGroup) -> None:
+    produced = raftmq(group, "bench", "produce", "--topic", "CliBench", "--count", "200", "--size", "100",
+                      "--inflight", "8", "--json")
+    assert produced.exit_code == 0, produced.output
+    summary = json.loads(produced.stdout.strip().splitlines()[-1])
+    assert summary["messages"] == 200 and summary["errors"] == 0
+    assert {"msgs_per_s", "MB_per_s", "p50_ms", "p99_ms", "max_ms"} <= set(summary)
+    assert summary["p50_ms"] <= summary["p99_ms"] <= summary["max_ms"]
+    table = raftmq(group, "bench", "produce", "--topic", "CliBench", "--count", "20", "--inflight", "4")
+    assert "msgs/s" in table.stdout and "p99 ms" in table.stdout
+    consumed = raftmq(group, "bench", "consume", "--topic", "CliBench", "--count", "220", "--json", "--wait", "2")
+    assert consumed.exit_code == 0, consumed.output
+    read = json.loads(consumed.stdout.strip().splitlines()[-1])
+    assert read["messages"] == 220 and read["MB_per_s"] > 0
+    short = raftmq(group, "bench", "consume", "--topic", "CliBench", "--count", "10000", "--json", "--wait", "0.5")
+    assert short.exit_code == 1 and json.loads(short.stdout.strip().splitlines()[-1])["messages"] == 220
+
+
+def test_deliver_at_parsing_and_percentiles() -> None:
+    assert parse_deliver_at("+30s", now_ms=1000) == 31_000
+    assert parse_deliver_at("+2m", now_ms=0) == 120_000
+    assert parse_deliver_at("1767225600000") == 1_767_225_600_000
+    assert parse_deliver_at("2026-01-01T00:00:00+00:00") == 1_767_225_600_000
+    stats = BenchStats(latencies=[0.001 * value for value in range(1, 101)], messages=100, seconds=2.0,
+                       payload_bytes=2_000_000)
+    summary = stats.summary()
+    assert summary["p50_ms"] == 50.0 and summary["p99_ms"] == 99.0 and summary["max_ms"] == 100.0
+    assert summary["msgs_per_s"] == 50.0 and summary["MB_per_s"] == 1.0
