@@ -478,6 +478,10 @@ class SendResult:
     broker_address: str = ""
 
     @property
+    def queue(self) -> MessageQueue:
+        return self.message_queue
+
+    @property
     def msg_ids(self) -> tuple[str, ...]:
         return tuple(self.msg_id.split(","))
 

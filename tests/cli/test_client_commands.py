@@ -4,6 +4,7 @@ broker group (tests/client/fake_broker.py) running on a background event loop.""
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from cli.client_commands import BenchStats, parse_deliver_at
+from cli.cluster import LocalCluster
 from cli.main import main
 from client.loop import EventLoopThread
 from tests.client.fake_broker import FakeGroup
@@ -185,3 +187,32 @@ def test_deliver_at_parsing_and_percentiles() -> None:
     summary = stats.summary()
     assert summary["p50_ms"] == 50.0 and summary["p99_ms"] == 99.0 and summary["max_ms"] == 100.0
     assert summary["msgs_per_s"] == 50.0 and summary["MB_per_s"] == 1.0
+
+
+@pytest.fixture(scope="module")
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster.start(tmp_path_factory.mktemp("cli-cluster")) as started:
+        yield started
+
+
+@pytest.mark.slow
+def test_client_commands_against_a_real_group_across_a_leader_kill(real_cluster: LocalCluster) -> None:
+    def cli(*arguments: str) -> Result:
+        result = CliRunner().invoke(main, list(arguments), env={"RAFTMQ_NAMESRV": real_cluster.namesrv})
+        assert result.exit_code == 0, result.output
+        return result
+
+    cli("topic", "create", "E2E", "--queues", "2")
+    sent = [json.loads(cli("send", "E2E", f"before-{index}", "--json").stdout)["msgId"] for index in range(3)]
+    first = json_lines(cli("consume", "E2E", "--group", "e2e", "--from", "first", "--count", "3", "--wait", "10"))
+    assert sorted(str(line["msgId"]) for line in first) == sorted(sent)
+    leader = real_cluster.leader_id()
+    assert leader is not None
+    real_cluster.kill(leader, signal.SIGKILL)
+    after = json.loads(cli("send", "E2E", "after the kill", "--json").stdout)
+    assert after["status"] == "SEND_OK"
+    rest = json_lines(cli("consume", "E2E", "--group", "e2e", "--count", "1", "--wait", "20"))
+    assert [line["body"] for line in rest] == ["after the kill"]
+    summary = json.loads(cli("bench", "produce", "--topic", "E2EBench", "--count", "100", "--inflight", "8",
+                             "--json").stdout.strip().splitlines()[-1])
+    assert summary["messages"] == 100 and summary["errors"] == 0

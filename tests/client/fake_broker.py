@@ -222,6 +222,8 @@ class FakeGroup:
         self.pulls = 0
         self.sent_back: list[dict[str, str]] = []
         self.auto_create = True
+        self.notify_consumers = True
+        self.consumer_connections: dict[str, dict[str, Connection]] = defaultdict(dict)
 
     async def start(self) -> FakeGroup:
         await self.name_server.start()
@@ -408,7 +410,15 @@ async def _heartbeat(node: FakeNode, context: RequestContext) -> RemotingCommand
         if context.connection not in connections:
             connections.append(context.connection)
     for consumer in data.get("consumerDataSet", []):
+        members = group.consumer_connections[consumer["groupName"]]
+        joined = data["clientID"] not in members
+        members[data["clientID"]] = context.connection
         group.consumers[consumer["groupName"]][data["clientID"]] = time.monotonic()
+        if joined and group.notify_consumers:
+            for connection in members.values():
+                if not connection.is_closed:
+                    await connection.send_oneway(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
+                                                 {"consumerGroup": consumer["groupName"]})
         retry = "%RETRY%" + consumer["groupName"]
         if consumer.get("messageModel") == "CLUSTERING" and retry not in group.store.topics:
             group.store.topic(retry, 1)  # as the real broker: a clustering group gets its retry topic

@@ -424,3 +424,24 @@ def test_sync_consumer_facades() -> None:
     finally:
         loop.run(group.stop())
         loop.stop()
+
+
+def test_a_new_member_triggers_an_immediate_rebalance() -> None:
+    async def scenario() -> None:
+        async with fake_group() as group:
+            await produce(group, "Notify", 1)
+            config = fast_client_config(group.namesrv)
+            slow = consumer_config("NG", rebalance_interval_seconds=60.0)
+            first = AsyncPushConsumer(config, slow, listener=lambda m, c: None)
+            second = AsyncPushConsumer(config, slow, listener=lambda m, c: None)
+            for consumer in (first, second):
+                consumer.subscribe("Notify")
+            async with first:
+                await poll_until(lambda: len([q for q in first.assigned_queues() if q.topic == "Notify"]) == 4,
+                                 "the only member holds every queue")
+                async with second:
+                    # NOTIFY_CONSUMER_IDS_CHANGED, not the 60 s period, makes the first member give queues up
+                    await poll_until(lambda: len([q for q in first.assigned_queues() if q.topic == "Notify"]) == 2,
+                                     "the first member keeps half", timeout_seconds=5.0)
+
+    run(scenario())
