@@ -98,6 +98,8 @@ class ConsumerBase:
         self._service_tasks: list[asyncio.Task[None]] = []
         self._started = False
         self._closed = False
+        #: set when close() begins: no new listener call starts
+        self._closing = False
         self._orderly = False
         #: manual assignment (lite pull ``assign``) instead of rebalance
         self._assigned: set[MessageQueue] | None = None
@@ -195,6 +197,7 @@ class ConsumerBase:
         if self._closed:
             return
         self._closed = True
+        self._closing = True
         if not self._started:
             await self.instance.close()
             return

@@ -95,6 +95,8 @@ class AsyncPushConsumer(ConsumerBase):
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._slots: asyncio.Semaphore | None = None
         self._consume_tasks: set[asyncio.Task[None]] = set()
+        #: batches waiting to be consumed again locally (cancelled at close: not committed, redelivered)
+        self._later_tasks: set[asyncio.Task[None]] = set()
         self._orderly_tasks: dict[MessageQueue, asyncio.Task[None]] = {}
         if listener is not None:
             self._listener = listener
@@ -131,6 +133,8 @@ class AsyncPushConsumer(ConsumerBase):
                 self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def _drain_consumers(self, timeout_seconds: float) -> None:
+        for task in self._later_tasks:
+            task.cancel()
         running = [*self._consume_tasks, *self._orderly_tasks.values()]
         if running:
             _, pending = await asyncio.wait(running, timeout=timeout_seconds)
@@ -177,8 +181,8 @@ class AsyncPushConsumer(ConsumerBase):
         assert self._slots is not None
         context = ConsumeContext(process_queue.queue)
         async with self._slots:
-            if process_queue.is_dropped():
-                return
+            if process_queue.is_dropped() or self._closing:
+                return  # not consumed, not committed: delivered again after a restart or rebalance
             result = await self._call_listener(messages, context)
         if process_queue.is_dropped():
             return  # the queue moved to another member: it consumes these again
@@ -190,7 +194,11 @@ class AsyncPushConsumer(ConsumerBase):
                 failed = await self._send_back(messages, context.delay_level_when_next_consume)
                 if failed:
                     done = [message for message in messages if message not in failed]
-                    self._spawn(self._consume_later(process_queue, failed), "consume later")
+                    later = asyncio.get_running_loop().create_task(
+                        self._consume_later(process_queue, failed), name="consume later"
+                    )
+                    self._later_tasks.add(later)
+                    later.add_done_callback(self._later_tasks.discard)
         self._commit_local(process_queue.queue, process_queue.remove(done))
 
     async def _consume_later(self, process_queue: ProcessQueue, messages: list[MessageExt]) -> None:
@@ -238,7 +246,7 @@ class AsyncPushConsumer(ConsumerBase):
         task.add_done_callback(forget)
 
     def _may_consume_orderly(self, process_queue: ProcessQueue) -> bool:
-        if process_queue.is_dropped():
+        if process_queue.is_dropped() or self._closing:
             return False
         if self.is_broadcasting:
             return True

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.remoting import RequestCode, ResponseCode
 from client.config import ConsumerConfig, ProducerConfig
 from client.errors import MQClientError
 from client.lite_pull_consumer import AsyncLitePullConsumer
@@ -443,5 +444,34 @@ def test_a_new_member_triggers_an_immediate_rebalance() -> None:
                     # NOTIFY_CONSUMER_IDS_CHANGED, not the 60 s period, makes the first member give queues up
                     await poll_until(lambda: len([q for q in first.assigned_queues() if q.topic == "Notify"]) == 2,
                                      "the first member keeps half", timeout_seconds=5.0)
+
+    run(scenario())
+
+
+def test_a_failed_send_back_is_consumed_again_locally(monkeypatch: pytest.MonkeyPatch) -> None:
+    import client.push_consumer as push_consumer
+
+    monkeypatch.setattr(push_consumer, "LOCAL_RETRY_SECONDS", 0.05)
+
+    async def scenario() -> None:
+        async with fake_group() as group:
+            await produce(group, "Local", 1)
+            group.inject(RequestCode.CONSUMER_SEND_MSG_BACK, ResponseCode.SYSTEM_ERROR)
+            deliveries: list[MessageExt] = []
+
+            def listener(messages: list[MessageExt], context: ConsumeContext) -> ConsumeConcurrentlyStatus:
+                deliveries.extend(messages)
+                if len(deliveries) == 1:
+                    return ConsumeConcurrentlyStatus.RECONSUME_LATER
+                return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+            consumer = AsyncPushConsumer(fast_client_config(group.namesrv), consumer_config("LR"), listener=listener)
+            consumer.subscribe("Local")
+            async with consumer:
+                await poll_until(lambda: len(deliveries) == 2, "the local redelivery")
+                await poll_until(lambda: sum(committed(group, "LR", "Local").values()) == 1, "the offset")
+            assert [m.topic for m in deliveries] == ["Local", "Local"]
+            assert deliveries[0].msg_id == deliveries[1].msg_id and deliveries[1].reconsume_times == 0
+            assert not group.sent_back  # the only send-back was refused
 
     run(scenario())
