@@ -47,7 +47,9 @@ class AdminProcessor:
         if code == RequestCode.QUERY_CONSUMER_OFFSET:
             group, topic = text(fields, "consumerGroup"), text(fields, "topic")
             queue_id = integer(fields, "queueId", None, 0, INT32_MAX)
-            offset = broker.state.consumer_offset(group, topic, queue_id)
+            offset = self.offsets.pending_offset(group, topic, queue_id)
+            if offset is None:
+                offset = broker.state.consumer_offset(group, topic, queue_id)
             if offset is None:
                 # As RocketMQ: a group that never committed starts at 0 while the queue still starts there
                 if store.min_queue_offset(topic, queue_id) <= 0:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from broker.context import BrokerContext
+from broker.offsets import OffsetCommitter
 from broker.remoting.client import RemotingError
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand, make_response
@@ -174,8 +175,10 @@ def _queue_json(queues: list[tuple[str, str, int]]) -> list[dict[str, object]]:
 
 
 class ClientProcessor:
-    def __init__(self, broker: BrokerContext, consumers: ConsumerManager, locks: QueueLocks) -> None:
+    def __init__(self, broker: BrokerContext, consumers: ConsumerManager, locks: QueueLocks,
+                 offsets: OffsetCommitter | None = None) -> None:
         self.broker = broker
+        self.offsets = offsets
         self.consumers = consumers
         self.locks = locks
         consumers.on_group_changed = self._group_changed
@@ -188,6 +191,8 @@ class ClientProcessor:
                 return await self.heartbeat(context)
             if request.code == RequestCode.UNREGISTER_CLIENT:
                 fields = request.ext_fields
+                if self.offsets is not None:
+                    await self.offsets.flush()  # its last commits apply before its queues are handed over
                 self.consumers.unregister(text(fields, "clientID"), fields.get("producerGroup"),
                                           fields.get("consumerGroup"))
                 return make_response(request, ResponseCode.SUCCESS)

@@ -78,7 +78,7 @@ class BrokerNode:
                         workers=64, name="send-back")
         server.register((RequestCode.HEART_BEAT, RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP,
                          RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ),
-                        ClientProcessor(broker, consumers, locks), queue_max=10_000, workers=16, name="clients")
+                        ClientProcessor(broker, consumers, locks, offsets), queue_max=10_000, workers=16, name="clients")
         server.register(ADMIN_CODES, AdminProcessor(broker, offsets), queue_max=10_000, workers=64, name="admin")
         server.register(RequestCode.END_TRANSACTION, EndTransactionProcessor(broker), queue_max=10_000, workers=64,
                         name="end-transaction")

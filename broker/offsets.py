@@ -32,6 +32,9 @@ class OffsetCommitter:
         self._pending: dict[OffsetKey, int] = {}
         self._waiters: list[tuple[set[OffsetKey], asyncio.Future[None]]] = []
         self._wake = asyncio.Event()
+        #: the offsets of the command being replicated now
+        self._in_flight: dict[OffsetKey, int] = {}
+        self._flushes: list[asyncio.Future[None]] = []
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -57,6 +60,23 @@ class OffsetCommitter:
         self._wake.set()
         return future
 
+    def pending_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        """An offset committed here but not applied yet (read-your-writes for QUERY_CONSUMER_OFFSET)."""
+        key = (group, topic, queue_id)
+        if key in self._pending:
+            return self._pending[key]
+        return self._in_flight.get(key)
+
+    async def flush(self) -> None:
+        """Wait until every offset committed so far has applied (or failed): a consumer that unregisters
+        right after its last commit hands its queues over at the offsets it committed."""
+        if not self._pending and not self._in_flight:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._flushes.append(future)
+        self._wake.set()
+        await future
+
     async def _run(self) -> None:
         while True:
             await self._wake.wait()
@@ -64,6 +84,7 @@ class OffsetCommitter:
             while self._pending:
                 keys = list(self._pending)[:COMMAND_OFFSETS_MAX]
                 batch = {key: self._pending.pop(key) for key in keys}
+                self._in_flight = batch
                 done_keys = set(batch)
                 waiters = [entry for entry in self._waiters if entry[0] <= done_keys]
                 self._waiters = [entry for entry in self._waiters if not entry[0] <= done_keys]
@@ -78,6 +99,7 @@ class OffsetCommitter:
                 except Exception as exc:  # an executor failure must not kill the committer
                     log.exception("committing consumer offsets failed")
                     error = RequestError(ResponseCode.SYSTEM_ERROR, f"offset commit failed: {exc}")
+                self._in_flight = {}
                 for _, future in waiters:
                     if future.done():
                         continue
@@ -86,3 +108,7 @@ class OffsetCommitter:
                     else:
                         future.set_exception(error)
                         future.exception()  # mark retrieved: pull-piggybacked commits are not awaited
+            flushes, self._flushes = self._flushes, []
+            for future in flushes:
+                if not future.done():
+                    future.set_result(None)

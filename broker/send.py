@@ -31,8 +31,6 @@ from commitlog.message import (
 from commitlog.store import AppendResult, AppendStatus
 from dledger.timers import schedule
 
-#: the magic of a message inside a batch body (MessageDecoder.MESSAGE_MAGIC_CODE)
-BATCH_MAGIC: Final = 0xDAA320A7
 BATCH_HEAD = struct.Struct(">iiiii")  # totalSize, magic, bodyCRC, flag, bodyLen
 #: messages one batch may hold (RocketMQ bounds a batch by its 4 MiB body; we bound the count too)
 BATCH_MESSAGES_MAX: Final = 4096
@@ -91,9 +89,9 @@ def decode_batch(body: bytes) -> list[BatchItem]:
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"a batch holds at most {BATCH_MESSAGES_MAX} messages")
         if len(body) - position < BATCH_HEAD.size + 2:
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"batch message at byte {position} is truncated")
-        total, magic, _crc, flag, body_length = BATCH_HEAD.unpack_from(body, position)
-        if magic & 0xFFFFFFFF != BATCH_MAGIC:
-            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"batch message at byte {position} has a bad magic code")
+        # magic and body CRC are not checked, as MessageDecoder.decodeMessages does not: the C++ client
+        # writes 0 for both (the store computes its own CRC)
+        total, _magic, _crc, flag, body_length = BATCH_HEAD.unpack_from(body, position)
         body_start = position + BATCH_HEAD.size
         if body_length < 0 or body_start + body_length + 2 > len(body):
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"batch message at byte {position} has a bad body length")

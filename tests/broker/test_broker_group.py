@@ -101,7 +101,7 @@ def test_batch_is_atomic_and_bad_input_leaves_no_trace(cluster: LocalCluster) ->
     assert before == 5
     bad_inputs = [
         wire.send_batch(address, "Batch", body[:-3]),  # truncated batch
-        wire.send_batch(address, "Batch", b"\x00" * 30),  # bad magic
+        wire.send_batch(address, "Batch", b"\x00" * 30),  # sizes that do not add up
         wire.send(address, "Bad Topic!", b"x"),  # illegal topic name
         wire.send(address, "TBW102", b"x"),  # system topic
         wire.send(address, "Batch", b"x" * (4 * 1024 * 1024 + 1)),  # body too large
