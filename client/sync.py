@@ -8,8 +8,9 @@ Use them as context managers (``with Producer(...) as producer:``) or call ``sta
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 from collections.abc import Mapping, Sequence
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 from client.admin import AsyncAdmin, ConsumerProgress, QueueOffsets
 from client.config import ClientConfig, ConsumerConfig, ProducerConfig
@@ -24,47 +25,57 @@ from client.selector import MessageQueueSelector
 from client.transaction import AsyncTransactionProducer, TransactionListener, TransactionSendResult
 
 
+class _Lifecycle(Protocol):
+    async def start(self) -> object: ...
+
+    async def close(self) -> None: ...
+
+
 class _Facade:
+    """Start, close and the context manager, around the asyncio object :meth:`_target` returns. The
+    loop thread is stopped by :meth:`close` (and when :meth:`start` fails)."""
+
     _loop: EventLoopThread
 
+    def _target(self) -> _Lifecycle:
+        raise NotImplementedError
+
     def __enter__(self) -> Self:
-        self.start()
-        return self
+        return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def start(self) -> Self:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-
-class Producer(_Facade):
-    """Blocking :class:`~client.producer.AsyncProducer`."""
-
-    def __init__(self, namesrv: str | ClientConfig, config: ProducerConfig | None = None, **options: Any) -> None:
-        self._loop = EventLoopThread("raftmq-producer")
-        self.async_producer = AsyncProducer(namesrv, config, **options)
-
-    @property
-    def group(self) -> str:
-        return self.async_producer.group
-
-    def start(self) -> Self:
         try:
-            self._loop.run(self.async_producer.start())
+            self._loop.run(self._target().start())
         except BaseException:
+            with contextlib.suppress(Exception):
+                self._loop.run(self._target().close())
             self._loop.stop()
             raise
         return self
 
     def close(self) -> None:
         try:
-            self._loop.run(self.async_producer.close())
+            self._loop.run(self._target().close())
         finally:
             self._loop.stop()
+
+
+class Producer(_Facade):
+    """Blocking :class:`~client.producer.AsyncProducer`."""
+
+    def __init__(self, namesrv: str | ClientConfig, config: ProducerConfig | None = None, **options: Any) -> None:
+        self.async_producer = AsyncProducer(namesrv, config, **options)
+        self._loop = EventLoopThread("raftmq-producer")
+
+    @property
+    def group(self) -> str:
+        return self.async_producer.group
+
+    def _target(self) -> _Lifecycle:
+        return self.async_producer
 
     def send(
         self,
@@ -112,22 +123,11 @@ class Admin(_Facade):
     """Blocking :class:`~client.admin.AsyncAdmin`."""
 
     def __init__(self, namesrv: str | ClientConfig, **options: Any) -> None:
-        self._loop = EventLoopThread("raftmq-admin")
         self.async_admin = AsyncAdmin(namesrv, **options)
+        self._loop = EventLoopThread("raftmq-admin")
 
-    def start(self) -> Self:
-        try:
-            self._loop.run(self.async_admin.start())
-        except BaseException:
-            self._loop.stop()
-            raise
-        return self
-
-    def close(self) -> None:
-        try:
-            self._loop.run(self.async_admin.close())
-        finally:
-            self._loop.stop()
+    def _target(self) -> _Lifecycle:
+        return self.async_admin
 
     def create_topic(self, topic: str, **options: Any) -> list[str]:
         return self._loop.run(self.async_admin.create_topic(topic, **options))
@@ -176,8 +176,8 @@ class PushConsumer(_Facade):
     """Blocking :class:`~client.push_consumer.AsyncPushConsumer`: listeners run in worker threads."""
 
     def __init__(self, namesrv: str | ClientConfig, config: ConsumerConfig | None = None, **options: Any) -> None:
-        self._loop = EventLoopThread("raftmq-push-consumer")
         self.async_consumer = AsyncPushConsumer(namesrv, config, **options)
+        self._loop = EventLoopThread("raftmq-push-consumer")
 
     def subscribe(self, topic: str, expression: str = "*") -> None:
         self._loop.call(lambda: self.async_consumer.subscribe(topic, expression))
@@ -191,20 +191,8 @@ class PushConsumer(_Facade):
     def register_orderly_listener(self, listener: MessageListener) -> None:
         self.async_consumer.register_orderly_listener(listener)
 
-    def start(self) -> Self:
-        try:
-            self._loop.run(self.async_consumer.start())
-        except BaseException:
-            self._loop.run(self.async_consumer.close())
-            self._loop.stop()
-            raise
-        return self
-
-    def close(self) -> None:
-        try:
-            self._loop.run(self.async_consumer.close())
-        finally:
-            self._loop.stop()
+    def _target(self) -> _Lifecycle:
+        return self.async_consumer
 
     def assigned_queues(self) -> list[MessageQueue]:
         return self._loop.call(self.async_consumer.assigned_queues)
@@ -220,8 +208,8 @@ class LitePullConsumer(_Facade):
     """Blocking :class:`~client.lite_pull_consumer.AsyncLitePullConsumer`."""
 
     def __init__(self, namesrv: str | ClientConfig, config: ConsumerConfig | None = None, **options: Any) -> None:
-        self._loop = EventLoopThread("raftmq-lite-pull-consumer")
         self.async_consumer = AsyncLitePullConsumer(namesrv, config, **options)
+        self._loop = EventLoopThread("raftmq-lite-pull-consumer")
 
     def subscribe(self, topic: str, expression: str = "*") -> None:
         self._loop.call(lambda: self.async_consumer.subscribe(topic, expression))
@@ -229,20 +217,8 @@ class LitePullConsumer(_Facade):
     def assign(self, queues: Sequence[MessageQueue]) -> None:
         self._loop.call(lambda: self.async_consumer.assign(queues))
 
-    def start(self) -> Self:
-        try:
-            self._loop.run(self.async_consumer.start())
-        except BaseException:
-            self._loop.run(self.async_consumer.close())
-            self._loop.stop()
-            raise
-        return self
-
-    def close(self) -> None:
-        try:
-            self._loop.run(self.async_consumer.close())
-        finally:
-            self._loop.stop()
+    def _target(self) -> _Lifecycle:
+        return self.async_consumer
 
     def poll(self, timeout_seconds: float = 5.0) -> list[MessageExt]:
         return self._loop.run(self.async_consumer.poll(timeout_seconds))
@@ -264,22 +240,11 @@ class PullConsumer(_Facade):
     """Blocking :class:`~client.pull_consumer.AsyncPullConsumer`."""
 
     def __init__(self, namesrv: str | ClientConfig, config: ConsumerConfig | None = None, **options: Any) -> None:
-        self._loop = EventLoopThread("raftmq-pull-consumer")
         self.async_consumer = AsyncPullConsumer(namesrv, config, **options)
+        self._loop = EventLoopThread("raftmq-pull-consumer")
 
-    def start(self) -> Self:
-        try:
-            self._loop.run(self.async_consumer.start())
-        except BaseException:
-            self._loop.stop()
-            raise
-        return self
-
-    def close(self) -> None:
-        try:
-            self._loop.run(self.async_consumer.close())
-        finally:
-            self._loop.stop()
+    def _target(self) -> _Lifecycle:
+        return self.async_consumer
 
     def fetch_subscribe_queues(self, topic: str) -> list[MessageQueue]:
         return self._loop.run(self.async_consumer.fetch_subscribe_queues(topic))
@@ -319,8 +284,8 @@ class TransactionProducer(Producer):
         listener: TransactionListener,
         **options: Any,
     ) -> None:
-        self._loop = EventLoopThread("raftmq-transaction-producer")
         self.async_producer = AsyncTransactionProducer(namesrv, config, listener=listener, **options)
+        self._loop = EventLoopThread("raftmq-transaction-producer")
 
     def send_message_in_transaction(self, message: Message, arg: object = None) -> TransactionSendResult:
         producer = self.async_producer
