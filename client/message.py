@@ -20,7 +20,6 @@ from typing import Final
 from client.errors import MessageValidationError
 from commitlog.message import (
     KEY_SEPARATOR,
-    MESSAGE_MAGIC,
     PROPERTIES_BYTES_MAX,
     SYSFLAG_COMPRESSED,
     RecordError,
@@ -259,16 +258,13 @@ def encode_wire_properties(properties: Mapping[str, str]) -> str:
 _BATCH_HEAD: Final = struct.Struct(">iIiii")
 
 
-def encode_batch_record(
-    body: bytes, properties: Mapping[str, str], flag: int = 0, magic: int = MESSAGE_MAGIC
-) -> bytes:
-    """One message of a batch body, laid out as Java's ``MessageDecoder.encodeMessage``::
+def encode_batch_record(body: bytes, properties: Mapping[str, str], flag: int = 0, magic: int = 0) -> bytes:
+    """One message of a batch body, exactly as Java's ``MessageDecoder.encodeMessage``::
 
-        totalSize i32 | magic i32 | bodyCRC i32 (0) | flag i32 | bodyLen i32 + body |
+        totalSize i32 | magic i32 (0) | bodyCRC i32 (0) | flag i32 | bodyLen i32 + body |
         propertiesLen i16 + properties
 
-    Java and C++ clients write magic 0 and Java brokers ignore the field; the raftmq broker requires
-    the stored-message magic, so that is what we write (both brokers accept it).
+    Java and C++ clients write magic 0 and brokers ignore it (``magic`` exists for tests).
     """
     encoded_properties = encode_wire_properties(properties).encode("utf-8")
     total = _BATCH_HEAD.size + len(body) + 2 + len(encoded_properties)

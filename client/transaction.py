@@ -4,8 +4,8 @@
    stored, invisible to consumers.
 2. Your ``execute_local_transaction(message, arg)`` runs and returns COMMIT_MESSAGE,
    ROLLBACK_MESSAGE or UNKNOW (an exception counts as UNKNOW).
-3. END_TRANSACTION (oneway, as Java sends it) tells the broker's leader to commit (8), roll back (12)
-   or wait (0).
+3. END_TRANSACTION tells the broker's leader to commit (8) or roll back (12), as a request that rides
+   out a leader change (Java sends it oneway); UNKNOW (0) is sent oneway, as Java does.
 4. For a half message left open (UNKNOW, or an END_TRANSACTION lost to a crash or a leader change),
    the broker later sends CHECK_TRANSACTION_STATE to a live producer of the group;
    ``check_local_transaction(message)`` answers, and the producer sends END_TRANSACTION with
@@ -30,6 +30,7 @@ from typing import Final, Protocol
 from broker.remoting import RemotingCommand, RequestCode
 from client.config import ClientConfig, ProducerConfig
 from client.errors import MQClientError
+from client.instance import check_response
 from client.message import (
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_TRANSACTION_PREPARED,
@@ -169,12 +170,32 @@ class AsyncTransactionProducer(AsyncProducer):
             "msgId": result.msg_id,
             "transactionId": result.transaction_id or result.msg_id,
         }
-        address = self.instance.leader_address(result.message_queue.broker_name) or result.broker_address
+        if state is LocalTransactionState.UNKNOW:
+            # nothing to decide: a oneway note (Java brokers do not answer it); the check-back follows
+            address = self.instance.leader_address(result.message_queue.broker_name) or result.broker_address
+            try:
+                await self.instance.oneway(address, RequestCode.END_TRANSACTION, fields, remark=remark)
+            except MQClientError as error:
+                logger.info("%s: END_TRANSACTION (unknown) of %s failed: %s", self.group, result.msg_id, error)
+            return
+        # a decision goes to the leader with failover, and is confirmed (Java sends it oneway: a lost
+        # one waits for the check-back; here a leader change costs a retry, not a check period)
         try:
-            await self.instance.oneway(address, RequestCode.END_TRANSACTION, fields, remark=remark)
+            response, address = await self.instance.invoke_leader(
+                result.message_queue.broker_name,
+                RequestCode.END_TRANSACTION,
+                fields,
+                deadline=self.instance.now() + self.config.send_timeout_seconds,
+            )
+            check_response(response, address)
         except MQClientError as error:
-            # the broker's check-back settles it
-            logger.warning("%s: END_TRANSACTION of %s failed: %s", self.group, result.msg_id, error)
+            logger.warning(
+                "%s: END_TRANSACTION (%s) of %s failed, the broker's check-back will settle it: %s",
+                self.group,
+                state.value,
+                result.msg_id,
+                error,
+            )
 
     async def _on_check(self, address: str, request: RemotingCommand) -> RemotingCommand | None:
         """CHECK_TRANSACTION_STATE (oneway): answer with END_TRANSACTION to the broker that asked."""

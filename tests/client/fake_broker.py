@@ -554,6 +554,10 @@ async def _send_back(node: FakeNode, context: RequestContext) -> RemotingCommand
 async def _end_transaction(node: FakeNode, context: RequestContext) -> RemotingCommand | None:
     fields = dict(context.request.ext_fields)
     group = node.group
+    if fields.get("commitOrRollback") in ("8", "12"):
+        redirect = _not_leader(node, context.request)
+        if redirect is not None:
+            return redirect
     group.store.end_transactions.append(EndTransaction(fields))
     if fields.get("commitOrRollback") == "8":
         raw = group.store.records.get(int(fields["commitLogOffset"]))
@@ -564,7 +568,7 @@ async def _end_transaction(node: FakeNode, context: RequestContext) -> RemotingC
             topic = properties.pop("REAL_TOPIC", record.topic)
             group.store.append(topic, record.queue_id, record.body, properties, sys_flag=0x8, dedupe=False)
             await group.store.notify()
-    return None
+    return make_response(context.request, ResponseCode.SUCCESS)
 
 
 _PROCESSORS: dict[int, Handler] = {

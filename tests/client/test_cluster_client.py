@@ -19,12 +19,14 @@ from client import (
     ConsumeContext,
     ConsumerConfig,
     LitePullConsumer,
+    LocalTransactionState,
     Message,
     MessageExt,
     Producer,
     ProducerConfig,
     PushConsumer,
     SendStatus,
+    TransactionProducer,
     select_by_sharding_key,
 )
 
@@ -33,7 +35,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster.start(tmp_path_factory.mktemp("client-cluster")) as started:
+    # transaction check-backs a second after a half message, not RocketMQ's 6 s / 60 s
+    overrides = {"broker": {"transaction_timeout_ms": 1000, "transaction_check_interval_ms": 500}}
+    with LocalCluster.start(tmp_path_factory.mktemp("client-cluster"), overrides=overrides) as started:
         yield started
 
 
@@ -144,3 +148,38 @@ def test_a_leader_kill_loses_no_acknowledged_message(cluster: LocalCluster, tmp_
 
         wait_until(read_more, "every acknowledged message")
     cluster.restart(leader)
+
+
+class _Transactions:
+    def __init__(self) -> None:
+        self.checked: list[MessageExt] = []
+
+    def execute_local_transaction(self, message: Message, arg: object) -> LocalTransactionState:
+        return {"commit": LocalTransactionState.COMMIT_MESSAGE, "rollback": LocalTransactionState.ROLLBACK_MESSAGE,
+                "later": LocalTransactionState.UNKNOW}[str(arg)]
+
+    def check_local_transaction(self, message: MessageExt) -> LocalTransactionState:
+        self.checked.append(message)
+        return LocalTransactionState.COMMIT_MESSAGE
+
+
+def test_transactions_commit_roll_back_and_answer_check_backs(cluster: LocalCluster) -> None:
+    config = client_config(cluster)
+    listener = _Transactions()
+    with TransactionProducer(config, ProducerConfig(group="it-tx"), listener=listener) as producer:
+        committed = producer.send_message_in_transaction(Message("ItTx", b"commit"), "commit")
+        producer.send_message_in_transaction(Message("ItTx", b"rollback"), "rollback")
+        # left open: the broker checks back once the transaction timeout (1 s here) passed
+        later = producer.send_message_in_transaction(Message("ItTx", b"later"), "later")
+        seen: dict[str, bytes] = {}
+        with LitePullConsumer(config, consumer_config("it-tx-reader")) as reader:
+            reader.subscribe("ItTx")
+
+            def read_more() -> bool:
+                seen.update((m.msg_id, m.body) for m in reader.poll(0.5))
+                return later.msg_id in seen
+
+            wait_until(read_more, "the checked-back transaction")
+    assert seen[committed.msg_id] == b"commit" and seen[later.msg_id] == b"later"
+    assert b"rollback" not in seen.values()
+    assert [message.msg_id for message in listener.checked][:1] == [later.msg_id]

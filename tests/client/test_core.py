@@ -169,8 +169,7 @@ def test_batch_records_have_java_layout_and_round_trip() -> None:
     record = encode_batch_record(b"body", {"UNIQ_KEY": "U"}, flag=7)
     properties = b"UNIQ_KEY\x01U\x02"
     assert record == (
-        (20 + 4 + 2 + len(properties)).to_bytes(4, "big") + bytes.fromhex("DAA320A7") + bytes(4)
-        + (7).to_bytes(4, "big")
+        (20 + 4 + 2 + len(properties)).to_bytes(4, "big") + bytes(8) + (7).to_bytes(4, "big")
         + (4).to_bytes(4, "big") + b"body" + len(properties).to_bytes(2, "big") + properties
     )
     body = record + encode_batch_record(b"second", {})

@@ -129,3 +129,27 @@ def test_sync_transaction_producer() -> None:
     finally:
         loop.run(group.stop())
         loop.stop()
+
+
+def test_a_commit_follows_the_leader_that_changed_during_the_local_transaction() -> None:
+    async def scenario() -> None:
+        async with fake_group(nodes=2) as group:
+
+            class MovingLeader:
+                async def execute_local_transaction(self, message: Message, arg: object) -> LocalTransactionState:
+                    await group.elect(1)  # the half went to node 0; node 1 leads when the decision is sent
+                    return LocalTransactionState.COMMIT_MESSAGE
+
+                async def check_local_transaction(self, message: MessageExt) -> LocalTransactionState:
+                    return LocalTransactionState.UNKNOW
+
+            producer = AsyncTransactionProducer(fast_client_config(group.namesrv), ProducerConfig(group="TPG"),
+                                                listener=MovingLeader())
+            async with producer:
+                result = await producer.send_message_in_transaction(Message("Tx", b"moved"))
+            assert result.send_result.broker_address == group.nodes[0].address
+            assert [end.fields["commitOrRollback"] for end in group.store.end_transactions] == ["8"]
+            assert group.nodes[1].requests.count(37) == 1  # END_TRANSACTION reached the new leader
+            assert [body for _, _, _, body in group.all_records("Tx")] == [b"moved"]
+
+    run(scenario())
