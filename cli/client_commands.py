@@ -442,21 +442,27 @@ def consume(topic_name: str, group: str, start: str, expression: str, count: int
         commits: dict[MessageQueue, int] = {}
         async with consumer:
             idle_since = time.monotonic()
-            while count is None or printed < count:
-                remaining = None if wait is None else wait - (time.monotonic() - idle_since)
-                if remaining is not None and remaining <= 0:
-                    break
-                messages = await consumer.poll(min(1.0, remaining) if remaining is not None else 1.0)
-                if messages:
-                    idle_since = time.monotonic()
-                for message in messages:
-                    if count is not None and printed >= count:
+            try:
+                while count is None or printed < count:
+                    remaining = None if wait is None else wait - (time.monotonic() - idle_since)
+                    if remaining is not None and remaining <= 0:
                         break
-                    echo_json(message.to_json_object(body_as_text=not as_base64))
-                    commits[message.message_queue] = message.queue_offset + 1
-                    printed += 1
-            if commits:
-                await consumer.commit(commits)
+                    messages = await consumer.poll(min(1.0, remaining) if remaining is not None else 1.0)
+                    if messages:
+                        idle_since = time.monotonic()
+                    for message in messages:
+                        if count is not None and printed >= count:
+                            break
+                        echo_json(message.to_json_object(body_as_text=not as_base64))
+                        commits[message.message_queue] = message.queue_offset + 1
+                        printed += 1
+            finally:
+                # what was printed is consumed, even when interrupted (Ctrl-C cancels this task)
+                if commits:
+                    try:
+                        await consumer.commit(commits)
+                    except MQClientError as error:
+                        click.echo(f"warning: offsets not committed, the next run repeats them: {error}", err=True)
         return printed
 
     printed = run(consume_messages())
