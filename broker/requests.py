@@ -94,7 +94,9 @@ class SendHeader:
 
     @classmethod
     def parse(cls, fields: Mapping[str, str], v2: bool) -> SendHeader:
-        if v2:
+        """``v2``: the one-letter names of SEND_MESSAGE_V2; Java sends SEND_BATCH_MESSAGE with them too,
+        so any request carrying ``a`` and ``b`` is read that way."""
+        if v2 or ("a" in fields and "b" in fields):
             fields = {V2_NAMES.get(key, key): value for key, value in fields.items()}
         max_reconsume = fields.get("maxReconsumeTimes")
         return cls(

@@ -8,6 +8,7 @@ Layout: ``DIR/cluster.json``, ``DIR/namesrv.log``, ``DIR/group.secret``, and per
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -170,8 +171,14 @@ async def _request(address: str, code: int, fields: dict[str, str] | None = None
 
 def request(address: str, code: int, fields: dict[str, str] | None = None,
             timeout_seconds: float = 2.0) -> tuple[int, dict[str, str], bytes]:
-    """One remoting request from synchronous code (the CLI, tests)."""
-    return asyncio.run(_request(address, code, fields, timeout_seconds))
+    """One remoting request from synchronous code (the CLI, tests; from inside an event loop too, on a
+    thread of its own)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_request(address, code, fields, timeout_seconds))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, _request(address, code, fields, timeout_seconds)).result()
 
 
 def node_status(node: NodeInfo) -> dict[str, str] | None:

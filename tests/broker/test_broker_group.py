@@ -97,8 +97,14 @@ def test_batch_is_atomic_and_bad_input_leaves_no_trace(cluster: LocalCluster) ->
     code, fields, remark = wire.send_batch(address, "Batch", body)
     assert code == ResponseCode.SUCCESS, remark
     assert len(fields["msgId"].split(",")) == 5
+    # Java sends batches (code 320) with SEND_MESSAGE_V2's one-letter header names
+    java_header = {"a": "g", "b": "Batch", "c": "TBW102", "d": "4", "e": "0", "f": "0", "g": "1", "h": "0",
+                   "i": "", "j": "0", "k": "false", "m": "true"}
+    code, fields, _ = wire.call(address, RequestCode.SEND_BATCH_MESSAGE, java_header,
+                                wire.batch_body([(b"java", {"UNIQ_KEY": "JAVA1"})]))
+    assert code == ResponseCode.SUCCESS and fields["queueOffset"] == "5"
     before = max_offset(address, "Batch", 0)
-    assert before == 5
+    assert before == 6
     bad_inputs = [
         wire.send_batch(address, "Batch", body[:-3]),  # truncated batch
         wire.send_batch(address, "Batch", b"\x00" * 30),  # sizes that do not add up

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_demo_writes_and_reads_back(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["demo", "--count", "3000", "--queues", "3", "--data-dir", str(tmp_path)])
+    result = CliRunner().invoke(main, ["demo", "--store-only", "--count", "3000", "--queues", "3", "--data-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output.strip().splitlines()[-1])
     assert summary["written"] == summary["read_back_after_reopen"] == 3000
