@@ -27,6 +27,10 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/store_bench.py
+	$(BIN)/python bench/replication_bench.py
+	$(BIN)/python bench/broker_bench.py
+	$(BIN)/python bench/timer_bench.py
+	$(BIN)/python bench/verify_bench.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
