@@ -123,7 +123,7 @@ class BrokerNode:
 
     # ------------------------------------------------------------------ services
 
-    def _registration_snapshot(self) -> tuple[bool, list[RouteTopicConfig], int]:
+    def _registration_snapshot(self) -> tuple[bool, list[RouteTopicConfig], int, int]:
         member = self.member
         assert member is not None
         is_leader = member.is_leader
@@ -133,7 +133,7 @@ class BrokerNode:
         if self.config.auto_create_topic:
             topics.append(RouteTopicConfig(AUTO_CREATE_TOPIC, AUTO_CREATE_QUEUE_NUMS, AUTO_CREATE_QUEUE_NUMS,
                                            PERM_INHERIT | PERM_READ | PERM_WRITE))
-        return is_leader, topics, member.state.applied_index
+        return is_leader, topics, member.state.applied_index, member.status().term
 
     async def _housekeeping(self) -> None:
         while True:

@@ -24,8 +24,8 @@ log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_SECONDS = 3.0
 
-#: (is leader, topic configurations, data version counter)
-Snapshot = Callable[[], tuple[bool, list[RouteTopicConfig], int]]
+#: (is leader, topic configurations, data version counter, Raft term)
+Snapshot = Callable[[], tuple[bool, list[RouteTopicConfig], int, int]]
 
 
 class Registrar:
@@ -64,7 +64,7 @@ class Registrar:
                 await asyncio.wait_for(self._wake.wait(), self.config.register_interval_seconds)
 
     async def register_all(self) -> None:
-        is_leader, topics, counter = self.snapshot()
+        is_leader, topics, counter, term = self.snapshot()
         body = RegisterBrokerBody(topic_configs=tuple(topics), data_version=DataVersion(0, counter)).encode()
         header = RegisterBrokerRequestHeader(
             broker_name=self.config.broker_name,
@@ -73,6 +73,7 @@ class Registrar:
             ha_server_address=self.config.listen_address,
             broker_id=0 if is_leader else self.config.broker_id,
             body_crc32=java_crc32(body),
+            raft_term=term if is_leader else None,
         )
         results = await asyncio.gather(*(self._register(address, header.to_ext_fields(), body)
                                           for address in self.config.namesrv))
@@ -94,7 +95,7 @@ class Registrar:
         return True
 
     async def _unregister(self) -> None:
-        is_leader, _, _ = self.snapshot()
+        is_leader, _, _, _ = self.snapshot()
         fields = {"brokerName": self.config.broker_name, "brokerAddr": self.config.listen_address,
                   "clusterName": self.config.cluster_name,
                   "brokerId": str(0 if is_leader else self.config.broker_id)}

@@ -88,6 +88,9 @@ class RegisterBrokerRequestHeader:
     compressed: bool = False
     #: ``UtilAll.crc32`` of the body, or 0 for "not checked"
     body_crc32: int = 0
+    #: raftmq: the Raft term of a leader registering as brokerId 0 (a deposed leader's stale claim, with
+    #: a lower term than the group's current master, is refused). Stock brokers do not send it.
+    raft_term: int | None = None
 
     def to_ext_fields(self) -> dict[str, str]:
         return {
@@ -98,6 +101,7 @@ class RegisterBrokerRequestHeader:
             "brokerId": str(self.broker_id),
             "compressed": "true" if self.compressed else "false",
             "bodyCrc32": str(self.body_crc32),
+            **({} if self.raft_term is None else {"raftTerm": str(self.raft_term)}),
         }
 
     @classmethod
@@ -112,6 +116,7 @@ class RegisterBrokerRequestHeader:
             broker_id=_integer(fields, "brokerId", request, None, 0, _INT64_MAX),
             compressed=_boolean(fields, "compressed"),
             body_crc32=_integer(fields, "bodyCrc32", request, 0, _INT32_MIN, _INT32_MAX),
+            raft_term=_integer(fields, "raftTerm", request, 0, 0, _INT64_MAX) if "raftTerm" in fields else None,
         )
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from broker.namesrv.errors import RouteLimitError
+from broker.namesrv.errors import InvalidRequestError, RouteLimitError
 from broker.namesrv.model import (
     MASTER_ID,
     BrokerData,
@@ -45,10 +45,16 @@ class RegisterResult:
     ha_server_address: str | None = None
 
 
+class StaleLeaderError(InvalidRequestError):
+    """A deposed Raft leader still registering as its group's master (nothing changed)."""
+
+
 @dataclass(slots=True)
 class _BrokerGroup:
     cluster: str
     addresses: dict[int, str]
+    #: the highest Raft term a master of this group registered with (raftmq groups)
+    master_term: int = -1
 
 
 @dataclass(slots=True)
@@ -91,6 +97,7 @@ class RouteTable:
         data_version: DataVersion,
         now_seconds: float,
         connection_id: int | None = None,
+        raft_term: int | None = None,
     ) -> RegisterResult:
         """Record a registration (or a re-registration: brokers repeat it every 30 s as a heartbeat).
 
@@ -109,6 +116,14 @@ class RouteTable:
                 f"topics_max={self._topics_max}"
             )
 
+        existing = self._groups.get(broker_name)
+        if (broker_id == MASTER_ID and raft_term is not None and existing is not None
+                and raft_term < existing.master_term
+                and existing.addresses.get(MASTER_ID, broker_address) != broker_address):
+            raise StaleLeaderError(
+                f"{broker_address} registers as the master of {broker_name} with Raft term {raft_term}, "
+                f"but {existing.addresses[MASTER_ID]} did with term {existing.master_term}"
+            )
         self._clusters.setdefault(cluster_name, set()).add(broker_name)
         group = self._groups.get(broker_name)
         if group is None:
@@ -120,6 +135,8 @@ class RouteTable:
         # Replaces whoever held the id (a new leader as 0). The displaced address keeps its live entry
         # until it expires, disconnects or re-registers under its own id.
         group.addresses[broker_id] = broker_address
+        if broker_id == MASTER_ID and raft_term is not None:
+            group.master_term = max(group.master_term, raft_term)
         for config in configs:
             self._topic_queues.setdefault(config.topic_name, {})[broker_name] = QueueData(
                 broker_name=broker_name,

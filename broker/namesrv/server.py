@@ -173,6 +173,7 @@ class NameServer:
             data_version=body.data_version,
             now_seconds=self._clock(),
             connection_id=context.connection.connection_id,
+            raft_term=header.raft_term,
         )
         response_header = RegisterBrokerResponseHeader(
             ha_server_address=result.ha_server_address, master_address=result.master_address

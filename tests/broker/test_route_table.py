@@ -13,6 +13,7 @@ from broker.namesrv import (
     RouteTable,
     TopicConfig,
 )
+from broker.namesrv.route_table import StaleLeaderError
 
 CLUSTER = "DefaultCluster"
 GROUP = "raft-group-a"
@@ -204,3 +205,22 @@ def test_limits_refuse_without_changing_anything() -> None:
         register(table, LEADER, MASTER_ID, 2.0, topics=(TopicConfig("third"),))
     assert table.topics() == ["audit", "orders"]
     assert addresses(table) == {0: LEADER, 1: FOLLOWER_ONE}
+
+
+def test_a_deposed_leader_cannot_take_the_master_id_back() -> None:
+    table = RouteTable()
+
+    def claim(address: str, term: int) -> None:
+        table.register_broker(cluster_name=CLUSTER, broker_name=GROUP, broker_address=address,
+                              broker_id=MASTER_ID, ha_server_address=address, topic_configs=TOPICS,
+                              data_version=DataVersion(), now_seconds=0.0, raft_term=term)
+
+    claim(LEADER, 3)
+    claim(FOLLOWER_ONE, 4)  # elected in term 4
+    with pytest.raises(StaleLeaderError):
+        claim(LEADER, 3)  # the old leader's timer fires before it learns it was deposed
+    assert addresses(table)[MASTER_ID] == FOLLOWER_ONE
+    register(table, LEADER, 1, 0.0)  # once it steps down it registers under its own id
+    assert addresses(table) == {MASTER_ID: FOLLOWER_ONE, 1: LEADER}
+    claim(LEADER, 5)  # and leads again after a later election
+    assert addresses(table)[MASTER_ID] == LEADER
