@@ -1,0 +1,214 @@
+"""A local group for chaos runs: :class:`cli.cluster.LocalCluster`, optionally with every Raft link
+running through a Toxiproxy proxy, so that network faults can cut or slow any link.
+
+Why one proxy per *pair* of members, and how identities stay consistent
+-----------------------------------------------------------------------
+pysyncobj (0.3.17 ``TCPTransport``) opens one connection per pair of members: the member whose own
+address string is greater dials the other (``_shouldConnect``: ``self.address > node.address``), then
+announces its own address; the acceptor looks that string up among its configured peer addresses. So:
+
+* each member keeps its real ``raft_address`` as its identity (it binds it and announces it);
+* the dialer of a pair is configured with the *proxy's* address for the other member, so its
+  connection runs through that pair's proxy;
+* the acceptor is configured with the dialer's real address, which is exactly what the dialer announces.
+
+For the dialer to be the one pysyncobj picks, its own address must compare greater than the proxy
+address it has for the acceptor, and the acceptor must not dial (its address is the smaller of the
+two real ones). Ports are therefore assigned by their string order: proxies get the smallest, the
+members' Raft ports the largest, in member order (``n2`` > ``n1`` > ``n0``: the later member dials).
+
+Every pair's traffic then crosses exactly one proxy (``raft_<dialer>_<acceptor>``), in both directions:
+cutting the proxies of a member's pairs isolates it, and cutting one proxy cuts one link, whatever the
+roles. Catch-up transfers (a wiped follower's raw copy) and client traffic are not proxied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import os
+import secrets
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from chaos.toxiproxy_control import ToxiproxyHandle, create_proxy, delete_proxy, heal
+from cli.cluster import (
+    HOST,
+    START_TIMEOUT_SECONDS,
+    ClusterError,
+    ClusterInfo,
+    LocalCluster,
+    NodeInfo,
+    free_ports,
+    node_toml,
+)
+
+PROXY_PREFIX: Final = "raftmq-chaos"
+
+
+@dataclass(frozen=True, slots=True)
+class RaftLink:
+    """The proxy one pair of members talks through."""
+
+    name: str
+    #: the member that connects (its address is the greater)
+    dialer: str
+    #: the member that accepts
+    acceptor: str
+    #: the proxy's address: what the dialer has as the acceptor's Raft address
+    listen: str
+    #: the acceptor's own Raft address
+    upstream: str
+
+    def joins(self, node_id: str) -> bool:
+        return node_id in (self.dialer, self.acceptor)
+
+
+def assign_ports(ports: list[int], nodes: int) -> tuple[list[int], list[int], list[int]]:
+    """(proxy ports, other ports, Raft ports): proxies first and Raft ports last in string order, so every
+    proxy address compares below every member address (see the module doc)."""
+    pairs = nodes * (nodes - 1) // 2
+    ordered = sorted(ports, key=lambda port: f"{HOST}:{port}")
+    return ordered[:pairs], ordered[pairs:len(ordered) - nodes], ordered[len(ordered) - nodes:]
+
+
+def member_views(infos: list[NodeInfo], links: list[RaftLink]) -> dict[str, list[NodeInfo]]:
+    """Each member's peers as it is configured: the proxy's address for a peer it dials."""
+    by_pair = {(link.dialer, link.acceptor): link for link in links}
+    views = {}
+    for node in infos:
+        peers = []
+        for peer in infos:
+            if peer is node:
+                continue
+            link = by_pair.get((node.id, peer.id))
+            peers.append(dataclasses.replace(peer, raft_address=link.listen) if link is not None else peer)
+        views[node.id] = peers
+    return views
+
+
+class ChaosCluster:
+    """A started group (a :class:`LocalCluster` in ``local``) and its Raft proxies, if any."""
+
+    def __init__(self, local: LocalCluster, links: tuple[RaftLink, ...] = (),
+                 toxiproxy: ToxiproxyHandle | None = None) -> None:
+        self.local = local
+        self.links = links
+        self.toxiproxy = toxiproxy
+
+    @property
+    def data_dir(self) -> Path:
+        return self.local.data_dir
+
+    @property
+    def namesrv(self) -> str:
+        return self.local.namesrv
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [node.id for node in self.local.info.nodes]
+
+    @property
+    def proxied(self) -> bool:
+        return bool(self.links)
+
+    def node_by_address(self, broker_address: str) -> str | None:
+        for node in self.local.info.nodes:
+            if node.broker_address == broker_address:
+                return node.id
+        return None
+
+    def links_between(self, group: set[str], others: set[str]) -> list[RaftLink]:
+        """The links with one end in ``group`` and the other in ``others``."""
+        return [link for link in self.links
+                if (link.dialer in group and link.acceptor in others)
+                or (link.acceptor in group and link.dialer in others)]
+
+    def heal_links(self) -> None:
+        if self.toxiproxy is None:
+            return
+        for link in self.links:
+            heal(self.toxiproxy, link.name)
+
+    def stop(self) -> None:
+        """Stop the processes, then delete our proxies (a server we found keeps running)."""
+        try:
+            self.local.stop()
+        finally:
+            if self.toxiproxy is not None:
+                for link in self.links:
+                    with contextlib.suppress(Exception):  # the server may be gone already
+                        delete_proxy(self.toxiproxy, link.name)
+
+    def __enter__(self) -> ChaosCluster:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @classmethod
+    def start(cls, data_dir: Path, nodes: int = 3, toxiproxy: ToxiproxyHandle | None = None,
+              overrides: dict[str, dict[str, Any]] | None = None,
+              timeout_seconds: float = START_TIMEOUT_SECONDS) -> ChaosCluster:
+        """Without ``toxiproxy``: a plain LocalCluster. With it: every Raft link through a proxy."""
+        if toxiproxy is None:
+            return cls(LocalCluster.start(data_dir, nodes=nodes, overrides=overrides, timeout_seconds=timeout_seconds))
+        return _start_proxied(data_dir, nodes, toxiproxy, overrides or {}, timeout_seconds)
+
+
+def _start_proxied(data_dir: Path, nodes: int, toxiproxy: ToxiproxyHandle, overrides: dict[str, dict[str, Any]],
+                   timeout_seconds: float) -> ChaosCluster:
+    if not 2 <= nodes <= 9:
+        raise ClusterError("a proxied cluster has 2 to 9 nodes")
+    data_dir = data_dir.resolve()
+    if (data_dir / "cluster.json").exists():
+        raise ClusterError(f"{data_dir} already holds a cluster; use an empty directory")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    pairs = nodes * (nodes - 1) // 2
+    proxy_ports, other_ports, raft_ports = assign_ports(free_ports(pairs + 1 + 3 * nodes), nodes)
+    secret_path = data_dir / "group.secret"
+    secret_path.write_text(secrets.token_hex(24) + "\n")
+    secret_path.chmod(0o600)
+    namesrv = f"{HOST}:{other_ports[0]}"
+    infos = []
+    for index in range(nodes):
+        node_dir = data_dir / f"n{index}"
+        node_dir.mkdir(exist_ok=True)
+        broker_port, catchup_port = other_ports[1 + 2 * index: 3 + 2 * index]
+        infos.append(NodeInfo(f"n{index}", f"{HOST}:{broker_port}", f"{HOST}:{raft_ports[index]}",
+                              f"{HOST}:{catchup_port}", str(node_dir / "node.toml"), str(node_dir / "broker.log")))
+    run_id = f"{os.getpid()}-{secrets.token_hex(3)}"
+    links = [RaftLink(f"{PROXY_PREFIX}-{run_id}-{dialer.id}-{acceptor.id}", dialer.id, acceptor.id,
+                      f"{HOST}:{port}", acceptor.raft_address)
+             for (acceptor, dialer), port in zip(itertools.combinations(infos, 2), proxy_ports, strict=True)]
+    info = ClusterInfo(str(data_dir), namesrv, 0, str(data_dir / "namesrv.log"), infos)
+    views = member_views(infos, links)
+    for index, node in enumerate(infos):
+        Path(node.config).write_text(node_toml(node, views[node.id], namesrv, index + 1, infos[0].broker_address,
+                                               str(secret_path), overrides))
+    local = LocalCluster(info)
+    cluster = ChaosCluster(local, tuple(links), toxiproxy)
+    try:
+        for link in links:
+            create_proxy(toxiproxy, link.name, link.upstream, listen=link.listen)
+        info.namesrv_pid = _spawn_namesrv(other_ports[0], Path(info.namesrv_log), data_dir)
+        info.save()
+        for node in infos:
+            local.restart(node.id)  # starts a member that is not running
+        local.wait_ready(timeout_seconds)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _spawn_namesrv(port: int, log_path: Path, cwd: Path) -> int:
+    with open(log_path, "ab") as log_file:
+        process = subprocess.Popen([sys.executable, "-m", "broker.namesrv", "--host", HOST, "--port", str(port)],
+                                   stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
+                                   start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return process.pid

@@ -1,0 +1,211 @@
+"""Faults on a running :class:`~chaos.cluster.ChaosCluster`, each recorded as a
+:class:`~chaos.history.FaultEvent` (kind, target, start, end) once it is over.
+
+Process faults act on the members' processes: SIGKILL then restart (``kill``), SIGSTOP then SIGCONT
+(``pause``), every member at once (``kill-all``), and ``wipe`` (SIGKILL a member, delete its data, restart
+it empty: it must rejoin and become byte-identical). Network faults need a proxied cluster: ``partition``
+isolates members from the rest (a black hole both ways: connections stay open, bytes vanish, as on a
+real network), ``cut-link`` cuts one pair, ``latency`` and ``bandwidth`` slow links.
+
+Every fault is undone at the end of its hold; :meth:`Faults.heal_everything` undoes whatever is left
+(a scenario interrupted mid-fault). Blocking work (signals with waits, process starts, the Toxiproxy
+HTTP API) runs in a worker thread so the workload on the event loop keeps going.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Final
+
+from chaos.cluster import ChaosCluster, RaftLink
+from chaos.history import FaultEvent, NoteEvent
+from chaos.monitor import LeaderMonitor
+from chaos.toxiproxy_control import add_latency, heal, limit_bandwidth, partition
+from chaos.workload import Recorder
+from cli.cluster import is_alive
+
+#: what a wipe keeps in a member's directory: its configuration (and its log, for the post-mortem)
+KEPT_ON_WIPE: Final = frozenset({"node.toml", "broker.log"})
+#: a follower within this many commit-log bytes of the leader counts as caught up
+CAUGHT_UP_SLACK_BYTES: Final = 256 * 1024
+
+
+class Faults:
+    def __init__(self, cluster: ChaosCluster, monitor: LeaderMonitor, recorder: Recorder) -> None:
+        self.cluster = cluster
+        self.monitor = monitor
+        self.recorder = recorder
+        self.paused: set[str] = set()
+        self.cut: set[str] = set()
+
+    # ------------------------------------------------------------------------------------ helpers
+
+    def _record(self, kind: str, target: str, start: float, detail: str = "") -> FaultEvent:
+        event = FaultEvent(kind, target, start, self.recorder.now(), detail)
+        self.recorder.record(event)
+        return event
+
+    def note(self, what: str, detail: str = "") -> None:
+        self.recorder.record(NoteEvent(self.recorder.now(), what, detail))
+
+    async def leader(self, timeout_seconds: float = 15.0) -> str | None:
+        leader = await self.monitor.wait_leader(timeout_seconds)
+        if leader is None:
+            self.note("no leader", f"none within {timeout_seconds} s: fault skipped")
+        return leader
+
+    def followers(self) -> list[str]:
+        return [node for node in self.cluster.node_ids if node != self.monitor.leader]
+
+    def _alive(self, node_id: str) -> bool:
+        return is_alive(self.cluster.local.info.node(node_id).pid)
+
+    async def _restart(self, node_id: str) -> None:
+        await asyncio.to_thread(self.cluster.local.restart, node_id)
+
+    async def _kill(self, node_id: str) -> None:
+        if self._alive(node_id):
+            self.paused.discard(node_id)
+            await asyncio.to_thread(self.cluster.local.kill, node_id, signal.SIGKILL)
+
+    async def caught_up(self, timeout_seconds: float) -> bool:
+        """Wait until every member answers and is within CAUGHT_UP_SLACK_BYTES of the leader."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_seconds
+        while loop.time() < deadline:
+            views = self.monitor.views
+            leader = self.monitor.leader
+            leader_view = views.get(leader) if leader is not None else None
+            if leader_view is not None and all(
+                    view is not None and view.commit_log_max_offset >= leader_view.commit_log_max_offset
+                    - CAUGHT_UP_SLACK_BYTES for view in views.values()):
+                return True
+            await asyncio.sleep(0.2)
+        self.note("not caught up", f"members did not catch up within {timeout_seconds} s")
+        return False
+
+    # ------------------------------------------------------------------------------ process faults
+
+    async def kill(self, node_id: str, hold_seconds: float) -> FaultEvent:
+        start = self.recorder.now()
+        await self._kill(node_id)
+        await asyncio.sleep(hold_seconds)
+        await self._restart(node_id)
+        return self._record("kill", node_id, start, f"SIGKILL, restarted after {hold_seconds:.1f} s")
+
+    async def pause(self, node_id: str, hold_seconds: float) -> FaultEvent:
+        start = self.recorder.now()
+        await asyncio.to_thread(self.cluster.local.kill, node_id, signal.SIGSTOP)
+        self.paused.add(node_id)
+        await asyncio.sleep(hold_seconds)
+        await asyncio.to_thread(self.cluster.local.kill, node_id, signal.SIGCONT)
+        self.paused.discard(node_id)
+        return self._record("pause", node_id, start, f"SIGSTOP for {hold_seconds:.1f} s")
+
+    async def kill_all(self, hold_seconds: float) -> FaultEvent:
+        start = self.recorder.now()
+        for node_id in self.cluster.node_ids:
+            await self._kill(node_id)
+        await asyncio.sleep(hold_seconds)
+        for node_id in self.cluster.node_ids:
+            await self._restart(node_id)
+        return self._record("kill-all", ",".join(self.cluster.node_ids), start,
+                            f"SIGKILL every member, restarted after {hold_seconds:.1f} s")
+
+    async def wipe(self, node_id: str) -> FaultEvent:
+        start = self.recorder.now()
+        await self._kill(node_id)
+        node_dir = Path(self.cluster.local.info.node(node_id).config).parent
+        await asyncio.to_thread(wipe_directory, node_dir, KEPT_ON_WIPE)
+        await self._restart(node_id)
+        return self._record("wipe", node_id, start, "SIGKILL, data deleted, restarted empty")
+
+    # ------------------------------------------------------------------------------ network faults
+
+    def _require_proxies(self) -> None:
+        if self.cluster.toxiproxy is None or not self.cluster.links:
+            raise RuntimeError("network faults need a cluster started with Raft proxies")
+
+    async def _cut(self, links: Iterable[RaftLink]) -> list[RaftLink]:
+        self._require_proxies()
+        handle = self.cluster.toxiproxy
+        assert handle is not None
+        chosen = list(links)
+        for link in chosen:
+            await asyncio.to_thread(partition, handle, link.name, "timeout", "both")
+            self.cut.add(link.name)
+        return chosen
+
+    async def _heal(self, links: Iterable[RaftLink]) -> None:
+        handle = self.cluster.toxiproxy
+        assert handle is not None
+        for link in links:
+            await asyncio.to_thread(heal, handle, link.name)
+            self.cut.discard(link.name)
+
+    async def partition(self, isolated: set[str], hold_seconds: float) -> FaultEvent:
+        """Cut every link between ``isolated`` and the other members for ``hold_seconds``."""
+        others = set(self.cluster.node_ids) - isolated
+        start = self.recorder.now()
+        links = await self._cut(self.cluster.links_between(isolated, others))
+        await asyncio.sleep(hold_seconds)
+        await self._heal(links)
+        return self._record("partition", ",".join(sorted(isolated)), start,
+                            f"black hole to {','.join(sorted(others))} for {hold_seconds:.1f} s")
+
+    async def cut_link(self, link: RaftLink, hold_seconds: float) -> FaultEvent:
+        start = self.recorder.now()
+        await self._cut([link])
+        await asyncio.sleep(hold_seconds)
+        await self._heal([link])
+        return self._record("cut-link", f"{link.dialer}-{link.acceptor}", start,
+                            f"black hole for {hold_seconds:.1f} s")
+
+    async def slow(self, links: list[RaftLink], latency_ms: int, jitter_ms: int, bandwidth_kb_s: int | None,
+                   hold_seconds: float) -> FaultEvent:
+        self._require_proxies()
+        handle = self.cluster.toxiproxy
+        assert handle is not None
+        start = self.recorder.now()
+        for link in links:
+            self.cut.add(link.name)
+            await asyncio.to_thread(add_latency, handle, link.name, latency_ms, jitter_ms)
+            if bandwidth_kb_s is not None:
+                await asyncio.to_thread(limit_bandwidth, handle, link.name, bandwidth_kb_s)
+        await asyncio.sleep(hold_seconds)
+        await self._heal(links)
+        detail = f"{latency_ms}+-{jitter_ms} ms" + (f", {bandwidth_kb_s} KB/s" if bandwidth_kb_s else "")
+        return self._record("latency" if bandwidth_kb_s is None else "bandwidth",
+                            ",".join(f"{link.dialer}-{link.acceptor}" for link in links), start,
+                            f"{detail} for {hold_seconds:.1f} s")
+
+    # -------------------------------------------------------------------------------------- heal
+
+    async def heal_everything(self) -> None:
+        """Resume paused members, restart dead ones, heal every link."""
+        for node_id in sorted(self.paused):
+            if self._alive(node_id):
+                await asyncio.to_thread(self.cluster.local.kill, node_id, signal.SIGCONT)
+        self.paused.clear()
+        for node_id in self.cluster.node_ids:
+            if not self._alive(node_id):
+                self.note("restarting", f"{node_id} was not running at heal time")
+                await self._restart(node_id)
+        if self.cluster.toxiproxy is not None:
+            await asyncio.to_thread(self.cluster.heal_links)
+        self.cut.clear()
+
+
+def wipe_directory(directory: Path, keep: frozenset[str]) -> None:
+    """Delete everything in ``directory`` except the names in ``keep``."""
+    for child in directory.iterdir():
+        if child.name in keep:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()

@@ -1,0 +1,116 @@
+"""The chaos scenarios: which faults, on whom, on what schedule. Each scenario's ``drive`` runs on the
+event loop while the workload runs, injecting faults from a seeded ``random.Random`` until its deadline
+(the fault in progress then finishes its hold and is healed).
+
+Targets that depend on the moment (the leader, a follower) are chosen when the fault starts, from the
+leader monitor's view; everything else (gaps, holds, which member, which link) comes from the seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final
+
+from chaos.faults import Faults
+
+#: seconds between the end of one fault and the start of the next (uniform in this range)
+GAP_SECONDS: Final = (2.0, 4.0)
+#: how long a wiped follower may take to catch up before the next wipe
+CATCH_UP_SECONDS: Final = 60.0
+
+Action = Callable[[Faults, random.Random], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    summary: str
+    #: network faults: every Raft link must run through a proxy
+    needs_proxies: bool
+    action: Action
+
+    async def drive(self, faults: Faults, rng: random.Random, deadline: float) -> None:
+        """Inject ``action`` repeatedly, a random gap apart, until the loop time ``deadline``."""
+        loop = asyncio.get_running_loop()
+        while True:
+            gap = rng.uniform(*GAP_SECONDS)
+            if loop.time() + gap >= deadline:
+                return
+            await asyncio.sleep(gap)
+            await self.action(faults, rng)
+
+
+async def kill_leader(faults: Faults, rng: random.Random) -> None:
+    leader = await faults.leader()
+    if leader is not None:
+        await faults.kill(leader, rng.uniform(2.0, 4.0))
+
+
+async def pause_leader(faults: Faults, rng: random.Random) -> None:
+    leader = await faults.leader()
+    if leader is not None:
+        await faults.pause(leader, rng.uniform(3.0, 6.0))
+
+
+async def partition_leader(faults: Faults, rng: random.Random) -> None:
+    leader = await faults.leader()
+    if leader is not None:
+        await faults.partition({leader}, rng.uniform(4.0, 7.0))
+
+
+async def partition_random(faults: Faults, rng: random.Random) -> None:
+    """Isolate a random member, or cut one random link (a partial partition: the two ends can still
+    hear each other through the third member)."""
+    nodes = faults.cluster.node_ids
+    if rng.random() < 0.5:
+        await faults.partition({rng.choice(nodes)}, rng.uniform(3.0, 6.0))
+    else:
+        await faults.cut_link(rng.choice(faults.cluster.links), rng.uniform(3.0, 6.0))
+
+
+async def kill_all_restart(faults: Faults, rng: random.Random) -> None:
+    await faults.kill_all(rng.uniform(0.5, 2.0))
+
+
+async def wipe_follower(faults: Faults, rng: random.Random) -> None:
+    # Wiping a second member while the first still copies would lose a majority's data: wait first.
+    if not await faults.caught_up(CATCH_UP_SECONDS):
+        return
+    if await faults.leader() is None:
+        return
+    followers = faults.followers()
+    if followers:
+        await faults.wipe(rng.choice(sorted(followers)))
+
+
+async def slow_link(faults: Faults, rng: random.Random) -> None:
+    links = list(faults.cluster.links)
+    chosen = rng.sample(links, rng.randint(1, len(links)))
+    latency_ms = rng.randint(50, 250)
+    bandwidth = 500 if rng.random() < 0.25 else None
+    await faults.slow(chosen, latency_ms, latency_ms // 4, bandwidth, rng.uniform(4.0, 8.0))
+
+
+_MIXED: Final[tuple[Action, ...]] = (kill_leader, pause_leader, partition_leader, partition_random, kill_all_restart,
+                                     wipe_follower, slow_link)
+
+
+async def mixed(faults: Faults, rng: random.Random) -> None:
+    await rng.choice(_MIXED)(faults, rng)
+
+
+SCENARIOS: Final[dict[str, Scenario]] = {scenario.name: scenario for scenario in (
+    Scenario("kill-leader", "SIGKILL the leader, restart it 2-4 s later", False, kill_leader),
+    Scenario("pause-leader", "SIGSTOP the leader for 3-6 s, then SIGCONT", False, pause_leader),
+    Scenario("partition-leader", "black-hole every Raft link of the leader for 4-7 s", True, partition_leader),
+    Scenario("partition-random", "isolate a random member, or cut one random Raft link, for 3-6 s", True,
+             partition_random),
+    Scenario("kill-all-restart", "SIGKILL every member, restart all 0.5-2 s later", False, kill_all_restart),
+    Scenario("wipe-follower", "SIGKILL a caught-up follower, delete its data, restart it empty", False,
+             wipe_follower),
+    Scenario("slow-link", "50-250 ms latency (sometimes 500 KB/s) on random Raft links for 4-8 s", True, slow_link),
+    Scenario("mixed", "a random fault of every scenario above, one after another", True, mixed),
+)}

@@ -1,0 +1,479 @@
+"""The chaos workload: producers and consumers that run on the runner's event loop throughout a scenario
+and record everything they see (:mod:`chaos.history`).
+
+Producers (our client, :class:`client.AsyncProducer`): each owns a few sharding keys and sends
+synchronously, one message at a time, at a paced rate, choosing the queue with
+:func:`client.select_by_sharding_key`, so one key's messages are sent in order and must be stored in
+order. Each message gets its UNIQ_KEY before the first attempt; a failed send is retried by the workload
+with the same UNIQ_KEY (the broker deduplicates) up to ``send_attempts_max`` attempts, then given up
+(an unknown outcome). A small fraction carries a delay level. Every attempt is recorded.
+
+Consumers: a minimal pull loop per queue per group over raw remoting (PULL_MESSAGE with long polling).
+A session starts at the group's committed offset (QUERY_CONSUMER_OFFSET on the leader), reads on,
+commits its offset to the leader every ``commit_interval_seconds`` (UPDATE_CONSUMER_OFFSET, answered
+once replicated), and ends after a random time (a consumer restart: the next session starts from the
+committed offset, so some messages are delivered again). One group reads from the leader, the other
+from any member (followers serve committed data). A pull that fails moves to another member; an
+"offset moved" answer is recorded and never adopted (it would hide a loss).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import random
+import string
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand
+from chaos.connections import Connections, Unreachable
+from chaos.history import (
+    DeliveryEvent,
+    Event,
+    History,
+    HistoryWriter,
+    NoteEvent,
+    OffsetCommitEvent,
+    SendEvent,
+    SessionEvent,
+)
+from client import AsyncProducer, ClientConfig, Message, MQClientError, ProducerConfig, select_by_sharding_key
+from commitlog.message import RecordError, decode_properties, decode_record
+
+PRODUCER_GROUP: Final = "chaos-producer"
+LEADER_READS: Final = "leader"
+ANY_READS: Final = "any"
+#: pause after a failed request before the next (seconds, jittered up to twice)
+BACKOFF_SECONDS: Final = 0.1
+#: a cancelled send is recorded with this code (the outcome is unknown)
+CANCELLED_CODE: Final = -1
+QUERY_NOT_FOUND: Final = 22
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadConfig:
+    topic: str = "ChaosTopic"
+    queues: int = 4
+    producers: int = 3
+    keys_per_producer: int = 4
+    #: messages per second each producer aims at (sends are synchronous: slower when the group is)
+    rate_per_producer: float = 40.0
+    body_bytes: int = 200
+    delay_fraction: float = 0.05
+    delay_level: int = 1
+    send_timeout_seconds: float = 5.0
+    send_attempts_max: int = 4
+    #: (consumer group, where it reads: "leader" or "any")
+    groups: tuple[tuple[str, str], ...] = (("chaos-leader-reads", LEADER_READS), ("chaos-any-reads", ANY_READS))
+    session_seconds_min: float = 3.0
+    session_seconds_max: float = 8.0
+    commit_interval_seconds: float = 0.5
+    pull_batch: int = 32
+    long_poll_ms: int = 500
+    request_timeout_seconds: float = 2.0
+
+    def validate(self) -> WorkloadConfig:
+        checks = [
+            (1 <= self.queues <= 64, "queues must be 1..64"),
+            (1 <= self.producers <= 64, "producers must be 1..64"),
+            (1 <= self.keys_per_producer <= 1000, "keys_per_producer must be 1..1000"),
+            (0 < self.rate_per_producer <= 10_000, "rate_per_producer must be in (0, 10000]"),
+            (16 <= self.body_bytes <= 65_536, "body_bytes must be 16..65536"),
+            (0 <= self.delay_fraction <= 1, "delay_fraction must be in [0, 1]"),
+            (1 <= self.delay_level <= 18, "delay_level must be 1..18"),
+            (self.send_timeout_seconds > 0 and self.send_attempts_max >= 1, "send timeout and attempts must be positive"),
+            (bool(self.groups) and all(mode in (LEADER_READS, ANY_READS) for _, mode in self.groups),
+             "groups need a name and a mode ('leader' or 'any')"),
+            (0 < self.session_seconds_min <= self.session_seconds_max, "session seconds must be positive and ordered"),
+            (self.commit_interval_seconds > 0 and self.pull_batch >= 1 and self.long_poll_ms >= 0,
+             "commit interval, pull batch and long poll must be positive"),
+        ]
+        for holds, message in checks:
+            if not holds:
+                raise ValueError(f"workload: {message}")
+        return self
+
+    @property
+    def group_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.groups)
+
+
+class Recorder:
+    """Timestamps (seconds since the run started), keeps and appends every event; keeps what the drain
+    needs to know without scanning the history (acknowledged keys, keys received per group)."""
+
+    def __init__(self, writer: HistoryWriter | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.started = clock()
+        self.history = History()
+        self._writer = writer
+        self.acked: set[str] = set()
+        self.received: dict[str, set[str]] = defaultdict(set)
+
+    def now(self) -> float:
+        return round(self._clock() - self.started, 6)
+
+    def record(self, event: Event) -> None:
+        self.history.add(event)
+        if isinstance(event, SendEvent) and event.acked:
+            self.acked.add(event.uniq_key)
+        elif isinstance(event, DeliveryEvent):
+            self.received[event.group].add(event.uniq_key)
+        if self._writer is not None:
+            self._writer.write(event)
+
+    def missing(self, group: str) -> int:
+        """Acknowledged messages ``group`` has not received yet."""
+        return len(self.acked - self.received[group])
+
+
+# ------------------------------------------------------------------------------------- producers
+
+
+class ProducerWorker:
+    def __init__(self, index: int, namesrv: str, config: WorkloadConfig, recorder: Recorder, rng: random.Random) -> None:
+        self.name = f"p{index}"
+        self.namesrv = namesrv
+        self.config = config
+        self.recorder = recorder
+        self.rng = rng
+        self.keys = [f"{self.name}-k{number}" for number in range(config.keys_per_producer)]
+        self.sequences = dict.fromkeys(self.keys, 0)
+
+    def _body(self, key: str, sequence: int) -> bytes:
+        head = f"{key}#{sequence}#"
+        filler = "".join(self.rng.choices(string.ascii_letters, k=max(0, self.config.body_bytes - len(head))))
+        return (head + filler).encode()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        config = self.config
+        client_config = ClientConfig((self.namesrv,), instance_name=f"chaos-{self.name}",
+                                     request_timeout_seconds=config.request_timeout_seconds)
+        producer = AsyncProducer(client_config, ProducerConfig(group=PRODUCER_GROUP,
+                                                               send_timeout_seconds=config.send_timeout_seconds,
+                                                               default_topic_queue_nums=config.queues),
+                                 rng=random.Random(self.rng.getrandbits(64)))
+        await producer.start()
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        try:
+            while not stop.is_set():
+                await self.send_one(producer)
+                next_at = max(next_at + 1 / config.rate_per_producer, loop.time() - 1.0)
+                delay = next_at - loop.time()
+                if delay > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), delay)
+        finally:
+            await producer.close()
+
+    async def send_one(self, producer: AsyncProducer) -> None:
+        config = self.config
+        key = self.keys[self.rng.randrange(len(self.keys))]
+        sequence = self.sequences[key]
+        self.sequences[key] = sequence + 1
+        delay_level = config.delay_level if self.rng.random() < config.delay_fraction else 0
+        message = Message(config.topic, self._body(key, sequence), sharding_key=key, delay_level=delay_level)
+        message.unique_id = producer.new_unique_id()
+        for attempt in range(config.send_attempts_max):
+            started = self.recorder.now()
+            try:
+                result = await producer.send(message, selector=select_by_sharding_key)
+            except MQClientError as error:
+                self.recorder.record(SendEvent(self.name, message.unique_id, key, sequence, attempt, started,
+                                               self.recorder.now(), False, error.code, str(error)[:200],
+                                               delay_level=delay_level))
+                continue
+            except asyncio.CancelledError:
+                self.recorder.record(SendEvent(self.name, message.unique_id, key, sequence, attempt, started,
+                                               self.recorder.now(), False, CANCELLED_CODE, "cancelled",
+                                               delay_level=delay_level))
+                raise
+            self.recorder.record(SendEvent(self.name, message.unique_id, key, sequence, attempt, started,
+                                           self.recorder.now(), True, None, "", result.message_queue.queue_id,
+                                           result.queue_offset, delay_level, result.broker_address))
+            return
+
+
+# ------------------------------------------------------------------------------------- consumers
+
+
+@dataclass
+class _Shared:
+    """What the consumers of one run share: session numbers and the drain flag."""
+
+    sessions: itertools.count[int] = field(default_factory=itertools.count)
+    draining: bool = False
+
+
+class QueueConsumer:
+    """One group's reader of one queue."""
+
+    def __init__(self, group: str, mode: str, queue: int, members: list[str], namesrv: str, config: WorkloadConfig,
+                 recorder: Recorder, rng: random.Random, shared: _Shared) -> None:
+        self.group = group
+        self.mode = mode
+        self.queue = queue
+        self.members = members
+        self.namesrv = namesrv
+        self.config = config
+        self.recorder = recorder
+        self.rng = rng
+        self.shared = shared
+        self.connections = Connections()
+        #: the next queue offset to read
+        self.offset = 0
+        self._last_note: tuple[str, str] | None = None
+        self._leader: str | None = None
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await self._session()
+        finally:
+            await self.connections.close()
+
+    def _note(self, what: str, node: str, detail: str) -> None:
+        """Record a note, once per run of identical (what, node)."""
+        if self._last_note != (what, node):
+            self._last_note = (what, node)
+            self.recorder.record(NoteEvent(self.recorder.now(), what,
+                                           f"{self.group} queue {self.queue} at {node}: {detail}"))
+
+    async def _backoff(self) -> None:
+        await asyncio.sleep(BACKOFF_SECONDS * (1 + self.rng.random()))
+
+    async def _leader_address(self, refresh: bool = False) -> str:
+        if refresh or self._leader is None:
+            self._leader = await self.connections.route_master(self.namesrv, self.config.topic)
+        return self._leader if self._leader is not None else self.rng.choice(self.members)
+
+    async def _leader_request(self, code: int, fields: dict[str, str]) -> tuple[RemotingCommand, str]:
+        """A request the leader must answer; follows not-leader answers and failures until answered."""
+        refresh = False
+        while True:
+            address = await self._leader_address(refresh)
+            try:
+                response = await self.connections.request(address, code, fields, self.config.request_timeout_seconds)
+            except Unreachable as exc:
+                self._note("leader unreachable", address, str(exc)[:120])
+                refresh = True
+                await self._backoff()
+                continue
+            if response.code == ResponseCode.SERVICE_NOT_AVAILABLE:
+                hint = response.ext_fields.get("leaderAddress")
+                self._leader = hint if hint in self.members else None
+                refresh = self._leader is None
+                await self._backoff()
+                continue
+            return response, address
+
+    async def _committed_offset(self) -> tuple[int, str]:
+        fields = {"consumerGroup": self.group, "topic": self.config.topic, "queueId": str(self.queue)}
+        while True:
+            response, address = await self._leader_request(RequestCode.QUERY_CONSUMER_OFFSET, fields)
+            if response.code == ResponseCode.SUCCESS:
+                return int(response.ext_fields.get("offset", "0")), address
+            if response.code == QUERY_NOT_FOUND:
+                return 0, address
+            self._note("offset query refused", address, f"code {response.code} {response.remark}")
+            await self._backoff()
+
+    async def _commit(self, offset: int) -> bool:
+        fields = {"consumerGroup": self.group, "topic": self.config.topic, "queueId": str(self.queue),
+                  "commitOffset": str(offset)}
+        address = await self._leader_address()
+        try:
+            response = await self.connections.request(address, RequestCode.UPDATE_CONSUMER_OFFSET, fields,
+                                                      self.config.request_timeout_seconds)
+        except Unreachable:
+            self._leader = None
+            return False
+        if response.code != ResponseCode.SUCCESS:
+            hint = response.ext_fields.get("leaderAddress")
+            self._leader = hint if hint in self.members else None
+            return False
+        self.recorder.record(OffsetCommitEvent(self.group, self.queue, offset, self.recorder.now(), address))
+        return True
+
+    async def _pull_node(self, failed: str | None) -> str:
+        if self.mode == LEADER_READS:
+            return await self._leader_address(refresh=failed is not None)
+        choices = [member for member in self.members if member != failed] or self.members
+        return self.rng.choice(choices)
+
+    async def _session(self) -> None:
+        config = self.config
+        loop = asyncio.get_running_loop()
+        start, leader = await self._committed_offset()
+        session = next(self.shared.sessions)
+        self.offset = committed = start
+        self.recorder.record(SessionEvent(self.group, session, self.queue, start, self.recorder.now(),
+                                          "start", leader))
+        ends_at = loop.time() + self.rng.uniform(config.session_seconds_min, config.session_seconds_max)
+        next_commit = loop.time() + config.commit_interval_seconds
+        node = await self._pull_node(None)
+        fields = {"consumerGroup": self.group, "topic": config.topic, "queueId": str(self.queue),
+                  "maxMsgNums": str(config.pull_batch), "sysFlag": "2", "commitOffset": "0",
+                  "suspendTimeoutMillis": str(config.long_poll_ms), "subVersion": "0", "expressionType": "TAG"}
+        timeout = config.long_poll_ms / 1000 + config.request_timeout_seconds
+        while True:
+            now = loop.time()
+            if now >= ends_at and not self.shared.draining:
+                if self.rng.random() < 0.5:  # a clean shutdown commits; a crash does not
+                    await self._commit(self.offset)
+                return
+            if now >= next_commit:
+                next_commit = now + config.commit_interval_seconds
+                if self.offset != committed and await self._commit(self.offset):
+                    committed = self.offset
+            try:
+                response = await self.connections.request(node, RequestCode.PULL_MESSAGE,
+                                                           {**fields, "queueOffset": str(self.offset)}, timeout)
+            except Unreachable as exc:
+                self._note("pull failed", node, str(exc)[:120])
+                await self._backoff()
+                node = await self._pull_node(node)
+                continue
+            if not self._handle_pull(session, node, response):
+                await self._backoff()
+                node = await self._pull_node(node)
+
+    def _handle_pull(self, session: int, node: str, response: RemotingCommand) -> bool:
+        """Record what a pull returned; False when the member should be left for another."""
+        code = response.code
+        if code == ResponseCode.SUCCESS:
+            after_last = self._record_messages(session, node, response.body)
+            next_offset = response.ext_fields.get("nextBeginOffset", "")
+            self.offset = int(next_offset) if next_offset.isdigit() else max(self.offset, after_last)
+            return True
+        if code == ResponseCode.PULL_NOT_FOUND:
+            return True
+        if code == ResponseCode.PULL_RETRY_IMMEDIATELY:
+            next_offset = response.ext_fields.get("nextBeginOffset", "")
+            if next_offset.isdigit() and int(next_offset) > self.offset:
+                self.offset = int(next_offset)
+            return True
+        what = "offset moved" if code == ResponseCode.PULL_OFFSET_MOVED else "pull refused"
+        self._note(what, node, f"code {code} at offset {self.offset} (next {response.ext_fields.get('nextBeginOffset')}, "
+                               f"max {response.ext_fields.get('maxOffset')}): {response.remark}")
+        return False
+
+    def _record_messages(self, session: int, node: str, body: bytes) -> int:
+        """Record each message of a pull's body; returns one past the highest queue offset seen."""
+        position = 0
+        after_last = 0
+        now = self.recorder.now()
+        while position < len(body):
+            try:
+                record = decode_record(body, position)
+            except RecordError as exc:
+                self._note("undecodable pull", node, str(exc)[:120])
+                break
+            position += record.total_size
+            uniq_key = decode_properties(record.properties).get("UNIQ_KEY", "")
+            self.recorder.record(DeliveryEvent(self.group, session, uniq_key, record.queue_id, record.queue_offset,
+                                               now, node))
+            after_last = max(after_last, record.queue_offset + 1)
+        return after_last
+
+
+# -------------------------------------------------------------------------------------- workload
+
+
+class Workload:
+    """Every producer and consumer of a run. ``start``, then ``stop_producers``, ``drain``, ``stop``."""
+
+    def __init__(self, namesrv: str, members: list[str], config: WorkloadConfig, recorder: Recorder,
+                 rng: random.Random) -> None:
+        self.namesrv = namesrv
+        self.members = members
+        self.config = config.validate()
+        self.recorder = recorder
+        self.producers = [ProducerWorker(index, namesrv, config, recorder, random.Random(rng.getrandbits(64)))
+                          for index in range(config.producers)]
+        self._shared = _Shared()
+        self.consumers = [QueueConsumer(group, mode, queue, members, namesrv, config, recorder,
+                                        random.Random(rng.getrandbits(64)), self._shared)
+                          for group, mode in config.groups for queue in range(config.queues)]
+        self._stop_producing = asyncio.Event()
+        self._producer_tasks: list[asyncio.Task[None]] = []
+        self._consumer_tasks: list[asyncio.Task[None]] = []
+        self._connections = Connections()
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._consumer_tasks = [loop.create_task(consumer.run(), name=f"consume {consumer.group} {consumer.queue}")
+                                for consumer in self.consumers]
+        self._producer_tasks = [loop.create_task(producer.run(self._stop_producing), name=f"produce {producer.name}")
+                                for producer in self.producers]
+
+    def failed_task(self) -> BaseException | None:
+        """The error of a workload task that ended by itself (a bug: they run until stopped)."""
+        for task in self._producer_tasks + self._consumer_tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                return task.exception()
+        return None
+
+    async def stop_producers(self, timeout_seconds: float) -> None:
+        """Let each producer finish its current message (retries included), then cancel what remains."""
+        self._stop_producing.set()
+        if self._producer_tasks:
+            _, pending = await asyncio.wait(self._producer_tasks, timeout=timeout_seconds)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*self._producer_tasks, return_exceptions=True)
+
+    async def max_offsets(self, leader: str) -> list[int] | None:
+        offsets = []
+        for queue in range(self.config.queues):
+            try:
+                response = await self._connections.request(leader, RequestCode.GET_MAX_OFFSET,
+                                                           {"topic": self.config.topic, "queueId": str(queue)}, 1.0)
+            except Unreachable:
+                return None
+            if response.code != ResponseCode.SUCCESS:
+                return None
+            offsets.append(int(response.ext_fields.get("offset", "0")))
+        return offsets
+
+    async def drain(self, timeout_seconds: float, settle_seconds: float = 2.0) -> bool:
+        """Wait until every group received every acknowledged message and read every queue to the leader's
+        end, the same end for ``settle_seconds`` (delayed messages keep arriving for their delay)."""
+        self._shared.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_seconds
+        stable_since: float | None = None
+        last_ends: list[int] | None = None
+        while loop.time() < deadline:
+            leader = await self._connections.route_master(self.namesrv, self.config.topic)
+            ends = await self.max_offsets(leader) if leader is not None else None
+            caught_up = ends is not None and all(consumer.offset >= ends[consumer.queue] for consumer in self.consumers)
+            received = all(self.recorder.missing(group) == 0 for group in self.config.group_names)
+            if caught_up and received and ends == last_ends:
+                if stable_since is None:
+                    stable_since = loop.time()
+                elif loop.time() - stable_since >= settle_seconds:
+                    return True
+            else:
+                stable_since = None
+            last_ends = ends
+            await asyncio.sleep(0.25)
+        missing = {group: self.recorder.missing(group) for group in self.config.group_names}
+        self.recorder.record(NoteEvent(self.recorder.now(), "drain timed out",
+                                       f"acknowledged messages not received per group: {missing}; "
+                                       f"offsets {[consumer.offset for consumer in self.consumers]}"))
+        return False
+
+    async def stop(self) -> None:
+        self._stop_producing.set()
+        for task in self._producer_tasks + self._consumer_tasks:
+            task.cancel()
+        await asyncio.gather(*self._producer_tasks, *self._consumer_tasks, return_exceptions=True)
+        await self._connections.close()
