@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 
 from broker.config import BrokerConfig
 from broker.remoting.codes import ResponseCode
@@ -53,6 +55,7 @@ class BrokerContext:
             if peer.id in config.peer_addresses:
                 self.listen_by_raft[peer.raft_address] = config.peer_addresses[peer.id]
         self._topic_creations: dict[str, asyncio.Future[TopicConfig]] = {}
+        self._completions = _Completions()
         #: called after a topic is created or changed here (re-register with the name servers)
         self.on_topics_changed: Callable[[], None] = lambda: None
 
@@ -95,7 +98,7 @@ class BrokerContext:
         except (EntryTooLargeError, InvalidMessageError) as exc:
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
         try:
-            return await asyncio.wrap_future(future)
+            return await self._completions.wait(future)
         except NotLeaderError as exc:
             raise self.not_leader(exc.leader) from None
         except OutcomeUnknownError as exc:
@@ -181,3 +184,42 @@ class BrokerContext:
                                f"queueId[{queue_id}] is illegal, topic:[{topic}] "
                                f"topicConfig.readQueueNums:[{config.read_queue_nums}]")
         return config
+
+
+class _Completions:
+    """Hands futures completed on the group-commit thread to the event loop in batches: one loop
+    wake-up for every entry's worth of sends, not one per send (asyncio.wrap_future's cost)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done: list[tuple[asyncio.Future[tuple[AppendResult, ...]], Future[tuple[AppendResult, ...]]]] = []
+        self._scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def wait(self, future: Future[tuple[AppendResult, ...]]) -> tuple[AppendResult, ...]:
+        loop = self._loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[tuple[AppendResult, ...]] = loop.create_future()
+
+        def completed(done: Future[tuple[AppendResult, ...]]) -> None:
+            with self._lock:
+                self._done.append((waiter, done))
+                if self._scheduled:
+                    return
+                self._scheduled = True
+            loop.call_soon_threadsafe(self._deliver)
+
+        future.add_done_callback(completed)
+        return await waiter
+
+    def _deliver(self) -> None:
+        with self._lock:
+            done, self._done = self._done, []
+            self._scheduled = False
+        for waiter, future in done:
+            if waiter.done():
+                continue
+            error = future.exception()
+            if error is not None:
+                waiter.set_exception(error)
+            else:
+                waiter.set_result(future.result())
