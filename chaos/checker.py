@@ -114,9 +114,19 @@ class FaultWindow:
     #: the longest gap between consecutive acks that is this fault's (see :func:`fault_windows`)
     longest_gap: Gap | None
 
+    @property
+    def recovery_seconds(self) -> float | None:
+        """From the fault's start to the first ack that ended its longest gap (unlike the first ack after
+        it, an answer that was already on its way when the fault struck does not count)."""
+        if self.longest_gap is None or self.longest_gap.end < self.fault.start:
+            return None
+        return self.longest_gap.end - self.fault.start
+
     def to_json(self) -> dict[str, Any]:
+        recovery = self.recovery_seconds
         return {"kind": self.fault.kind, "target": self.fault.target, "start": round(self.fault.start, 3),
                 "end": round(self.fault.end, 3),
+                "recovery_seconds": None if recovery is None else round(recovery, 3),
                 "first_ack_after_seconds": None if self.first_ack_after_seconds is None
                 else round(self.first_ack_after_seconds, 3),
                 "longest_gap": None if self.longest_gap is None else self.longest_gap.to_json()}

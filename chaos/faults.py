@@ -97,7 +97,10 @@ class Faults:
         await self._restart(node_id)
         return self._record("kill", node_id, start, f"SIGKILL, restarted after {hold_seconds:.1f} s")
 
-    async def pause(self, node_id: str, hold_seconds: float) -> FaultEvent:
+    async def pause(self, node_id: str, hold_seconds: float) -> FaultEvent | None:
+        if not self._alive(node_id):
+            self.note("pause skipped", f"{node_id} is not running")
+            return None
         start = self.recorder.now()
         await asyncio.to_thread(self.cluster.local.kill, node_id, signal.SIGSTOP)
         self.paused.add(node_id)

@@ -22,8 +22,9 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 def fault_figures(windows: tuple[FaultWindow, ...]) -> dict[str, dict[str, Any]]:
-    """Per fault kind: how many, and p50 / max of the time to the first ack after the fault and of the
-    longest ack gap around it (seconds). A fault with no ack after it counts in ``without_ack``."""
+    """Per fault kind: how many, and p50 / max (seconds) of the time to the first ack after the fault, of
+    the longest ack gap around it, and of the recovery time (fault start to the end of that gap). A fault
+    with no ack after it counts in ``without_ack``."""
     by_kind: dict[str, list[FaultWindow]] = defaultdict(list)
     for window in windows:
         by_kind[window.fault.kind].append(window)
@@ -31,6 +32,7 @@ def fault_figures(windows: tuple[FaultWindow, ...]) -> dict[str, dict[str, Any]]
     for kind, members in sorted(by_kind.items()):
         first = [window.first_ack_after_seconds for window in members if window.first_ack_after_seconds is not None]
         gaps = [window.longest_gap.seconds for window in members if window.longest_gap is not None]
+        recoveries = [window.recovery_seconds for window in members if window.recovery_seconds is not None]
         figures[kind] = {
             "count": len(members),
             "without_ack": len(members) - len(first),
@@ -38,6 +40,8 @@ def fault_figures(windows: tuple[FaultWindow, ...]) -> dict[str, dict[str, Any]]
             "first_ack_after_max_seconds": round(max(first), 3) if first else None,
             "longest_gap_p50_seconds": round(statistics.median(gaps), 3) if gaps else None,
             "longest_gap_max_seconds": round(max(gaps), 3) if gaps else None,
+            "recovery_p50_seconds": round(statistics.median(recoveries), 3) if recoveries else None,
+            "recovery_max_seconds": round(max(recoveries), 3) if recoveries else None,
         }
     return figures
 

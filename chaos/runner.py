@@ -277,7 +277,8 @@ def _print_summary(report: dict[str, Any], out: TextIO) -> None:
           f"({check_figures['unacked_stored']} stored), longest ack gap "
           f"{gap['seconds'] if gap else '-'} s", file=out)
     for kind, figures in report["faults"].items():
-        print(f"  {kind} x{figures['count']}: first ack after p50 {figures['first_ack_after_p50_seconds']} s "
-              f"max {figures['first_ack_after_max_seconds']} s; longest gap p50 {figures['longest_gap_p50_seconds']} s "
-              f"max {figures['longest_gap_max_seconds']} s", file=out)
+        print(f"  {kind} x{figures['count']}: recovery p50 {figures['recovery_p50_seconds']} s "
+              f"max {figures['recovery_max_seconds']} s; longest ack gap p50 {figures['longest_gap_p50_seconds']} s "
+              f"max {figures['longest_gap_max_seconds']} s; first ack after p50 "
+              f"{figures['first_ack_after_p50_seconds']} s max {figures['first_ack_after_max_seconds']} s", file=out)
     print(f"report: {REPORT_FILE}", file=out, flush=True)

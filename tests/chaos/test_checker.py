@@ -427,3 +427,13 @@ def test_a_bounded_gap_overlaps_its_bounds(times: list[float], start: float, len
         assert gap is None
     else:
         assert gap is not None and gap.seconds == max(later - earlier for earlier, later in overlapping)
+
+
+def test_recovery_ignores_an_answer_already_on_its_way() -> None:
+    # an ack lands 10 ms after the kill (sent before it); the outage follows
+    acks = [ack(f"A{i}", 0, i, at, sequence=i) for i, at in enumerate((1.0, 2.01, 4.0, 4.1))]
+    history = History.of([run_header(), *acks, FaultEvent("kill-leader", "n0", 2.0, 3.0)])
+    [window] = check(history).unavailability.faults
+    assert window.first_ack_after_seconds == pytest.approx(0.01)
+    assert window.recovery_seconds == pytest.approx(2.0)
+    assert window.to_json()["recovery_seconds"] == 2.0
