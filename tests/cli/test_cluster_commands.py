@@ -48,8 +48,15 @@ def test_up_status_kill_leader_restart_down(data_dir: Path) -> None:
     assert len(leaders) == 1 and all(row["alive"] for row in rows)
     table = raftmq("cluster", "status", "--data-dir", str(data_dir)).stdout
     assert "applied_index" in table and "leader" in table
+    client = ["--namesrv", namesrv]
+    raftmq("topic", "create", "E2E", "--queues", "2", *client)
+    raftmq("send", "E2E", "before the kill", *client)
     old_master = route_master(namesrv)
     raftmq("cluster", "kill", "--leader", "--data-dir", str(data_dir))
+    raftmq("send", "E2E", "after the kill", *client)  # the client rides out the election
+    consumed = raftmq("consume", "E2E", "--group", "e2e", "--from", "first", "--count", "2", *client)
+    assert sorted(json.loads(line)["body"] for line in consumed.stdout.splitlines()) == ["after the kill",
+                                                                                         "before the kill"]
     wait_for(lambda: (master := route_master(namesrv)) is not None and master != old_master, 30, "a new leader")
     rows = [json.loads(line) for line in raftmq("cluster", "status", "--data-dir", str(data_dir), "--json").stdout.splitlines()]
     assert [row["alive"] for row in rows if row["node"] == leaders[0]] == [False]
