@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from cli.cluster import free_ports
+
+__all__ = ["free_ports", "wait_for"]
+
 Result = TypeVar("Result")
 POLL_INTERVAL_SECONDS = 0.05
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Ports the kernel picked as free; all are held open together so they are distinct."""
-    sockets = []
-    try:
-        for _ in range(count):
-            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            probe.bind((host, 0))
-            sockets.append(probe)
-        return [probe.getsockname()[1] for probe in sockets]
-    finally:
-        for probe in sockets:
-            probe.close()
 
 
 def wait_for(condition: Callable[[], Result | None], timeout_seconds: float, what: str) -> Result:

@@ -26,7 +26,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 def leader(cluster: LocalCluster) -> str:
-    return wait_for(lambda: route_master(cluster.namesrv), 30, "a leader in the routes")
+    return wire.leader_address(cluster.namesrv)
 
 
 def followers(cluster: LocalCluster) -> list[str]:
@@ -34,11 +34,7 @@ def followers(cluster: LocalCluster) -> list[str]:
     return [node.broker_address for node in cluster.info.nodes if node.broker_address != master]
 
 
-def create_topic(address: str, topic: str, queues: int = 4, perm: int = 6) -> None:
-    code, _, _ = wire.call(address, RequestCode.UPDATE_AND_CREATE_TOPIC,
-                           {"topic": topic, "readQueueNums": str(queues), "writeQueueNums": str(queues),
-                            "perm": str(perm), "topicFilterType": "SINGLE_TAG", "topicSysFlag": "0", "order": "false"})
-    assert code == ResponseCode.SUCCESS
+create_topic = wire.create_topic
 
 
 def max_offset(address: str, topic: str, queue_id: int) -> int:

@@ -11,7 +11,7 @@ import pytest
 
 from broker.remoting.client import RemotingError
 from broker.remoting.codes import RequestCode, ResponseCode
-from cli.cluster import LocalCluster, route_master
+from cli.cluster import LocalCluster
 from commitlog.message import StoredMessage
 from tests.broker import wire
 from tests.support import wait_for
@@ -26,7 +26,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 def leader(cluster: LocalCluster) -> str:
-    return wait_for(lambda: route_master(cluster.namesrv), 60, "a leader in the routes")
+    return wire.leader_address(cluster.namesrv)
 
 
 def delivered(address: str, topic: str) -> list[StoredMessage] | None:
@@ -42,10 +42,7 @@ def delivered_at_least(address: str, topic: str, count: int) -> list[StoredMessa
     return messages if messages is not None and len(messages) >= count else None
 
 
-def create_topic(address: str, topic: str) -> None:
-    code, _, _ = wire.call(address, RequestCode.UPDATE_AND_CREATE_TOPIC,
-                           {"topic": topic, "readQueueNums": "1", "writeQueueNums": "1", "perm": "6"})
-    assert code == ResponseCode.SUCCESS
+create_topic = wire.create_topic
 
 
 def test_timed_messages_arrive_once_not_before_their_time(cluster: LocalCluster) -> None:

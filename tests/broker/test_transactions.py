@@ -31,7 +31,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 def leader(cluster: LocalCluster) -> str:
-    return wait_for(lambda: route_master(cluster.namesrv), 30, "a leader in the routes")
+    return wire.leader_address(cluster.namesrv)
 
 
 def max_offset(address: str, topic: str, queue_id: int = 0) -> int | None:
@@ -59,10 +59,7 @@ def end(address: str, half: dict[str, str], decision: int, group: str = GROUP) -
     return code, fields.get("remark", "")
 
 
-def create_topic(address: str, topic: str) -> None:
-    code, _, _ = wire.call(address, RequestCode.UPDATE_AND_CREATE_TOPIC,
-                           {"topic": topic, "readQueueNums": "1", "writeQueueNums": "1", "perm": "6"})
-    assert code == ResponseCode.SUCCESS
+create_topic = wire.create_topic
 
 
 def test_commit_is_visible_once_and_rollback_never(cluster: LocalCluster) -> None:

@@ -100,3 +100,19 @@ def call(address: str, code: int, fields: dict[str, str] | None = None, body: by
 
 def json_body(body: bytes) -> Any:
     return json.loads(body)
+
+
+def leader_address(namesrv: str, timeout_seconds: float = 60.0) -> str:
+    """The address the name server routes to as brokerId 0 (polled until there is one)."""
+    from cli.cluster import route_master
+    from tests.support import wait_for
+
+    return wait_for(lambda: route_master(namesrv), timeout_seconds, "a leader in the routes")
+
+
+def create_topic(address: str, topic: str, queues: int = 4, perm: int = 6) -> None:
+    code, _, remark = call(address, RequestCode.UPDATE_AND_CREATE_TOPIC,
+                           {"topic": topic, "readQueueNums": str(queues), "writeQueueNums": str(queues),
+                            "perm": str(perm), "topicFilterType": "SINGLE_TAG", "topicSysFlag": "0",
+                            "order": "false"})
+    assert code == 0, remark
