@@ -1,0 +1,115 @@
+"""Broker pieces without processes: batch decoding, properties, tag expressions, header parsing, timers,
+node configuration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.config import load_node_file
+from broker.pull import tag_codes
+from broker.remoting.codes import ResponseCode
+from broker.requests import RequestError, SendHeader
+from broker.send import decode_batch, parse_properties
+from broker.timers import due_time_ms
+from commitlog.config import ConfigError
+from commitlog.message import java_string_hash
+from tests.broker.wire import batch_body
+
+
+def test_batch_round_trip_and_every_malformed_batch_is_message_illegal() -> None:
+    body = batch_body([(b"one", {"UNIQ_KEY": "A", "TAGS": "t"}), (b"", {}), (b"three", {"KEYS": "k"})])
+    items = decode_batch(body)
+    assert [(item.body, item.properties) for item in items] == [
+        (b"one", {"UNIQ_KEY": "A", "TAGS": "t"}), (b"", {}), (b"three", {"KEYS": "k"})]
+    for bad in (b"", body[:-1], body + b"\x00", body[:10], b"\x00" * 22):
+        with pytest.raises(RequestError) as caught:
+            decode_batch(bad)
+        assert caught.value.code == ResponseCode.MESSAGE_ILLEGAL
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_any_batch_body_decodes_or_is_refused(body: bytes) -> None:
+    try:
+        decode_batch(body)
+    except RequestError as error:
+        assert error.code == ResponseCode.MESSAGE_ILLEGAL and error.remark
+
+
+def test_properties_are_parsed_leniently_as_java_does() -> None:
+    assert parse_properties("A\x011\x02B\x012\x02") == {"A": "1", "B": "2"}
+    assert parse_properties("A\x011\x02junk\x02\x02A\x013") == {"A": "3"}
+    assert parse_properties("") == {}
+
+
+def test_tag_expressions_select_java_hash_codes() -> None:
+    assert tag_codes(None) is None and tag_codes("*") is None and tag_codes(" ") is None
+    assert tag_codes("TagA || TagB") == frozenset({java_string_hash("TagA"), java_string_hash("TagB")})
+
+
+def test_send_header_reads_both_name_forms_and_refuses_bad_fields() -> None:
+    long_form = {"producerGroup": "g", "topic": "T", "queueId": "2", "bornTimestamp": "5", "batch": "true"}
+    short_form = {"a": "g", "b": "T", "e": "2", "g": "5", "m": "1"}
+    assert SendHeader.parse(long_form, v2=False) == SendHeader.parse(short_form, v2=True)
+    assert SendHeader.parse(short_form, v2=False).batch  # Java's batches: code 320 with short names
+    for bad in ({**long_form, "queueId": "x"}, {**long_form, "bornTimestamp": ""}, {"topic": "T"},
+                {**long_form, "batch": "maybe"}, {**long_form, "queueId": str(2**31)}):
+        with pytest.raises(RequestError) as caught:
+            SendHeader.parse(bad, v2=False)
+        assert caught.value.code == ResponseCode.SYSTEM_ERROR
+
+
+def test_delivery_times() -> None:
+    now = 1_700_000_000_000
+    assert due_time_ms({}, now) is None
+    assert due_time_ms({"TIMER_DELAY_SEC": "5"}, now) == now + 5000
+    assert due_time_ms({"TIMER_DELAY_MS": "250"}, now) == now + 250
+    assert due_time_ms({"__STARTDELIVERTIME": str(now + 10)}, now) == now + 10
+    assert due_time_ms({"TIMER_DELIVER_MS": str(now - 10)}, now) == now - 10  # past: delivered at once
+    for bad in ({"TIMER_DELAY_SEC": "-1"}, {"TIMER_DELAY_SEC": "1.5"}, {"TIMER_DELIVER_MS": str(now + 31 * 86_400_000)}):
+        with pytest.raises(RequestError) as caught:
+            due_time_ms(bad, now)
+        assert caught.value.code == ResponseCode.MESSAGE_ILLEGAL
+
+
+NODE = """
+[node]
+id = "n0"
+raft_address = "127.0.0.1:20010"
+catchup_address = "127.0.0.1:20011"
+data_dir = "data"
+secret = "0123456789abcdef0123"
+
+[[peers]]
+id = "n1"
+raft_address = "127.0.0.1:20020"
+catchup_address = "127.0.0.1:20021"
+
+[broker]
+listen_address = "127.0.0.1:10911"
+namesrv = ["127.0.0.1:9876"]
+peer_addresses = { n1 = "127.0.0.1:10921" }
+"""
+
+
+def test_node_file_with_a_broker_table(tmp_path: Path) -> None:
+    path = tmp_path / "node.toml"
+    path.write_text(NODE)
+    node, broker = load_node_file(path)
+    assert node.id == "n0" and broker.listen_address == "127.0.0.1:10911" and broker.broker_name == "broker-a"
+    assert broker.peer_addresses == {"n1": "127.0.0.1:10921"}
+    for change, message in (
+        (NODE.replace("[broker]", "[brokers]"), "a \\[broker\\] table is required"),
+        (NODE.replace('listen_address = "127.0.0.1:10911"', 'listen_address = "nowhere"'), "listen_address"),
+        (NODE.replace("n1 = ", "n7 = "), "non-members"),
+        (NODE + "auto_create_topic = 3\n", "auto_create_topic"),
+        (NODE + "colour = 'blue'\n", "unknown key"),
+        (NODE.replace("[broker]", "[broker]\nbroker_name = 'a b'"), "broker_name"),
+    ):
+        path.write_text(change)
+        with pytest.raises(ConfigError, match=message):
+            load_node_file(path)
