@@ -9,6 +9,12 @@ One TOML file per node (``raftmq broker --config node.toml``)::
     namesrv = ["127.0.0.1:9876"]
     broker_id = 1                               # the id this member registers with while a follower
     peer_addresses = { n1 = "127.0.0.1:10921", n2 = "127.0.0.1:10931" }   # the others' listen addresses
+    acl_file = "acl.toml"                       # optional: RocketMQ plain ACL (broker.acl.config); off if unset
+    tls_cert_file = "broker.pem"                # optional, with tls_key_file: TLS on the remoting port
+    tls_key_file = "broker.key"
+
+Relative file names are read from the node file's directory. The file named by ``acl_file`` must exist
+and be valid when the node starts; afterwards it is reloaded on change (broker.acl.reloader).
 
     [node] ... [[peers]] ... [raft] ... [group_commit] ... [store]   (see dledger.config)
 
@@ -18,12 +24,16 @@ Every value is checked; an unknown key or a bad value is a ``ConfigError`` namin
 from __future__ import annotations
 
 import dataclasses
+import math
+import ssl
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker.acl.config import load_acl_file
+from broker.acl.permissions import AclConfigError
 from commitlog.config import ConfigError
 from dledger.config import NodeConfig, parse_address
 
@@ -66,6 +76,16 @@ class BrokerConfig:
     transaction_check_interval_ms: int = 60_000
     #: check-backs before a half is discarded (RocketMQ: transactionCheckMax 15)
     transaction_check_max: int = 15
+    #: RocketMQ plain-ACL rules (TOML); empty: access control is off (unless the group replicated rules)
+    acl_file: str = ""
+    #: TLS on the remoting port: both set, or neither (off)
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    #: the remoting server's limits (broker.remoting.server.ServerLimits)
+    remoting_connections_max: int = 1024
+    remoting_in_flight_requests_max: int = 1024
+    #: a connection with no whole frame either way for this long is closed (slow-loris, half-open peers)
+    remoting_idle_timeout_seconds: float = 120.0
 
     def validate(self) -> BrokerConfig:
         parse_address(self.listen_address, "broker.listen_address")
@@ -96,6 +116,16 @@ class BrokerConfig:
             raise ConfigError("broker.delay_levels_seconds must be 1..64 delays of 1 s .. 30 days")
         if not isinstance(self.auto_create_topic, bool):
             raise ConfigError("broker.auto_create_topic must be true or false")
+        for name in ("acl_file", "tls_cert_file", "tls_key_file"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"broker.{name} must be a file name")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ConfigError("broker.tls_cert_file and broker.tls_key_file go together (set both, or neither)")
+        _check_int(self, "remoting_connections_max", 1, 1 << 20)
+        _check_int(self, "remoting_in_flight_requests_max", 1, 1 << 20)
+        idle = self.remoting_idle_timeout_seconds
+        if not isinstance(idle, int | float) or isinstance(idle, bool) or not (math.isfinite(idle) and 0 < idle <= 86_400):
+            raise ConfigError(f"broker.remoting_idle_timeout_seconds must be a number of seconds in (0, 86400], got {idle!r}")
         return self
 
     @classmethod
@@ -140,7 +170,29 @@ def load_node_file(path: Path) -> tuple[NodeConfig, BrokerConfig]:
     unknown_members = sorted(set(broker.peer_addresses) - {peer.id for peer in node.peers})
     if unknown_members:
         raise ConfigError(f"broker.peer_addresses names non-members: {', '.join(unknown_members)}")
+    broker = _resolve_files(broker, path.parent)
     return node, broker
+
+
+def _resolve_files(broker: BrokerConfig, base: Path) -> BrokerConfig:
+    """File names relative to the node file's directory; the ACL file and TLS pair checked now, so a bad
+    one stops the node at start with a clear message."""
+    def resolved(name: str) -> str:
+        return str(base / value) if (value := getattr(broker, name)) else ""
+
+    broker = dataclasses.replace(broker, acl_file=resolved("acl_file"), tls_cert_file=resolved("tls_cert_file"),
+                                 tls_key_file=resolved("tls_key_file"))
+    if broker.acl_file:
+        try:
+            load_acl_file(Path(broker.acl_file))
+        except AclConfigError as exc:
+            raise ConfigError(f"broker.acl_file: {exc}") from None
+    if broker.tls_cert_file:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(broker.tls_cert_file, broker.tls_key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"broker.tls_cert_file / tls_key_file cannot be used: {exc}") from None
+    return broker
 
 
 def _check_int(config: BrokerConfig, name: str, low: int, high: int) -> None:

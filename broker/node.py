@@ -15,10 +15,15 @@ import json
 import logging
 import os
 import signal
+import ssl
 import sys
 import threading
 from pathlib import Path
 
+from broker.acl.admission import Admission
+from broker.acl.authorizer import AclAuthorizer, AclRules
+from broker.acl.config import load_acl_file
+from broker.acl.reloader import AclFileWatcher
 from broker.admin import ADMIN_CODES, AdminProcessor
 from broker.config import BrokerConfig, load_node_file
 from broker.consumers import ClientProcessor, ConsumerManager, QueueLocks
@@ -29,13 +34,14 @@ from broker.offsets import OffsetCommitter
 from broker.pull import PullProcessor, PullWaiters
 from broker.registration import Registrar
 from broker.remoting.codes import RequestCode
-from broker.remoting.server import RemotingServer
+from broker.remoting.server import RemotingServer, ServerLimits
 from broker.send import SEND_CODES, SendProcessor
 from broker.send_back import SendBackProcessor
 from broker.timers import TimerService
 from broker.topics import AUTO_CREATE_TOPIC, PERM_INHERIT, PERM_READ, PERM_WRITE
 from broker.transactions import EndTransactionProcessor, TransactionCheckService
 from commitlog.config import ConfigError
+from dledger.command import AclDocument, Command
 from dledger.config import NodeConfig, parse_address
 from dledger.member import GroupMember, RoleChange
 
@@ -55,6 +61,7 @@ class BrokerNode:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake_scheduled = threading.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self.acl_watcher: AclFileWatcher | None = None
 
     async def start(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
@@ -70,7 +77,19 @@ class BrokerNode:
         self.delay = DelayService(broker)
         self.timers = TimerService(broker)
         host, port = parse_address(self.config.listen_address, "broker.listen_address")
-        server = self.server = RemotingServer(host, port)
+        # access control and request limits, checked before a request is queued (broker.acl)
+        acl_config = load_acl_file(Path(self.config.acl_file)) if self.config.acl_file else None
+        self.acl_rules = AclRules(acl_config, lambda: member.state.acl_document)
+        limits = ServerLimits(connections_max=self.config.remoting_connections_max,
+                              in_flight_requests_max=self.config.remoting_in_flight_requests_max,
+                              idle_timeout_seconds=self.config.remoting_idle_timeout_seconds)
+        server = self.server = RemotingServer(host, port, limits, authorizer=Admission(AclAuthorizer(self.acl_rules)),
+                                              ssl_context=self._tls_context())
+        if acl_config is not None:
+            self.acl_watcher = AclFileWatcher(
+                Path(self.config.acl_file), acl_config, self.acl_rules, is_leader=lambda: member.is_leader,
+                replicated_document=lambda: member.state.acl_document,
+                propose=lambda document: broker.propose(Command((AclDocument(document),))))
         server.register(SEND_CODES, sender, queue_max=10_000, workers=512, name="send")
         server.register(RequestCode.PULL_MESSAGE, PullProcessor(broker, consumers, offsets, waiters),
                         queue_max=10_000, workers=1024, name="pull")
@@ -91,6 +110,8 @@ class BrokerNode:
         self.delay.start()
         self.timers.start()
         self.transactions.start()
+        if self.acl_watcher is not None:
+            self.acl_watcher.start()
         self._tasks.append(loop.create_task(self._housekeeping(), name="housekeeping"))
 
     # ------------------------------------------------------------------ events from the Raft thread
@@ -106,6 +127,8 @@ class BrokerNode:
         self.delay.role_changed()
         self.timers.wake()
         self.waiters.wake_all()
+        if self.acl_watcher is not None:
+            self.acl_watcher.wake()
 
     def _applied(self) -> None:
         if self._wake_scheduled.is_set():
@@ -120,6 +143,14 @@ class BrokerNode:
         self._wake_scheduled.clear()
         self.waiters.notify()
         self.delay.applied()
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        if not self.config.tls_cert_file:
+            return None
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.config.tls_cert_file, self.config.tls_key_file)
+        return context
 
     # ------------------------------------------------------------------ services
 
@@ -144,6 +175,8 @@ class BrokerNode:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.acl_watcher is not None:
+            await self.acl_watcher.stop()
         await self.delay.stop()
         await self.timers.stop()
         await self.transactions.stop()

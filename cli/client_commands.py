@@ -1,6 +1,9 @@
 """``raftmq topic|send|consume|msg|group|bench``: what users do with a running cluster, through client/.
 
-Every command takes ``--namesrv HOST:PORT[;HOST:PORT]`` (or ``RAFTMQ_NAMESRV``). Expected failures
+Every command takes ``--namesrv HOST:PORT[;HOST:PORT]`` (or ``RAFTMQ_NAMESRV``), and for a broker group
+with access control the ACL credentials: ``--access-key`` / ``--secret-key`` (or ``RAFTMQ_ACCESS_KEY`` /
+``RAFTMQ_SECRET_KEY``, or a TOML file with ``access_key`` / ``secret_key`` named by ``--credentials-file``
+or ``RAFTMQ_CREDENTIALS_FILE``); ``--tls`` (and ``--tls-ca-file``) for brokers serving TLS. Expected failures
 (broker errors, unreachable name servers, bad input the broker refuses) print ``Error: ...`` and exit
 with 1; usage errors exit with 2; neither prints a traceback.
 """
@@ -8,6 +11,7 @@ with 1; usage errors exit with 2; neither prints a traceback.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import json
 import math
@@ -24,7 +28,17 @@ import click
 
 from broker.namesrv.model import PERM_READ, PERM_WRITE
 from client.admin import AsyncAdmin
-from client.config import ClientConfig, ConfigError, ConsumeFromWhere, ConsumerConfig, ProducerConfig
+from client.config import (
+    ACCESS_KEY_ENV,
+    CREDENTIALS_FILE_ENV,
+    SECRET_KEY_ENV,
+    ClientConfig,
+    ConfigError,
+    ConsumeFromWhere,
+    ConsumerConfig,
+    ProducerConfig,
+    load_credentials,
+)
 from client.errors import MQClientError
 from client.lite_pull_consumer import AsyncLitePullConsumer
 from client.message import Message, MessageExt, MessageQueue, PullStatus, SendResult
@@ -37,13 +51,45 @@ DEFAULT_PRODUCER_GROUP: Final = "raftmq-cli-producer"
 PERMS: Final = {"rw": PERM_READ | PERM_WRITE, "r": PERM_READ, "w": PERM_WRITE, "none": 0}
 CONTEXT: Final = {"help_option_names": ["-h", "--help"]}
 
-namesrv_option = click.option(
+_namesrv_only = click.option(
     "--namesrv",
     envvar=NAMESRV_ENV,
     required=True,
     metavar="HOST:PORT",
     help=f"Name server address(es), ';'-separated (env {NAMESRV_ENV}).",
 )
+TLS_ENV: Final = "RAFTMQ_TLS"
+TLS_CA_FILE_ENV: Final = "RAFTMQ_TLS_CA_FILE"
+_CONNECTION_META: Final = "raftmq.connection"
+
+
+def _remember(context: click.Context, parameter: click.Parameter, value: object) -> object:
+    """Keep a connection option for :func:`client_config` (not passed to the command function)."""
+    context.meta.setdefault(_CONNECTION_META, {})[parameter.name] = value
+    return value
+
+
+_connection_options = [
+    click.option("--access-key", default=None, expose_value=False, callback=_remember, metavar="KEY",
+                 help=f"ACL access key (env {ACCESS_KEY_ENV}; or --credentials-file)."),
+    click.option("--secret-key", default=None, expose_value=False, callback=_remember, metavar="SECRET",
+                 help=f"ACL secret key (env {SECRET_KEY_ENV}, which keeps it out of the process list)."),
+    click.option("--credentials-file", default=None, expose_value=False, callback=_remember, metavar="FILE",
+                 help=f"TOML file with access_key and secret_key (env {CREDENTIALS_FILE_ENV})."),
+    click.option("--tls", is_flag=True, envvar=TLS_ENV, expose_value=False, callback=_remember,
+                 help=f"Connect to brokers with TLS (env {TLS_ENV})."),
+    click.option("--tls-ca-file", default=None, envvar=TLS_CA_FILE_ENV, expose_value=False, callback=_remember,
+                 metavar="FILE", help=f"CA certificate(s) the brokers' certificates are checked against (env {TLS_CA_FILE_ENV})."),
+]
+
+
+def namesrv_option(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``--namesrv`` plus the connection options (ACL credentials, TLS) every command takes."""
+    for option in reversed([_namesrv_only, *_connection_options]):
+        function = option(function)
+    return function
+
+
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
 
 
@@ -52,9 +98,20 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Machine-read
 
 def client_config(namesrv: str) -> ClientConfig:
     try:
-        return ClientConfig.of(namesrv)
+        config = ClientConfig.of(namesrv)
     except ConfigError as error:
         raise click.BadParameter(str(error), param_hint="'--namesrv'") from None
+    context = click.get_current_context(silent=True)
+    options: dict[str, Any] = context.meta.get(_CONNECTION_META, {}) if context is not None else {}
+    try:
+        credentials = load_credentials(options.get("access_key"), options.get("secret_key"),
+                                       options.get("credentials_file"))
+        return dataclasses.replace(
+            config, access_key=credentials[0] if credentials else None,
+            secret_key=credentials[1] if credentials else None, tls=bool(options.get("tls")),
+            tls_ca_file=options.get("tls_ca_file"))
+    except ConfigError as error:
+        raise click.UsageError(str(error)) from None
 
 
 def run(coroutine: Awaitable[T]) -> T:

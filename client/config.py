@@ -4,6 +4,9 @@
 - :class:`ClientConfig`: what every producer, consumer and admin shares: the name servers, timeouts
   and the background periods (route refresh, heartbeat, offset persistence).
 - :class:`ProducerConfig`, :class:`ConsumerConfig`: one producer or consumer group.
+- :func:`load_credentials`: an ACL access key / secret key from options, the environment
+  (``RAFTMQ_ACCESS_KEY`` / ``RAFTMQ_SECRET_KEY``) or a credentials file (TOML ``access_key`` /
+  ``secret_key``; ``RAFTMQ_CREDENTIALS_FILE``).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import enum
 import math
 import os
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -24,6 +28,9 @@ DEFAULT_CONSUMER_GROUP: Final = "DEFAULT_CONSUMER"
 #: where broadcasting consumers keep their offsets by default (Java: ~/.rocketmq_offsets)
 DEFAULT_OFFSET_STORE_DIR: Final = Path.home() / ".raftmq_offsets"
 _GROUP_MAX_CHARS: Final = 255
+ACCESS_KEY_ENV: Final = "RAFTMQ_ACCESS_KEY"
+SECRET_KEY_ENV: Final = "RAFTMQ_SECRET_KEY"
+CREDENTIALS_FILE_ENV: Final = "RAFTMQ_CREDENTIALS_FILE"
 _Config = TypeVar("_Config")
 
 
@@ -121,6 +128,10 @@ class ClientConfig:
       (process id and a counter), as Java's default does.
     - ``client_ip``: what the client id and born host carry (``None``: found from the route to the
       first name server).
+    - ``access_key`` / ``secret_key``: ACL credentials; with them every request is signed as
+      RocketMQ's ``AclClientRPCHook`` signs it (both, or neither).
+    - ``tls``: connect to brokers with TLS (name servers stay plain), verifying their certificate
+      against ``tls_ca_file`` (``None``: the system's certificate authorities).
     """
 
     namesrv_addresses: tuple[str, ...]
@@ -135,6 +146,10 @@ class ClientConfig:
     instance_name: str | None = None
     client_ip: str | None = None
     outbound_requests_max: int = 65_536
+    access_key: str | None = None
+    secret_key: str | None = None
+    tls: bool = False
+    tls_ca_file: str | None = None
 
     def __post_init__(self) -> None:
         given: object = self.namesrv_addresses  # a str or list is accepted too
@@ -169,6 +184,11 @@ class ClientConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value or "@" in value):
                 raise ConfigError(f"{name} must be a non-empty string without '@', got {value!r}")
+        _check_credentials(self.access_key, self.secret_key)
+        if not isinstance(self.tls, bool):
+            raise ConfigError(f"tls must be true or false, got {self.tls!r}")
+        if self.tls_ca_file is not None and (not isinstance(self.tls_ca_file, str) or not self.tls_ca_file):
+            raise ConfigError(f"tls_ca_file must be a file name, got {self.tls_ca_file!r}")
         return self
 
     @classmethod
@@ -179,6 +199,56 @@ class ClientConfig:
     def of(cls, namesrv: str | ClientConfig) -> ClientConfig:
         """A config from ``"host:port;..."``, or the config itself."""
         return namesrv if isinstance(namesrv, ClientConfig) else cls(parse_namesrv_addresses(namesrv))
+
+
+def _check_credentials(access_key: object, secret_key: object) -> None:
+    if (access_key is None) != (secret_key is None):
+        raise ConfigError("access_key and secret_key go together (give both, or neither)")
+    for name, value in (("access_key", access_key), ("secret_key", secret_key)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ConfigError(f"{name} must be a non-empty string")
+
+
+def load_credentials(
+    access_key: str | None = None,
+    secret_key: str | None = None,
+    credentials_file: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[str, str] | None:
+    """ACL credentials, first found of: the arguments, ``RAFTMQ_ACCESS_KEY`` / ``RAFTMQ_SECRET_KEY``, the
+    credentials file (the argument, else ``RAFTMQ_CREDENTIALS_FILE``: TOML with ``access_key`` and
+    ``secret_key``). None when there are none. An access key without its secret key (or the reverse)
+    at any level is a :class:`ConfigError`, not a fall-through."""
+    environment = os.environ if environ is None else environ
+    if access_key is not None or secret_key is not None:
+        _check_credentials(access_key, secret_key)
+        assert access_key is not None and secret_key is not None
+        return access_key, secret_key
+    from_environment = environment.get(ACCESS_KEY_ENV), environment.get(SECRET_KEY_ENV)
+    if from_environment != (None, None):
+        try:
+            _check_credentials(*from_environment)
+        except ConfigError as error:
+            raise ConfigError(f"{ACCESS_KEY_ENV} / {SECRET_KEY_ENV}: {error}") from None
+        return from_environment[0] or "", from_environment[1] or ""
+    path = credentials_file if credentials_file is not None else environment.get(CREDENTIALS_FILE_ENV)
+    if not path:
+        return None
+    try:
+        document = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"cannot read the credentials file {path}: {error}") from None
+    unknown = sorted(set(document) - {"access_key", "secret_key"})
+    if unknown:
+        raise ConfigError(f"credentials file {path}: unknown key(s) {', '.join(unknown)}")
+    found = document.get("access_key"), document.get("secret_key")
+    try:
+        _check_credentials(*found)
+    except ConfigError as error:
+        raise ConfigError(f"credentials file {path}: {error}") from None
+    if found == (None, None):
+        return None
+    return str(found[0]), str(found[1])
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,11 +22,13 @@ import logging
 import os
 import random
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from broker.acl.signature import sign_fields
 from broker.namesrv.model import MASTER_ID, PERM_READ, PERM_WRITE, ClusterInfo, QueueData, TopicRouteData
 from broker.remoting import (
     ClientLimits,
@@ -116,6 +118,8 @@ class ClientInstance:
         #: Java's ``ip@instanceName``: how brokers tell clients apart (rebalance, locks, check-backs)
         self.client_id = f"{self.client_ip}@{instance}"
         self._limits = ClientLimits(outbound_requests_max=config.outbound_requests_max)
+        #: brokers only: name servers speak plain TCP
+        self._tls_context = ssl.create_default_context(cafile=config.tls_ca_file) if config.tls else None
         self._routes: dict[str, TopicRoute] = {}
         self._borrowed_routes: dict[str, TopicRoute] = {}
         self._brokers: dict[str, dict[int, str]] = {}
@@ -233,6 +237,7 @@ class ClientInstance:
                 limits=self._limits,
                 request_handler=handle,
                 connect_timeout_seconds=self.config.connect_timeout_seconds,
+                ssl_context=None if address in self.config.namesrv_addresses else self._tls_context,
             )
         except RemotingConnectError as error:
             raise BrokerUnavailableError(str(error), address) from None
@@ -255,6 +260,13 @@ class ClientInstance:
         if connection is not None and connection.is_closed:
             del self._connections[address]
 
+    def _signed(self, ext_fields: Mapping[str, str] | None, body: bytes) -> Mapping[str, str] | None:
+        """With ACL credentials, the fields plus AccessKey and Signature (``AclClientRPCHook``), signed
+        now, at send time: a retried request is signed again."""
+        if self.config.access_key is None or self.config.secret_key is None:
+            return ext_fields
+        return sign_fields(ext_fields, body, self.config.access_key, self.config.secret_key)
+
     async def invoke(
         self,
         address: str,
@@ -273,7 +285,8 @@ class ClientInstance:
             self.mark_suspect(address)
             raise
         try:
-            return await connection.request(code, ext_fields, body, timeout_seconds=max(timeout, 0.001))
+            return await connection.request(code, self._signed(ext_fields, body), body,
+                                            timeout_seconds=max(timeout, 0.001))
         except RemotingTimeoutError as error:
             self.mark_suspect(address)
             raise RequestTimeoutError(str(error), address) from None
@@ -298,7 +311,8 @@ class ClientInstance:
         connection = await self._connection(address)
         try:
             await connection.oneway(
-                code, ext_fields, body, timeout_seconds=self.config.request_timeout_seconds, remark=remark
+                code, self._signed(ext_fields, body), body, timeout_seconds=self.config.request_timeout_seconds,
+                remark=remark,
             )
         except RemotingTimeoutError as error:
             raise RequestTimeoutError(str(error), address) from None

@@ -25,6 +25,7 @@ from commitlog.errors import DiskFullError
 from commitlog.message import MessageInput, StoredMessage
 from commitlog.store import AppendOutcome, AppendResult, MessageStore
 from dledger.command import (
+    AclDocument,
     CommandError,
     ConsumerOffsets,
     LeaderStamp,
@@ -288,6 +289,8 @@ class StateMachine:
                     self.state.count_transaction_check(half)
                 else:
                     self.state.resolve_transaction(half, action)
+            case AclDocument(document):
+                self.state.acl_document = document
             case Messages():
                 pass
 

@@ -25,6 +25,8 @@ Payloads (all big-endian; ``str`` is ``u16 length + UTF-8``, ``bytes`` is ``u32 
 * TIMER_PROGRESS: timer_key str, delivered_up_to i64. (Issue: delay/timer)
 * RETENTION: min_physical_offset i64.
 * LEADER_STAMP: term i64, node str, timestamp i64: the first command of a new leader's term.
+* ACL_DOCUMENT: document bytes: the access-control rules every member enforces (canonical JSON written
+  and read by ``broker.acl``; opaque here). Proposed by the leader when its ACL file changes.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class OpType(enum.IntEnum):
     TIMER_PROGRESS = 6
     RETENTION = 7
     LEADER_STAMP = 8
+    ACL_DOCUMENT = 9
 
 
 class CommandError(ValueError):
@@ -145,9 +148,14 @@ class LeaderStamp:
     timestamp: int
 
 
+@dataclass(frozen=True, slots=True)
+class AclDocument:
+    document: bytes
+
+
 Operation = (
     Messages | ConsumerOffsets | TopicConfig | SubscriptionGroup | TransactionOp | TimerProgress | Retention
-    | LeaderStamp
+    | LeaderStamp | AclDocument
 )
 
 
@@ -215,6 +223,8 @@ def _encode_operation(operation: Operation) -> tuple[OpType, bytes]:
             return OpType.RETENTION, I64.pack(operation.min_physical_offset)
         case LeaderStamp():
             return OpType.LEADER_STAMP, I64.pack(operation.term) + _str(operation.node) + I64.pack(operation.timestamp)
+        case AclDocument(document):
+            return OpType.ACL_DOCUMENT, _bytes(document)
     raise TypeError(f"not an operation: {operation!r}")  # pragma: no cover - exhaustive above
 
 
@@ -340,6 +350,8 @@ def _decode_operation(op_type: int, reader: _Reader) -> Operation:
         node = reader.string()
         (timestamp,) = reader.unpack(I64)
         return LeaderStamp(term, node, timestamp)
+    if op_type == OpType.ACL_DOCUMENT:
+        return AclDocument(reader.blob())
     raise CommandError(f"unknown operation type {op_type}")
 
 

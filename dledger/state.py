@@ -19,8 +19,8 @@ from typing import Final
 from dledger.command import ConsumerOffset, LeaderStamp, SubscriptionGroup, TopicConfig
 
 STATE_MAGIC: Final = 0x524D5354  # "RMST"
-#: 2 added the timer progress section, 3 the transaction sections
-STATE_VERSION: Final = 3
+#: 2 added the timer progress section, 3 the transaction sections, 4 the ACL document
+STATE_VERSION: Final = 4
 #: the timer-progress key of the transaction half queue: every half below it is resolved
 TRANSACTION_PROGRESS_KEY: Final = "transaction"
 #: resolved halves below the progress whose resolution is still remembered
@@ -56,6 +56,8 @@ class ReplicatedState:
     transactions_resolved: dict[int, int] = field(default_factory=dict)
     #: half queue offset -> check-backs so far, for unresolved halves
     transaction_checks: dict[int, int] = field(default_factory=dict)
+    #: the access-control rules every member enforces (broker.acl's canonical document; empty: none)
+    acl_document: bytes = b""
 
     # ------------------------------------------------------------------ apply (deterministic)
 
@@ -136,6 +138,7 @@ class ReplicatedState:
         for table in (self.transactions_resolved, self.transaction_checks):
             parts.append(COUNT.pack(len(table)))
             parts += [HALF_ENTRY.pack(half, value) for half, value in sorted(table.items())]
+        parts += (COUNT.pack(len(self.acl_document)), self.acl_document)
         body = b"".join(parts)
         return body + CRC.pack(zlib.crc32(body))
 
@@ -147,7 +150,7 @@ class ReplicatedState:
         if zlib.crc32(body) != crc:
             raise StateError("state snapshot CRC mismatch")
         magic, version, applied, last_store_timestamp = HEAD.unpack_from(body)
-        if magic != STATE_MAGIC or version not in (1, 2, STATE_VERSION):
+        if magic != STATE_MAGIC or version not in (1, 2, 3, STATE_VERSION):
             raise StateError(f"unknown state snapshot (magic {magic:#x}, version {version})")
         reader = _Reader(body, HEAD.size)
         state = cls(applied_index=applied, last_store_timestamp=last_store_timestamp)
@@ -177,6 +180,8 @@ class ReplicatedState:
                     for _ in range(reader.count()):
                         half, value = reader.unpack(HALF_ENTRY)
                         table[half] = value
+            if version >= 4:
+                state.acl_document = reader.blob()
         except (struct.error, IndexError, UnicodeDecodeError) as exc:
             raise StateError(f"state snapshot is malformed: {exc}") from exc
         if reader.position != len(body):
@@ -204,6 +209,14 @@ class _Reader:
         if value > len(self.data):
             raise StateError(f"count {value} exceeds the snapshot")
         return value
+
+    def blob(self) -> bytes:
+        length = self.count()
+        start = self.position
+        self.position = start + length
+        if self.position > len(self.data):
+            raise StateError("bytes run past the snapshot")
+        return bytes(self.data[start : self.position])
 
     def string(self) -> str:
         (length,) = struct.unpack_from(">H", self.data, self.position)

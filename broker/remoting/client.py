@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Final
@@ -623,14 +624,17 @@ class RemotingClient:
         limits: ClientLimits | None = None,
         request_handler: RequestHandler | None = None,
         connect_timeout_seconds: float = 3.0,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> RemotingClient:
+        """Connect (with TLS when ``ssl_context`` is given: the host is the name its certificate must
+        carry; the handshake counts against the connect timeout)."""
         _check_timeout(connect_timeout_seconds)
         client_limits = ClientLimits() if limits is None else limits
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(connect_timeout_seconds):
                 _, connection = await loop.create_connection(
-                    lambda: _ClientConnection(client_limits, request_handler), host, port
+                    lambda: _ClientConnection(client_limits, request_handler), host, port, ssl=ssl_context
                 )
         except TimeoutError:
             raise RemotingConnectError(

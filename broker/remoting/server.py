@@ -5,6 +5,8 @@ registered for its code through that processor's bounded queue, served by a fixe
 tasks (RocketMQ's ``registerProcessor(code, processor, executor)``). The rules every request follows:
 
 - unknown code: REQUEST_CODE_NOT_SUPPORTED (3), at once;
+- the optional ``authorizer`` (access control, request limits) refuses it: its answer, at once, before
+  the request is queued, so no processor sees it;
 - the processor's queue is full: SYSTEM_BUSY (2), at once (RocketMQ's ``[OVERLOAD]`` flow control);
 - the processor raises: SYSTEM_ERROR (1) with a remark naming the error; the traceback goes to the log,
   never to the wire. A broken invariant (``InvariantError``) stops the whole server instead;
@@ -22,6 +24,9 @@ connection with ``in_flight_requests_max`` requests in progress is not read unti
 (back-pressure through TCP, not an error); a connection whose write buffer passes the high-water mark
 is not read until the client catches up; a connection idle for ``idle_timeout_seconds`` (no whole
 frame either way and nothing in progress: slow-loris and half-open peers) is aborted.
+
+TLS (optional, ``ssl_context``): the handshake must finish within the idle timeout (at most 60 s), and
+a connection counts against ``connections_max`` only once it did.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import asyncio
 import itertools
 import logging
 import math
+import ssl
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Final, Protocol
@@ -185,6 +191,10 @@ class RequestContext:
 Processor = Callable[[RequestContext], Awaitable[RemotingCommand | None]]
 #: called once for every connection that closes (after it was admitted)
 ConnectionCloseListener = Callable[[Connection], None]
+#: consulted before a request is queued: None lets it through, a response refuses it (answered at once)
+Authorizer = Callable[[RemotingCommand, Connection], RemotingCommand | None]
+#: the longest a TLS handshake may take (asyncio's default), whatever the idle timeout
+_TLS_HANDSHAKE_TIMEOUT_MAX_SECONDS: Final = 60.0
 
 
 @dataclass(slots=True)
@@ -332,7 +342,8 @@ class RemotingServer:
     reading, lets requests in progress finish (up to a grace period), then closes every connection.
     """
 
-    def __init__(self, host: str, port: int, limits: ServerLimits | None = None) -> None:
+    def __init__(self, host: str, port: int, limits: ServerLimits | None = None, *,
+                 authorizer: Authorizer | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
         if not isinstance(host, str) or not host:
             raise ValueError(f"host must be a non-empty string, got {host!r}")
         if type(port) is not int or not 0 <= port <= _PORT_MAX:
@@ -341,6 +352,8 @@ class RemotingServer:
         self._requested_port = port
         self._limits = ServerLimits() if limits is None else limits
         self._limits.validate()
+        self._authorizer = authorizer
+        self._ssl_context = ssl_context
         self._routes: dict[int, _Route] = {}
         self._route_list: list[_Route] = []
         self._connections: dict[int, ServerConnection] = {}
@@ -455,6 +468,11 @@ class RemotingServer:
             self._host,
             self._requested_port,
             reuse_address=True,
+            ssl=self._ssl_context,
+            ssl_handshake_timeout=(
+                None if self._ssl_context is None
+                else min(self._limits.idle_timeout_seconds, _TLS_HANDSHAKE_TIMEOUT_MAX_SECONDS)
+            ),
         )
         for sock in self._server.sockets:
             address = sock.getsockname()
@@ -571,6 +589,11 @@ class RemotingServer:
                 ),
             )
             return
+        if self._authorizer is not None:
+            refusal = self._authorize(self._authorizer, connection, request)
+            if refusal is not None:
+                connection.answer(request, refusal)
+                return
         try:
             route.queue.put_nowait((connection, request))
         except asyncio.QueueFull:
@@ -588,6 +611,22 @@ class RemotingServer:
         self._in_flight_total += 1
         if self._no_requests_in_flight is not None:
             self._no_requests_in_flight.clear()
+
+    def _authorize(
+        self, authorizer: Authorizer, connection: ServerConnection, request: RemotingCommand
+    ) -> RemotingCommand | None:
+        try:
+            return authorizer(request, connection)
+        except InvariantError as error:
+            self._fail(error)
+            return make_response(request, ResponseCode.SYSTEM_ERROR, "internal error: the server is stopping")
+        except Exception as error:  # an operating error of the check: refuse this request, not the server
+            logger.exception("authorizer failed on a request from %s (opaque %d)", connection.remote_address,
+                             request.opaque)
+            return make_response(
+                request, ResponseCode.SYSTEM_ERROR,
+                f"{describe_request_code(request.code)} refused: the access check failed: {type(error).__name__}",
+            )
 
     def _start_workers(self, route: _Route) -> None:
         loop = asyncio.get_running_loop()
@@ -644,6 +683,7 @@ __all__ = [
     "PAUSED_FOR_IN_FLIGHT",
     "PAUSED_FOR_STOP",
     "PAUSED_FOR_WRITE_BUFFER",
+    "Authorizer",
     "Connection",
     "ConnectionCloseListener",
     "Processor",

@@ -22,6 +22,10 @@ progress while the process runs and keep what it wrote if it dies:
   ``seen`` = the process-wide delivery number), ``{"event": "stopping", "reason": ...}`` and
   ``{"event": "stopped"}`` around the client's shutdown.
 
+``--access-key`` / ``--secret-key`` (both commands) set ACL session credentials
+(``set_session_credentials``, channel ``--channel``, default ``ALIYUN`` as the client's own default): the
+client then signs every request as RocketMQ's ACL hook does.
+
 Bodies are ``<run>|<index>|<shard>|<sequence>`` texts: unique within a run, NUL-free (the binding sends
 bodies as C strings), and they carry the sharding key and the sequence within it for order checks.
 Exit status: 0 when every send was acknowledged (produce) or ``--expect`` deliveries were seen
@@ -107,6 +111,11 @@ def _text(value: object) -> str | None:
     return str(value)
 
 
+def _set_credentials(client: Any, arguments: argparse.Namespace) -> None:
+    if arguments.access_key is not None:
+        client.set_session_credentials(arguments.access_key, arguments.secret_key, arguments.channel)
+
+
 def _set_log_level(setter_name: str, handle: object, level: str | None) -> None:
     if level is None:
         return
@@ -127,6 +136,7 @@ def produce(arguments: argparse.Namespace) -> int:
     producer = Producer(arguments.group, timeout=arguments.send_timeout_ms)
     _set_log_level("SetProducerLogLevel", producer._handle, arguments.log_level)
     producer.set_namesrv_addr(arguments.namesrv)
+    _set_credentials(producer, arguments)
     producer.start()
     log.write("started", pid=_pid())
 
@@ -349,6 +359,7 @@ def consume(arguments: argparse.Namespace) -> int:
     _set_log_level("SetPushConsumerLogLevel", consumer._handle, arguments.log_level)
     consumer.set_namesrv_addr(arguments.namesrv)
     consumer.set_instance_name(arguments.instance)
+    _set_credentials(consumer, arguments)
     if arguments.threads:
         consumer.set_thread_count(arguments.threads)
     consumer.subscribe(arguments.topic, on_message, expression=arguments.expression)
@@ -413,6 +424,9 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         command.add_argument("--deadline-seconds", type=float, default=60.0)
         command.add_argument("--shutdown-timeout-seconds", type=float, default=15.0)
         command.add_argument("--log-level", choices=sorted(LOG_LEVELS), default=None)
+        command.add_argument("--access-key", default=None, help="ACL access key (with --secret-key)")
+        command.add_argument("--secret-key", default=None, help="ACL secret key")
+        command.add_argument("--channel", default="ALIYUN", help="ACL channel (OnsChannel)")
     produce_command = commands.choices["produce"]
     produce_command.add_argument("--mode", choices=PRODUCE_MODES, required=True)
     produce_command.add_argument("--count", type=int, required=True)
@@ -435,6 +449,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     arguments = parser.parse_args(argv)
     if arguments.command == "produce" and (arguments.count < 0 or arguments.batch_size < 1):
         parser.error("--count must be >= 0 and --batch-size >= 1")
+    if (arguments.access_key is None) != (arguments.secret_key is None):
+        parser.error("--access-key and --secret-key go together")
     return arguments
 
 
