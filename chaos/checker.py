@@ -117,10 +117,12 @@ class FaultWindow:
     @property
     def recovery_seconds(self) -> float | None:
         """From the fault's start to the first ack that ended its longest gap (unlike the first ack after
-        it, an answer that was already on its way when the fault struck does not count)."""
-        if self.longest_gap is None or self.longest_gap.end < self.fault.start:
+        it, an answer that was already on its way when the fault struck does not count); None when that
+        gap began after the fault was over (the fault caused no outage of its own)."""
+        gap = self.longest_gap
+        if gap is None or gap.end < self.fault.start or gap.start > self.fault.end:
             return None
-        return self.longest_gap.end - self.fault.start
+        return gap.end - self.fault.start
 
     def to_json(self) -> dict[str, Any]:
         recovery = self.recovery_seconds

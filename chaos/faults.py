@@ -32,6 +32,9 @@ from cli.cluster import is_alive
 KEPT_ON_WIPE: Final = frozenset({"node.toml", "broker.log"})
 #: a follower within this many commit-log bytes of the leader counts as caught up
 CAUGHT_UP_SLACK_BYTES: Final = 256 * 1024
+RESTART_ATTEMPTS: Final = 5
+#: how long a restarted member has to answer (or die) before the restart counts as done
+RESTART_ANSWER_SECONDS: Final = 5.0
 
 
 class Faults:
@@ -64,8 +67,30 @@ class Faults:
     def _alive(self, node_id: str) -> bool:
         return is_alive(self.cluster.local.info.node(node_id).pid)
 
-    async def _restart(self, node_id: str) -> None:
-        await asyncio.to_thread(self.cluster.local.restart, node_id)
+    async def _restart(self, *node_ids: str) -> None:
+        """Start the members again (all at once); one whose process exits before it answers (its ports are
+        in the ephemeral range, and an outgoing connection may have taken one meanwhile) is tried again."""
+        loop = asyncio.get_running_loop()
+        pending = list(node_ids)
+        for attempt in range(RESTART_ATTEMPTS):
+            for node_id in pending:
+                await asyncio.to_thread(self.cluster.local.restart, node_id)
+            fresh_after = self.monitor.polls + 2  # the poll in progress may have begun before the restarts
+            deadline = loop.time() + RESTART_ANSWER_SECONDS
+            waiting = set(pending)
+            while waiting and loop.time() < deadline:
+                for node_id in list(waiting):
+                    answered = self.monitor.polls >= fresh_after and self.monitor.views.get(node_id) is not None
+                    if answered or not self._alive(node_id):
+                        waiting.discard(node_id)
+                if waiting:
+                    await asyncio.sleep(0.1)
+            pending = [node_id for node_id in pending if not self._alive(node_id)]
+            if not pending:
+                return
+            self.note("restart failed", f"{', '.join(pending)} exited after restart attempt {attempt + 1} "
+                                        "(see broker.log)")
+            await asyncio.sleep(1.0)
 
     async def _kill(self, node_id: str) -> None:
         if self._alive(node_id):
@@ -114,8 +139,7 @@ class Faults:
         for node_id in self.cluster.node_ids:
             await self._kill(node_id)
         await asyncio.sleep(hold_seconds)
-        for node_id in self.cluster.node_ids:
-            await self._restart(node_id)
+        await self._restart(*self.cluster.node_ids)
         return self._record("kill-all", ",".join(self.cluster.node_ids), start,
                             f"SIGKILL every member, restarted after {hold_seconds:.1f} s")
 

@@ -41,6 +41,8 @@ class LeaderMonitor:
         self.leader: str | None = None
         self.term = 0
         self.views: dict[str, MemberView | None] = dict.fromkeys(members)
+        #: polls completed so far (a view is fresh when a poll that started later has completed)
+        self.polls = 0
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -71,6 +73,7 @@ class LeaderMonitor:
             self.views[node_id] = view
             if view is not None and view.role == "leader" and (leader is None or view.term > term):
                 leader, term = node_id, view.term
+        self.polls += 1
         if (leader, term if leader is not None else 0) != (self.leader, self.term):
             self.leader, self.term = leader, term if leader is not None else 0
             self._record(LeaderEvent(self._now(), self.leader, self.term))

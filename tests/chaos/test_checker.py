@@ -437,3 +437,11 @@ def test_recovery_ignores_an_answer_already_on_its_way() -> None:
     assert window.first_ack_after_seconds == pytest.approx(0.01)
     assert window.recovery_seconds == pytest.approx(2.0)
     assert window.to_json()["recovery_seconds"] == 2.0
+
+
+def test_no_recovery_time_when_the_gap_came_after_the_fault() -> None:
+    acks = [ack(f"A{i}", 0, i, at, sequence=i) for i, at in enumerate((1.0, 1.1, 1.2, 4.0, 6.0))]
+    history = History.of([run_header(), *acks, FaultEvent("wipe", "n1", 1.05, 1.15)])
+    [window] = check(history).unavailability.faults
+    assert window.longest_gap is not None and window.longest_gap.start == 1.2  # after the wipe ended
+    assert window.recovery_seconds is None
