@@ -6,10 +6,13 @@ Figures (MB/s count the bytes of all three replicas' commit logs, page cache war
   same digest as the executors, then the digests compared: the floor the Spark byte-equality job is
   measured against.
 * ``byte_equality``: :func:`spark_analytics.checks.check_byte_equality` (executors hash, driver votes).
-* ``integrity``: :func:`spark_analytics.checks.check_integrity` (every record decoded, consume queues joined).
-* ``full_check``: both, as ``verify`` runs them (the integrity figure is its first run, as in ``verify``;
-  ``integrity_second_run`` is the steady rate). Spark session start-up is reported apart, and a first
-  byte-equality pass that starts the Python workers is not timed.
+* ``integrity``: :func:`spark_analytics.checks.check_integrity` (every record decoded, consume queues joined,
+  feature invariants), reading the files into the cached tables it shares with the next check.
+* ``derived_state``: :func:`spark_analytics.derived.check_derived_state` on those cached tables (consume
+  queues across replicas, replicated state in the checkpoints).
+* ``full_check``: all three, as ``verify`` runs them (the integrity figure is its first run, as in
+  ``verify``; ``integrity_second_run`` is the steady rate, tables read again). Spark session start-up is
+  reported apart, and a first byte-equality pass that starts the Python workers is not timed.
 
 Replica n0 is written through ``MessageStore.append`` (1 KB messages, 8 queues, batches of 128); n1 and n2
 are copies of its files, byte-identical by construction, as writing the same appends would make them.
@@ -34,8 +37,10 @@ from commitlog.config import StoreConfig
 from commitlog.message import MessageInput, encode_host, encode_properties
 from commitlog.store import MessageStore
 from spark_analytics.checks import check_byte_equality, check_integrity
+from spark_analytics.derived import check_derived_state
 from spark_analytics.session import MASTER_DEFAULT, build_session
 from spark_analytics.sources import BLOCK_SIZE_BYTES_DEFAULT, DIGEST_NAME
+from spark_analytics.tables import ReplicaTables
 
 QUEUES = 8
 BATCH_MESSAGES = 128
@@ -118,15 +123,19 @@ def main() -> None:
         started = time.perf_counter()
         equality = check_byte_equality(spark, root, arguments.block_mb * MIB)
         figures.update(_rate("byte_equality", started, total_mb))
-        middle = time.perf_counter()
-        integrity = check_integrity(spark, root)
-        figures.update(_rate("integrity", middle, total_mb))
+        with ReplicaTables(spark, root) as tables:
+            middle = time.perf_counter()
+            integrity = check_integrity(spark, root, tables=tables)
+            figures.update(_rate("integrity", middle, total_mb))
+            middle = time.perf_counter()
+            derived = check_derived_state(spark, root, equality.common_start, equality.common_end, tables)
+            figures.update(_rate("derived_state", middle, total_mb))
         figures.update(_rate("full_check", started, total_mb))
         # the first integrity run also pays for the JVM compiling its plans; a second shows the steady rate
         started = time.perf_counter()
         check_integrity(spark, root)
         figures.update(_rate("integrity_second_run", started, total_mb))
-        figures["checks_ok"] = equality.ok and integrity.ok
+        figures["checks_ok"] = equality.ok and integrity.ok and derived.ok
         figures["messages_per_replica"] = integrity.replicas[0].messages
         spark.stop()
     finally:

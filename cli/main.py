@@ -124,8 +124,12 @@ def _run_demo(directory: Path, count: int, queues: int) -> None:
 @click.option("--master", default=None, help="A Spark master URL (default: an embedded local[2] session).")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Where to write the JSON report (default: DATA_DIR/verify-report.json).")
-def verify(data_dir: Path, master: str | None, report: Path | None) -> None:
-    """Check with Spark that the replicas are byte-identical and each one is intact.
+@click.option("--history", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A client history (JSON lines, see spark_analytics/history.py) to join against the replicas.")
+def verify(data_dir: Path, master: str | None, report: Path | None, history: Path | None) -> None:
+    """Check with Spark that the replicas are byte-identical and each one is intact: integrity and feature
+    invariants per replica, consume queues and replicated state across replicas, and with --history the
+    acknowledged sends and deliveries of a client history.
 
     Exit code 0 when every check holds, 1 when one fails (the report says where), 2 for usage errors.
 
@@ -133,10 +137,11 @@ def verify(data_dir: Path, master: str | None, report: Path | None) -> None:
     Example:
       raftmq verify --data-dir ./demo-data
       raftmq verify --data-dir /srv/raftmq --master spark://spark-master:7077 --report out.json
+      raftmq verify --data-dir ./chaos-run --history ./chaos-run/history.jsonl
     """
     from spark_analytics.verify import verify as run_verify
 
-    raise SystemExit(run_verify(data_dir, master=master, report_path=report))
+    raise SystemExit(run_verify(data_dir, master=master, report_path=report, history_path=history))
 
 
 def _register_commands() -> None:

@@ -5,7 +5,8 @@
   replica, and pins each difference to its first byte and the record holding it.
 * :func:`check_integrity`: each replica on its own is sound: records readable, CRCs right, physical
   offsets back to back, queue offsets without gaps, consume queues matching the commit log both ways,
-  store timestamps non-decreasing, no message stored twice.
+  store timestamps non-decreasing, no message stored twice, and the feature invariants of
+  :mod:`spark_analytics.features` (transactions and their op records, delays, retry and dead-letter copies).
 
 Both read the files through the data sources of :mod:`spark_analytics.sources` (registered here if
 needed). They expect replicas at rest (a stopped cluster, or one that is not being written to).
@@ -21,7 +22,7 @@ from typing import Final
 from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 
-from commitlog.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
+from commitlog.message import TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 from spark_analytics.equality import (
     first_difference,
     locate,
@@ -29,7 +30,10 @@ from spark_analytics.equality import (
     read_range,
     vote,
 )
+from spark_analytics.features import FEATURE_INVARIANTS, feature_records, feature_violations, is_retry_copy
+from spark_analytics.frames import explode_found, found, hidden, replica_lookup
 from spark_analytics.layout import Replica, list_replicas, segment_size_bytes
+from spark_analytics.replicated_state import delay_progress, read_checkpoints
 from spark_analytics.results import (
     ByteDifference,
     ByteEqualityResult,
@@ -40,26 +44,17 @@ from spark_analytics.results import (
     SegmentComparison,
     Violation,
 )
-from spark_analytics.sources import (
-    BLOCK_SIZE_BYTES_DEFAULT,
-    BLOCKS_SOURCE,
-    COMMIT_LOG_SOURCE,
-    CONSUME_QUEUE_SOURCE,
-    KEY_INDEX_SOURCE,
-    register_sources,
-)
+from spark_analytics.sources import BLOCK_SIZE_BYTES_DEFAULT, BLOCKS_SOURCE, register_sources
+from spark_analytics.tables import ReplicaTables
 
 #: differing blocks examined byte by byte on the driver (each costs a read of the block on every replica)
 DIFFERENCES_MAX: Final = 10
 #: examples kept per invariant and replica
 EXAMPLES_MAX: Final = 5
 
-#: the record columns the invariants read (the rest is not cached)
-RECORD_COLUMNS: Final = (
-    "replica", "physical_offset", "kind", "total_size", "problem", "stored_physical_offset", "body_crc", "crc_ok",
-    "queue_id", "queue_offset", "sys_flag", "store_timestamp", "reconsume_times", "topic", "uniq_key", "keys",
-    "tags_code", "body_length",
-)
+#: retry and dead-letter copies up to this many are sent to every task to look their originals up; more are
+#: joined by sorting (both sides are keyed by replica, so neither is shuffled)
+BROADCAST_ROWS_MAX: Final = 200_000
 
 INVARIANTS: Final = {
     "files": "segment and consume-queue files have the size they were preallocated with",
@@ -76,6 +71,7 @@ INVARIANTS: Final = {
     "unique_keys": "no message is stored twice: (topic, UNIQ_KEY, reconsume times) is unique among visible records",
     "key_index": "every KEYS and UNIQ_KEY of every record not rolled back is in the key index exactly once, every "
                  "entry points at a record with its key, and lookups reach every entry",
+    **FEATURE_INVARIANTS,
 }
 
 
@@ -209,39 +205,52 @@ def _first_difference(replicas: dict[str, Replica], segment_size: int, offset: i
 # ---------------------------------------------------------------------------------------------- integrity
 
 
-def check_integrity(spark: SparkSession, cluster_dir: Path | str, examples_max: int = EXAMPLES_MAX) -> IntegrityResult:
-    """Check every replica's invariants (see :data:`INVARIANTS`), all replicas in the same Spark jobs."""
-    register_sources(spark)
-    replicas = list_replicas(Path(cluster_dir))
-    segment_size = segment_size_bytes(replicas)
-    path = str(cluster_dir)
-    # Cached partitioned by replica: every window and aggregate below groups by replica (and more), so
-    # none of them shuffles again (measured: about half the time of the violation job on small data).
-    records = (spark.read.format(COMMIT_LOG_SOURCE).option("bodies", "false")
-               .option("segment_size_bytes", str(segment_size)).load(path)
-               .select(*RECORD_COLUMNS).repartition("replica").persist())
-    units = spark.read.format(CONSUME_QUEUE_SOURCE).load(path).repartition("replica").persist()
-    entries = spark.read.format(KEY_INDEX_SOURCE).load(path).repartition("replica").persist()  # read twice
+def check_integrity(spark: SparkSession, cluster_dir: Path | str, examples_max: int = EXAMPLES_MAX,
+                    tables: ReplicaTables | None = None) -> IntegrityResult:
+    """Check every replica's invariants (see :data:`INVARIANTS`), all replicas in the same Spark jobs.
+    ``tables``: the replicas' files already cached (``verify`` shares them between checks); without
+    them they are read here, and released on return."""
+    owned = tables is None
+    if tables is None:
+        tables = ReplicaTables(spark, cluster_dir)
     try:
-        summary = {row["replica"]: row for row in
-                   _record_summary(records).join(_unit_summary(units), "replica", "full_outer").collect()}
-        min_offsets = {replica.name: replica.min_offset for replica in replicas}
-        violations = _violations(records, units, min_offsets).unionByName(
-            _key_index_violations(records, entries, _replica_lookup(min_offsets)))
+        return _check_integrity(tables, examples_max)
+    finally:
+        if owned:
+            tables.close()
+
+
+def _check_integrity(tables: ReplicaTables, examples_max: int) -> IntegrityResult:
+    replicas, records, units = tables.replicas, tables.records, tables.units
+    summary = {row["replica"]: row for row in
+               _record_summary(records).join(_unit_summary(units), "replica", "full_outer").collect()}
+    min_offsets = tables.min_offsets
+    data_ends = {replica.name: _summary_value(summary.get(replica.name), "data_end", replica.min_offset)
+                 for replica in replicas}
+    checkpoints = read_checkpoints(replicas)
+    progress = delay_progress(checkpoints, data_ends)
+    notes = [f"{checkpoint.replica}: the checkpoint does not cover the whole commit log (or carries no "
+             f"replicated state): scheduled messages are not checked against the timer progress"
+             for checkpoint in checkpoints if checkpoint.replica not in progress]
+    copies = sum(_summary_value(row, "retry_copies") for row in summary.values())
+    features = feature_records(records).persist()
+    try:
+        violations = (_violations(records, units, min_offsets)
+                      .unionByName(_key_index_violations(records, tables.entries, replica_lookup(min_offsets)))
+                      .unionByName(feature_violations(features, records, replica_lookup(min_offsets), progress,
+                                                      broadcast_copies=copies <= BROADCAST_ROWS_MAX)))
         rows = _ranked_violations(violations, examples_max).collect()
     finally:
-        records.unpersist()
-        units.unpersist()
-        entries.unpersist()
+        features.unpersist()
 
     counts: dict[tuple[str, str], int] = {}
     examples: dict[tuple[str, str], list[Violation]] = collections.defaultdict(list)
-    for found in rows:
-        key = (found["invariant"], found["replica"])
-        counts[key] = found["violations"]
-        examples[key].append(Violation(found["invariant"], found["replica"], found["physical_offset"],
-                                       found["topic"], found["queue_id"], found["queue_offset"], found["detail"]))
-    for violation in _file_violations(replicas, segment_size):
+    for row in rows:
+        key = (row["invariant"], row["replica"])
+        counts[key] = row["violations"]
+        examples[key].append(Violation(row["invariant"], row["replica"], row["physical_offset"],
+                                       row["topic"], row["queue_id"], row["queue_offset"], row["detail"]))
+    for violation in _file_violations(replicas, tables.segment_size):
         key = (violation.invariant, violation.replica)
         counts[key] = counts.get(key, 0) + 1
         if len(examples[key]) < examples_max:
@@ -261,12 +270,12 @@ def check_integrity(spark: SparkSession, cluster_dir: Path | str, examples_max: 
             messages=_summary_value(counted, "messages"),
             fillers=_summary_value(counted, "fillers"),
             invalid_stretches=_summary_value(counted, "invalid"),
-            data_end=_summary_value(counted, "data_end", replica.min_offset),
+            data_end=data_ends[replica.name],
             queues=_summary_value(counted, "queues"),
             consume_queue_units=_summary_value(counted, "units"),
             invariants=invariants,
         ))
-    return IntegrityResult(all(result.ok for result in results), tuple(results))
+    return IntegrityResult(all(result.ok for result in results), tuple(results), tuple(notes))
 
 
 def _summary_value(row: Row | None, name: str, default: int = 0) -> int:
@@ -282,6 +291,7 @@ def _record_summary(records: DataFrame) -> DataFrame:
         F.sum(F.when(kind == "filler", 1).otherwise(0)).alias("fillers"),
         F.sum(F.when(kind == "invalid", 1).otherwise(0)).alias("invalid"),
         F.max(F.when(kind != "end", F.col("physical_offset") + F.col("total_size"))).alias("data_end"),
+        F.sum(F.when((kind == "message") & is_retry_copy(), 1).otherwise(0)).alias("retry_copies"),
     )
 
 
@@ -292,47 +302,13 @@ def _unit_summary(units: DataFrame) -> DataFrame:
     )
 
 
-def _found(invariant: str, condition: Column, detail: Column) -> Column:
-    """One possible violation of a row: an (invariant, detail) struct when ``condition`` holds, else null.
-    A pass collects a row's possible violations in an array and explodes the non-null ones, so each sort
-    or join is done once for every invariant it serves (Spark recomputes each branch of a union)."""
-    return F.when(condition, F.struct(F.lit(invariant).alias("invariant"), detail.alias("detail")))
-
-
-def _explode_found(frame: DataFrame, found: list[Column], topic: str = "topic", queue_id: str = "queue_id",
-                   queue_offset: str = "queue_offset", physical_offset: str = "physical_offset",
-                   replica: str = "replica") -> DataFrame:
-    """Rows of ``frame`` as violations, one per non-null entry of ``found`` (every pass yields this shape)."""
-    exploded = frame.select(
-        F.col(replica).alias("replica"),
-        F.col(physical_offset).cast("bigint").alias("physical_offset"),
-        F.col(topic).cast("string").alias("topic"),
-        F.col(queue_id).cast("int").alias("queue_id"),
-        F.col(queue_offset).cast("bigint").alias("queue_offset"),
-        F.explode(F.filter(F.array(*found), lambda entry: entry.isNotNull())).alias("found"),
-    )
-    return exploded.select("found.invariant", "replica", "physical_offset", "topic", "queue_id", "queue_offset",
-                           "found.detail")
-
-
-def _replica_lookup(values: dict[str, int]) -> Callable[[Column], Column]:
-    """A per-replica constant as a column expression (a literal map: the replica list is tiny)."""
-    mapping = F.create_map(*[F.lit(item) for pair in values.items() for item in pair])
-    return lambda replica: mapping[replica]
-
-
-def _hidden(sys_flag: Column) -> Column:
-    """Prepared and rolled-back transaction messages: stored, never dispatched to a consume queue."""
-    return sys_flag.bitwiseAND(TRANSACTION_TYPE_MASK).isin(TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
-
-
 def _violations(records: DataFrame, units: DataFrame, min_offsets: dict[str, int]) -> DataFrame:
     """Every violation of every replica, in four passes: commit-log order, queue order, UNIQ_KEY groups,
     and consume-queue units joined with records."""
     return (_log_order_violations(records)
-            .unionByName(_queue_order_violations(records, _replica_lookup(min_offsets)))
+            .unionByName(_queue_order_violations(records, replica_lookup(min_offsets)))
             .unionByName(_unique_key_violations(records))
-            .unionByName(_consume_queue_violations(records, units, _replica_lookup(min_offsets))))
+            .unionByName(_consume_queue_violations(records, units, replica_lookup(min_offsets))))
 
 
 def _log_order_violations(records: DataFrame) -> DataFrame:
@@ -348,21 +324,21 @@ def _log_order_violations(records: DataFrame) -> DataFrame:
     )
     message = col("kind") == "message"
     previous_end = col("previous_end")
-    return _explode_found(ordered, [
-        _found("records_readable", col("kind") == "invalid",
+    return explode_found(ordered, [
+        found("records_readable", col("kind") == "invalid",
                F.format_string("%d bytes are not a record: %s", col("total_size"), col("problem"))),
-        _found("crc", message & ~col("crc_ok"),
+        found("crc", message & ~col("crc_ok"),
                F.format_string("body CRC %d does not match the body's %d bytes", col("body_crc"), col("body_length"))),
-        _found("physical_offsets", message & (col("stored_physical_offset") != col("physical_offset")),
+        found("physical_offsets", message & (col("stored_physical_offset") != col("physical_offset")),
                F.format_string("the record says it is at physical offset %d", col("stored_physical_offset"))),
-        _found("physical_offsets", previous_end.isNotNull() & (previous_end < col("physical_offset")),
+        found("physical_offsets", previous_end.isNotNull() & (previous_end < col("physical_offset")),
                F.format_string("%d bytes missing before this offset: the previous stretch ends at %d",
                                col("physical_offset") - previous_end, previous_end)),
-        _found("physical_offsets", previous_end.isNotNull() & (previous_end > col("physical_offset")),
+        found("physical_offsets", previous_end.isNotNull() & (previous_end > col("physical_offset")),
                F.format_string("overlaps the previous stretch, which ends at %d", previous_end)),
-        _found("physical_offsets", (col("previous_kind") == "end") & (col("kind") != "end"),
+        found("physical_offsets", (col("previous_kind") == "end") & (col("kind") != "end"),
                F.format_string("a %s after the all-zero tail that ends the data", col("kind"))),
-        _found("store_timestamps", message & (col("store_timestamp") < col("previous_timestamp_max")),
+        found("store_timestamps", message & (col("store_timestamp") < col("previous_timestamp_max")),
                F.format_string("store timestamp %d is before %d, stored earlier", col("store_timestamp"),
                                col("previous_timestamp_max"))),
     ])
@@ -370,29 +346,29 @@ def _log_order_violations(records: DataFrame) -> DataFrame:
 
 def _queue_order_violations(records: DataFrame, replica_min: Callable[[Column], Column]) -> DataFrame:
     col = F.col
-    visible = records.where((col("kind") == "message") & ~_hidden(col("sys_flag")))
+    visible = records.where((col("kind") == "message") & ~hidden(col("sys_flag")))
     in_queue_order = Window.partitionBy("replica", "topic", "queue_id").orderBy("queue_offset", "physical_offset")
     queued = (visible.withColumn("previous_queue_offset", F.lag("queue_offset").over(in_queue_order))
               .withColumn("position", F.row_number().over(in_queue_order)))
     previous = col("previous_queue_offset")
-    return _explode_found(queued, [
-        _found("queue_offsets", previous.isNotNull() & (col("queue_offset") == previous),
+    return explode_found(queued, [
+        found("queue_offsets", previous.isNotNull() & (col("queue_offset") == previous),
                F.format_string("queue offset %d is used twice", col("queue_offset"))),
-        _found("queue_offsets", previous.isNotNull() & (col("queue_offset") > previous + 1),
+        found("queue_offsets", previous.isNotNull() & (col("queue_offset") > previous + 1),
                F.format_string("queue offsets %d..%d are missing", previous + 1, col("queue_offset") - 1)),
-        _found("queue_offsets", (col("position") == 1) & (col("queue_offset") != 0) & (replica_min(col("replica")) == 0),
+        found("queue_offsets", (col("position") == 1) & (col("queue_offset") != 0) & (replica_min(col("replica")) == 0),
                F.format_string("the queue starts at offset %d, not 0", col("queue_offset"))),
     ])
 
 
 def _unique_key_violations(records: DataFrame) -> DataFrame:
     col = F.col
-    visible = records.where((col("kind") == "message") & ~_hidden(col("sys_flag")) & col("uniq_key").isNotNull())
+    visible = records.where((col("kind") == "message") & ~hidden(col("sys_flag")) & col("uniq_key").isNotNull())
     same_message = Window.partitionBy("replica", "topic", "uniq_key", "reconsume_times").orderBy("physical_offset")
     repeated = (visible.withColumn("first_offset", F.first("physical_offset").over(same_message))
                 .withColumn("copy", F.row_number().over(same_message)))
-    return _explode_found(repeated, [
-        _found("unique_keys", col("copy") > 1,
+    return explode_found(repeated, [
+        found("unique_keys", col("copy") > 1,
                F.format_string("UNIQ_KEY %s was already stored at physical offset %d", col("uniq_key"),
                                col("first_offset"))),
     ])
@@ -411,7 +387,7 @@ def _consume_queue_violations(records: DataFrame, units: DataFrame,
     ).where(col("unit_physical_offset") >= replica_min(col("unit_replica")))  # below: deleted by retention
     record = records.where(col("kind") == "message").select(
         "replica", "physical_offset", "topic", "queue_id", "queue_offset", "total_size", "tags_code",
-        _hidden(col("sys_flag")).alias("hidden"),
+        hidden(col("sys_flag")).alias("hidden"),
     )
     joined = unit.join(record, (col("unit_replica") == col("replica"))
                        & (col("unit_physical_offset") == col("physical_offset")), "full_outer")
@@ -443,12 +419,12 @@ def _consume_queue_violations(records: DataFrame, units: DataFrame,
         has_unit.alias("has_unit"), problems.alias("problems"), visible_record.alias("visible_record"),
         col("units"),
     )
-    return _explode_found(located, [
-        _found("consume_queue", col("has_unit") & (col("problems") != ""),
+    return explode_found(located, [
+        found("consume_queue", col("has_unit") & (col("problems") != ""),
                F.format_string("unit -> physical offset %d: %s", col("where_physical_offset"), col("problems"))),
-        _found("consume_queue", col("visible_record") & (col("units") == 0),
+        found("consume_queue", col("visible_record") & (col("units") == 0),
                F.lit("the record is in no consume-queue unit")),
-        _found("consume_queue", col("visible_record") & (col("units") > 1),
+        found("consume_queue", col("visible_record") & (col("units") > 1),
                F.format_string("the record is in %d consume-queue units", col("units"))),
     ], topic="where_topic", queue_id="where_queue_id", queue_offset="where_queue_offset",
         physical_offset="where_physical_offset", replica="where_replica")
@@ -479,20 +455,20 @@ def _key_index_violations(records: DataFrame, entries: DataFrame,
     compared = expected.join(indexed, ["replica", "physical_offset", "key_hash"], "full_outer")
     expected_count = F.coalesce(col("expected"), F.lit(0))
     indexed_count = F.coalesce(col("indexed"), F.lit(0))
-    by_record = _explode_found(compared, [
-        _found("key_index", col("expected").isNull(),
+    by_record = explode_found(compared, [
+        found("key_index", col("expected").isNull(),
                F.format_string("index entries (file %d) with key hash %d point here, where no record has that key",
                                col("file"), col("key_hash"))),
-        _found("key_index", col("indexed").isNull(), F.format_string("key %s is not in the key index", col("key"))),
-        _found("key_index", col("expected").isNotNull() & col("indexed").isNotNull() & (expected_count != indexed_count),
+        found("key_index", col("indexed").isNull(), F.format_string("key %s is not in the key index", col("key"))),
+        found("key_index", col("expected").isNotNull() & col("indexed").isNotNull() & (expected_count != indexed_count),
                F.format_string("key %s is indexed %d times, not %d", col("key"), indexed_count, expected_count)),
     ])
-    by_entry = _explode_found(entries.withColumn("topic", F.lit(None).cast("string"))
+    by_entry = explode_found(entries.withColumn("topic", F.lit(None).cast("string"))
                               .withColumn("queue_id", F.lit(None).cast("int"))
                               .withColumn("queue_offset", F.lit(None).cast("bigint")), [
-        _found("key_index", col("problem").isNotNull(),
+        found("key_index", col("problem").isNotNull(),
                F.format_string("key-index file %d cannot be read: %s", col("file"), col("problem"))),
-        _found("key_index", col("problem").isNull() & ~col("reachable"),
+        found("key_index", col("problem").isNull() & ~col("reachable"),
                F.format_string("entry %d of key-index file %d is not reachable from its slot: lookups miss it",
                                col("entry_number"), col("file"))),
     ])

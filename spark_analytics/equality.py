@@ -5,7 +5,7 @@ common range ends in) are read here, so the driver's work does not grow with the
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from commitlog.message import FILLER_HEADER_BYTES, StoredMessage
@@ -32,11 +32,12 @@ class Vote:
         return bool(self.odd)
 
 
-def vote(digests: Mapping[str, tuple[int, bytes]], replicas: Sequence[str]) -> Vote:
-    """Group ``replicas`` by their (bytes hashed, digest) for a block. A group of more than half the
+def vote(digests: Mapping[str, Hashable], replicas: Sequence[str]) -> Vote:
+    """Group ``replicas`` by their (bytes hashed, digest) for a block (or by any comparable value: the
+    derived-state checks vote on consume-queue units and state entries the same way). A group of more than half the
     replicas is the majority and the rest are odd; without one, every replica that differs from the first
     is odd (with two replicas nobody can be outvoted, but the difference is still found)."""
-    groups: dict[tuple[int, bytes], list[str]] = {}
+    groups: dict[Hashable, list[str]] = {}
     for replica in replicas:
         groups.setdefault(digests.get(replica, MISSING), []).append(replica)
     if len(groups) == 1:

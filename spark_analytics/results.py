@@ -128,8 +128,122 @@ class ReplicaIntegrity:
 class IntegrityResult:
     ok: bool
     replicas: tuple[ReplicaIntegrity, ...]
+    #: what could not be checked, and why (e.g. a checkpoint that does not cover the log)
+    notes: tuple[str, ...] = ()
 
     def replica(self, name: str) -> ReplicaIntegrity:
+        return next(result for result in self.replicas if result.replica == name)
+
+
+@dataclass(frozen=True, slots=True)
+class UnitDifference:
+    """A consume-queue position where a replica's unit differs from the majority's (``None``: no unit)."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    replica: str
+    reference_replicas: tuple[str, ...]
+    #: "physical offset P, size S, tag hash H"
+    expected: str | None
+    actual: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumeQueueComparison:
+    """The replicas' consume queues compared unit by unit for the records of ``[common_start, common_end)``
+    (the commit-log range every replica holds): each replica must have the same unit at the same queue
+    offset. Units are first compared as digests of ``bucket_units`` consecutive queue offsets; only
+    differing buckets are read unit by unit."""
+
+    ok: bool
+    replicas: tuple[str, ...]
+    common_start: int
+    common_end: int
+    queues_compared: int
+    units_compared_per_replica: tuple[tuple[str, int], ...]
+    bucket_units: int
+    buckets_compared: int
+    buckets_differing: int
+    odd_replicas: tuple[str, ...]
+    differences: tuple[UnitDifference, ...]
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StateDifference:
+    """A replicated-state entry (``section`` is the state's field, ``key`` the entry's key in it) on which
+    ``replica`` differs from ``reference_replicas``, all at ``applied_index``; values as JSON text (None:
+    the replica has no such entry)."""
+
+    section: str
+    key: str | None
+    replica: str
+    reference_replicas: tuple[str, ...]
+    expected: str | None
+    actual: str | None
+    applied_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStateSummary:
+    replica: str
+    #: why the checkpoint or its state cannot be read
+    problem: str | None
+    checkpoint_applied_index: int | None
+    checkpoint_commit_log_end: int | None
+    state_applied_index: int | None
+    consumer_offsets: int
+    topics: int
+    timers: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicatedStateResult:
+    """The replicated state in the replicas' checkpoints: replicas at the same applied index (each group
+    in ``groups_compared``) must agree entry by entry."""
+
+    ok: bool
+    replicas: tuple[ReplicaStateSummary, ...]
+    groups_compared: tuple[tuple[str, ...], ...]
+    odd_replicas: tuple[str, ...]
+    differences_found: int
+    differences: tuple[StateDifference, ...]
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DerivedStateResult:
+    """Cross-replica comparison of what is derived from the commit log or replicated beside it."""
+
+    ok: bool
+    consume_queues: ConsumeQueueComparison
+    replicated_state: ReplicatedStateResult
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryReplica:
+    """One replica against the client history: a check per kind of finding (``lost``, ``duplicated``,
+    ``offset_mismatch``, ``reordered``, ``delivered_not_stored``), each with its count and first examples."""
+
+    replica: str
+    ok: bool
+    checks: tuple[InvariantResult, ...]
+
+    def check(self, name: str) -> InvariantResult:
+        return next(result for result in self.checks if result.name == name)
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryResult:
+    ok: bool
+    history_file: str
+    acknowledged_sends: int
+    unknown_sends: int
+    deliveries: int
+    replicas: tuple[HistoryReplica, ...]
+
+    def replica(self, name: str) -> HistoryReplica:
         return next(result for result in self.replicas if result.replica == name)
 
 

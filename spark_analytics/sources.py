@@ -10,7 +10,9 @@ Register them once per session with :func:`register_sources`, then::
 ``path`` is a cluster directory (``<node>/store/`` below it), one node's directory or a store directory.
 Common options: ``replicas`` (comma-separated names; default all). ``raftmq_commitlog``: ``bodies``
 (``true``/``false``, default true: without it the ``body`` column is not in the schema at all),
-``segments`` (comma-separated segment start offsets; default all). ``raftmq_blocks``: ``block_size_bytes``
+``body_topics`` (comma-separated topics: with ``bodies`` false, the ``body`` column is kept but filled only
+for records of these topics, for checks that read a few small system bodies), ``segments``
+(comma-separated segment start offsets; default all). ``raftmq_blocks``: ``block_size_bytes``
 (default 1 MiB). Commit-log sources: ``segment_size_bytes`` (default: what the files say, see
 :func:`spark_analytics.layout.segment_size_bytes`).
 
@@ -59,6 +61,13 @@ from commitlog.message import (
     decode_host,
     decode_properties,
     tags_hash_code,
+)
+from spark_analytics.features import (
+    PROPERTY_DELAY,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_RETRY_TOPIC,
 )
 from spark_analytics.index_file import IndexFileError, read_index_file
 from spark_analytics.layout import Replica, list_replicas, map_file, segment_size_bytes
@@ -112,6 +121,12 @@ COMMIT_LOG_SCHEMA: Final = StructType([
     StructField("tags_code", LongType(), True),
     StructField("properties", BinaryType(), True),
     StructField("body_length", IntegerType(), True),
+    # the properties the feature invariants follow (delay, retry, transactions), as the broker wrote them
+    StructField("real_topic", StringType(), True),
+    StructField("real_qid", StringType(), True),
+    StructField("delay", StringType(), True),
+    StructField("retry_topic", StringType(), True),
+    StructField("origin_message_id", StringType(), True),
 ])
 BODY_FIELD: Final = StructField("body", BinaryType(), True)
 
@@ -172,6 +187,13 @@ def _path_option(options: Any) -> Path:
 def _replicas_option(options: Any) -> frozenset[str] | None:
     names = str(options.get("replicas", "")).strip()
     return frozenset(name.strip() for name in names.split(",") if name.strip()) if names else None
+
+
+def _names_option(options: Any, name: str) -> frozenset[str] | None:
+    """A comma-separated list of names (None when absent or empty)."""
+    text = str(options.get(name, "")).strip()
+    names = frozenset(part.strip() for part in text.split(",") if part.strip())
+    return names or None
 
 
 def _bool_option(options: Any, name: str, default: bool) -> bool:
@@ -245,21 +267,24 @@ class CommitLogDataSource(DataSource):
         return COMMIT_LOG_SOURCE
 
     def schema(self) -> StructType:
-        if _bool_option(self.options, "bodies", True):
+        if _bool_option(self.options, "bodies", True) or _names_option(self.options, "body_topics"):
             return StructType([*COMMIT_LOG_SCHEMA.fields, BODY_FIELD])
         return COMMIT_LOG_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
         replicas, segment_size = _replicas_and_segment_size(self.options)
         partitions = _segment_partitions(replicas, segment_size, _offsets_option(self.options, "segments"))
-        return CommitLogReader(schema, partitions, _bool_option(self.options, "bodies", True))
+        bodies = _bool_option(self.options, "bodies", True)
+        return CommitLogReader(schema, partitions, bodies, None if bodies else _names_option(self.options, "body_topics"))
 
 
 class CommitLogReader(DataSourceReader):
-    def __init__(self, schema: StructType, partitions: list[InputPartition], bodies: bool) -> None:
+    def __init__(self, schema: StructType, partitions: list[InputPartition], bodies: bool,
+                 body_topics: frozenset[str] | None = None) -> None:
         self.schema = schema
         self.planned = partitions
         self.bodies = bodies
+        self.body_topics = body_topics
 
     def partitions(self) -> Sequence[InputPartition]:
         return self.planned
@@ -267,11 +292,15 @@ class CommitLogReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, SegmentPartition):  # no files: PySpark plans one InputPartition(None)
             return
-        yield from read_segment_batches(partition, self.bodies, _arrow_schema(self.schema))
+        yield from read_segment_batches(partition, self.bodies, _arrow_schema(self.schema), self.body_topics)
 
 
-def read_segment_batches(partition: SegmentPartition, bodies: bool, arrow_schema: Any) -> Iterator[Any]:
-    """Arrow batches describing one segment file (see :data:`COMMIT_LOG_SCHEMA`)."""
+def read_segment_batches(partition: SegmentPartition, bodies: bool, arrow_schema: Any,
+                         body_topics: frozenset[str] | None = None) -> Iterator[Any]:
+    """Arrow batches describing one segment file (see :data:`COMMIT_LOG_SCHEMA`). Without ``bodies``,
+    ``body_topics`` (when given) names the topics whose bodies fill the ``body`` column (null for others)."""
+    some_bodies = not bodies and bool(body_topics)
+    topics_with_body = body_topics or frozenset()
     import pyarrow
 
     names = [field.name for field in arrow_schema]
@@ -307,7 +336,7 @@ def read_segment_batches(partition: SegmentPartition, bodies: bool, arrow_schema
                 columns["magic"].append(BLANK_MAGIC if entry.kind == KIND_FILLER else None)
                 for name in _MESSAGE_COLUMNS:
                     columns[name].append(None)
-                if bodies:
+                if bodies or some_bodies:
                     columns["body"].append(None)
             else:
                 properties = decode_properties(message.properties)
@@ -338,9 +367,16 @@ def read_segment_batches(partition: SegmentPartition, bodies: bool, arrow_schema
                 columns["tags_code"].append(tag_code)
                 columns["properties"].append(message.properties)
                 columns["body_length"].append(len(message.body))
-                if bodies:
+                columns["real_topic"].append(properties.get(PROPERTY_REAL_TOPIC))
+                columns["real_qid"].append(properties.get(PROPERTY_REAL_QUEUE_ID))
+                columns["delay"].append(properties.get(PROPERTY_DELAY))
+                columns["retry_topic"].append(properties.get(PROPERTY_RETRY_TOPIC))
+                columns["origin_message_id"].append(properties.get(PROPERTY_ORIGIN_MESSAGE_ID))
+                if bodies or (some_bodies and message.topic in topics_with_body):
                     columns["body"].append(message.body)
                     body_bytes += len(message.body)
+                elif some_bodies:
+                    columns["body"].append(None)
             if len(columns["replica"]) >= BATCH_ROWS_MAX or body_bytes >= BATCH_BODY_BYTES_MAX:
                 body_bytes = 0
                 yield batch()
@@ -352,6 +388,7 @@ _MESSAGE_COLUMNS: Final = (
     "stored_physical_offset", "body_crc", "crc_ok", "queue_id", "flag", "queue_offset", "sys_flag",
     "born_timestamp", "born_host", "store_timestamp", "store_host", "reconsume_times",
     "prepared_transaction_offset", "topic", "tags", "keys", "uniq_key", "tags_code", "properties", "body_length",
+    "real_topic", "real_qid", "delay", "retry_topic", "origin_message_id",
 )
 
 

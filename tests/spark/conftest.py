@@ -10,7 +10,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from spark_analytics.session import build_session
-from tests.spark.cluster import build_cluster
+from tests.spark.cluster import DUPLICATED_BATCH, build_cluster
 
 
 @pytest.fixture(scope="session")
@@ -25,4 +25,13 @@ def clean_cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Three replicas written with the same appends. Never modified: copy it first."""
     root = tmp_path_factory.mktemp("clean") / "cluster"
     build_cluster(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def duplicated_cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three replicas where n2 applied the entry of batch 10 twice, as a non-idempotent apply of a
+    replayed entry would: its messages are stored twice there. Never modified."""
+    root = tmp_path_factory.mktemp("duplicated") / "cluster"
+    build_cluster(root, extra_apply={"n2": DUPLICATED_BATCH})
     return root

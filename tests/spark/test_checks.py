@@ -12,11 +12,11 @@ from pyspark.sql import SparkSession
 
 from commitlog.consume_queue import UNIT_BYTES
 from spark_analytics.checks import check_byte_equality, check_integrity
+from spark_analytics.derived import check_derived_state
 from spark_analytics.results import IntegrityResult
 from tests.spark.cluster import (
     BATCH_MESSAGES,
     body_offset,
-    build_cluster,
     flip_byte,
     node_store,
     overwrite,
@@ -45,14 +45,16 @@ def test_clean_cluster_holds_every_check(spark: SparkSession, clean_cluster: Pat
     data_end = equality.extents[0].data_end
     assert equality.common_start == 0 and equality.common_end == data_end > 0
     assert all(extent.data_end == data_end for extent in equality.extents)
-    assert equality.bytes_compared_per_replica == data_end and equality.segments_compared == 3
+    assert equality.bytes_compared_per_replica == data_end and equality.segments_compared == data_end // 131072 + 1
     integrity = check_integrity(spark, clean_cluster)
-    assert integrity.ok
+    assert integrity.ok and integrity.notes == ()  # the checkpoints cover the logs: timer progress checked
     records = records_of(node_store(clean_cluster, "n0"))
+    visible = [r for r in records if r.sys_flag & 0xC not in (0x4, 0xC)]
     for replica in integrity.replicas:
         assert replica.messages == len(records) and replica.invalid_stretches == 0
-        assert replica.data_end == data_end and replica.queues == 6
-        assert replica.consume_queue_units == sum(1 for r in records if r.sys_flag & 0xC not in (0x4, 0xC))
+        assert replica.data_end == data_end and replica.queues == len({(r.topic, r.queue_id) for r in visible})
+        assert replica.consume_queue_units == len(visible)
+        assert {result.name for result in replica.invariants} >= {"transactions", "transaction_ops", "delays", "retries"}
 
 
 def test_flipped_byte_names_the_replica_the_byte_and_the_record(spark: SparkSession, cluster: Path) -> None:
@@ -112,7 +114,16 @@ def test_swapped_consume_queue_units_are_reported_on_their_replica(spark: SparkS
     unit3, unit4 = raw[position : position + UNIT_BYTES], raw[position + UNIT_BYTES : position + 2 * UNIT_BYTES]
     overwrite(path, position, unit4 + unit3)
 
-    assert check_byte_equality(spark, cluster).ok  # commit logs untouched
+    equality = check_byte_equality(spark, cluster)
+    assert equality.ok  # commit logs untouched
+    derived = check_derived_state(spark, cluster, equality.common_start, equality.common_end)
+    queues = derived.consume_queues
+    assert not derived.ok and derived.replicated_state.ok and queues.odd_replicas == ("n0",)
+    assert queues.buckets_differing == 1
+    assert [(d.replica, d.topic, d.queue_id, d.queue_offset) for d in queues.differences] == [
+        ("n0", "Orders", 1, 3), ("n0", "Orders", 1, 4)]
+    assert all(d.reference_replicas == ("n1", "n2") for d in queues.differences)
+    assert queues.differences[0].actual == queues.differences[1].expected
     integrity = check_integrity(spark, cluster)
     assert failed_invariants(integrity, "n0") == {"consume_queue"}
     assert failed_invariants(integrity, "n1") == failed_invariants(integrity, "n2") == set()
@@ -125,9 +136,8 @@ def test_swapped_consume_queue_units_are_reported_on_their_replica(spark: SparkS
     assert "the record has queue offset 3" in by_offset[4].detail
 
 
-def test_duplicated_records_are_found_on_their_replica(spark: SparkSession, tmp_path: Path) -> None:
-    cluster = tmp_path / "cluster"
-    build_cluster(cluster, extra_apply={"n2": 10})  # n2 applies the entry of batch 10 twice
+def test_duplicated_records_are_found_on_their_replica(spark: SparkSession, duplicated_cluster: Path) -> None:
+    cluster = duplicated_cluster  # n2 applied the entry of batch 10 twice
     majority = records_of(node_store(cluster, "n0"))
     duplicated = records_of(node_store(cluster, "n2"))
     batch_end = 11 * BATCH_MESSAGES  # messages in batches 0..10
@@ -142,6 +152,11 @@ def test_duplicated_records_are_found_on_their_replica(spark: SparkSession, tmp_
     assert first.actual.uniq_key == original.property_map["UNIQ_KEY"]
     assert first.expected is not None and first.expected.record_offset == majority[batch_end].physical_offset
 
+    derived = check_derived_state(spark, cluster, equality.common_start, equality.common_end)
+    assert derived.consume_queues.odd_replicas == ("n2",)  # later units sit at other queue offsets on n2
+    # n2 applied one entry more: its replicated state is at another index, compared with nobody
+    assert derived.replicated_state.ok and derived.replicated_state.groups_compared == (("n0", "n1"),)
+    assert any("(n2 at 66; n0, n1 at 65)" in note for note in derived.replicated_state.notes)
     integrity = check_integrity(spark, cluster)
     assert failed_invariants(integrity, "n2") == {"unique_keys"}
     assert failed_invariants(integrity, "n0") == failed_invariants(integrity, "n1") == set()

@@ -34,15 +34,29 @@ def test_commit_log_source_reads_every_record_of_every_replica(spark: SparkSessi
     assert "body" in frame.columns
     rows = frame.where("replica = 'n1' and kind = 'message'").orderBy("physical_offset").collect()
     written = [message for batch in batches() for message in batch]
-    assert len(rows) == len(written)
-    for row, sent in zip(rows, written, strict=True):
+    records = records_of(node_store(clean_cluster, "n1"))  # the base batches, then the feature records
+    assert len(rows) == len(records) > len(written)
+    for row, sent in zip(rows, written, strict=False):
         assert (row.topic, row.queue_id, row.body) == (sent.topic, sent.queue_id, sent.body)
         assert row.crc_ok and row.stored_physical_offset == row.physical_offset
         assert row.tags_code == (tags_hash_code(row.tags) if row.tags else 0)
         assert row.segment == row.physical_offset - row.physical_offset % segment_size(node_store(clean_cluster, "n1"))
     counts = {(row.replica, row.kind): row["count"] for row in frame.groupBy("replica", "kind").count().collect()}
     assert {replica for replica, _ in counts} == {"n0", "n1", "n2"}
-    assert counts[("n0", "message")] == counts[("n2", "message")] == len(written)
+    assert counts[("n0", "message")] == counts[("n2", "message")] == len(records)
+    features = {row.topic: row for row in rows[len(written):]}
+    delivered = next(row for row in rows[len(written):] if row.topic == "TopicTest" and row.real_topic)
+    assert (delivered.real_topic, delivered.real_qid, delivered.delay) == ("TopicTest", str(delivered.queue_id), None)
+    assert features["SCHEDULE_TOPIC_XXXX"].delay is not None
+    assert features["%DLQ%cg"].retry_topic == "TopicTest" and features["%DLQ%cg"].origin_message_id is not None
+
+
+def test_body_topics_fill_bodies_of_those_topics_only(spark: SparkSession, clean_cluster: Path) -> None:
+    frame = (spark.read.format("raftmq_commitlog").option("bodies", "false").option("replicas", "n0")
+             .option("body_topics", "RMQ_SYS_TRANS_OP_HALF_TOPIC").load(str(clean_cluster)))
+    rows = frame.where("body is not null").select("topic", "body").collect()
+    assert sorted(bytes(row.body) for row in rows) == [b"0", b"1"]
+    assert {row.topic for row in rows} == {"RMQ_SYS_TRANS_OP_HALF_TOPIC"}
 
 
 def test_options_select_replicas_segments_and_drop_bodies(spark: SparkSession, clean_cluster: Path) -> None:

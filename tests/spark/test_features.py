@@ -1,0 +1,109 @@
+"""Feature invariants (transactions, op records, delays, retries) and the replicated state in the
+checkpoints: broker bugs written into every replica alike are reported on every replica, precisely, and
+nothing else is; a state entry that differs on one replica names that replica."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from broker import send, send_back, topics
+from broker.config import DEFAULT_DELAY_LEVELS_SECONDS
+from broker.delay import level_key
+from spark_analytics import features
+from spark_analytics.checks import check_byte_equality, check_integrity
+from spark_analytics.layout import list_replicas
+from spark_analytics.replicated_state import (
+    LEVEL_KEY_PREFIX,
+    ReplicaCheckpoint,
+    compare_states,
+    read_checkpoints,
+)
+from tests.spark.cluster import (
+    DELAYED_LEVEL_1,
+    DELAYED_LEVEL_3,
+    HALVES,
+    FeatureDefects,
+    build_cluster,
+    node_state,
+    node_store,
+    records_of,
+)
+
+
+def test_broker_facts_agree_with_the_broker() -> None:
+    assert features.SCHEDULE_TOPIC == topics.SCHEDULE_TOPIC
+    assert features.TRANSACTION_HALF_TOPIC == topics.TRANS_HALF_TOPIC
+    assert features.TRANSACTION_OP_TOPIC == topics.TRANS_OP_HALF_TOPIC
+    assert (features.RETRY_PREFIX, features.DLQ_PREFIX) == (topics.RETRY_PREFIX, topics.DLQ_PREFIX)
+    assert features.DELAY_LEVELS_SECONDS == DEFAULT_DELAY_LEVELS_SECONDS
+    assert (features.PROPERTY_REAL_TOPIC, features.PROPERTY_REAL_QUEUE_ID, features.PROPERTY_DELAY) == (
+        send.PROPERTY_REAL_TOPIC, send.PROPERTY_REAL_QUEUE_ID, send.PROPERTY_DELAY)
+    assert (features.PROPERTY_RETRY_TOPIC, features.PROPERTY_ORIGIN_MESSAGE_ID) == (
+        send_back.PROPERTY_RETRY_TOPIC, send_back.PROPERTY_ORIGIN_MESSAGE_ID)
+    assert level_key(3) == f"{LEVEL_KEY_PREFIX}3"
+
+
+def test_broker_bugs_are_reported_on_every_replica(spark: SparkSession, tmp_path: Path) -> None:
+    cluster = tmp_path / "cluster"
+    build_cluster(cluster, defects=FeatureDefects(missing_op=True, delivered_twice=True, delivered_early=True))
+    records = records_of(node_store(cluster, "n0"))
+
+    def record(topic: str, number: int, index: int = 0) -> tuple[int, str, int, int]:
+        key = f"C0A8000A9CB3{number:020X}"
+        found = [r for r in records if r.topic == topic and r.property_map["UNIQ_KEY"] == key][index]
+        return found.physical_offset, found.topic, found.queue_id, found.queue_offset
+
+    assert check_byte_equality(spark, cluster).ok  # a replicated bug: the replicas agree
+    integrity = check_integrity(spark, cluster)
+    for replica in ("n0", "n1", "n2"):
+        result = integrity.replica(replica)
+        assert {i.name for i in result.invariants if not i.ok} == {"transaction_ops", "delays", "unique_keys"}
+        (missing,) = result.invariant("transaction_ops").examples
+        half = record("RMQ_SYS_TRANS_HALF_TOPIC", HALVES[0])
+        commit = record("Orders", HALVES[0])
+        assert (missing.physical_offset, missing.topic, missing.queue_id, missing.queue_offset) == half
+        assert missing.detail == f"the half is committed (at physical offset {commit[0]}) but has no op record"
+        early, twice = result.invariant("delays").examples  # in log order
+        assert (early.physical_offset, early.topic, early.queue_id, early.queue_offset) == record(
+            "TopicTest", DELAYED_LEVEL_3)
+        scheduled_3 = record("SCHEDULE_TOPIC_XXXX", DELAYED_LEVEL_3)
+        assert early.detail.startswith("delivered at store time 1700000105600, 6000 ms before it was due: "
+                                       f"scheduled at physical offset {scheduled_3[0]}")
+        assert (twice.physical_offset, twice.topic, twice.queue_id, twice.queue_offset) == record(
+            "TopicTest", DELAYED_LEVEL_1, 1)
+        scheduled_1 = record("SCHEDULE_TOPIC_XXXX", DELAYED_LEVEL_1)
+        assert twice.detail == (f"UNIQ_KEY C0A8000A9CB3{DELAYED_LEVEL_1:020X} is delivered 2 times, scheduled 1 "
+                                f"times (first at physical offset {scheduled_1[0]})")
+        assert result.invariant("unique_keys").violations == 1  # the second delivery is a stored duplicate
+
+
+def test_a_consumer_offset_differing_on_one_replica_names_it(tmp_path: Path) -> None:
+    cluster = tmp_path / "cluster"
+    build_cluster(cluster, offsets={"n1": {("cg", "TopicTest", 1): 3}})
+    result = compare_states(read_checkpoints(list_replicas(cluster)))
+    assert not result.ok and result.odd_replicas == ("n1",) and result.groups_compared == (("n0", "n1", "n2"),)
+    (difference,) = result.differences
+    assert (difference.section, difference.key, difference.replica, difference.reference_replicas) == (
+        "consumer_offsets", "cg/TopicTest/1", "n1", ("n0", "n2"))
+    assert (difference.expected, difference.actual, difference.applied_index) == ("6", "3", 65)
+
+
+def test_states_at_other_indexes_are_compared_on_timer_progress_only() -> None:
+    def at(replica: str, state_index: int, level_1: int) -> ReplicaCheckpoint:
+        state = node_state(state_index, {("cg", "Orders", 0): state_index})  # offsets move with the index
+        state.timer_progress["level:1"] = level_1
+        return ReplicaCheckpoint(replica, None, state)
+
+    lagging = compare_states([at("n0", 70, 4), at("n1", 70, 4), at("n2", 60, 2)])
+    assert lagging.ok and lagging.groups_compared == (("n0", "n1"),)
+    assert lagging.notes == ("the replicas' states are at different applied indexes (n0, n1 at 70; n2 at 60): each "
+                             "is compared only with replicas at its index, and with the others on timer progress "
+                             "(which never goes back)",)
+    ahead = compare_states([at("n0", 70, 4), at("n1", 70, 4), at("n2", 60, 5)])
+    assert not ahead.ok and ahead.odd_replicas == ("n2",)
+    assert {(d.section, d.key, d.replica, d.actual) for d in ahead.differences} == {
+        ("timer_progress", "level:1", "n2", "5")}
+    damaged = compare_states([at("n0", 70, 4), ReplicaCheckpoint("n1", None, None, "checkpoint is damaged")])
+    assert not damaged.ok and damaged.odd_replicas == ("n1",)
