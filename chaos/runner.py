@@ -241,8 +241,9 @@ def _verify(options: RunOptions, cluster_dir: Path, out: TextIO) -> int | None:
         return None
     from spark_analytics.verify import verify
 
-    print("  verifying replicas (Spark)", file=out, flush=True)
-    return verify(cluster_dir, report_path=options.report_dir / VERIFY_REPORT_FILE, output=out)
+    print("  verifying replicas and the history against them (Spark)", file=out, flush=True)
+    return verify(cluster_dir, report_path=options.report_dir / VERIFY_REPORT_FILE, output=out,
+                  history_path=options.report_dir / HISTORY_FILE)
 
 
 def _report(options: RunOptions, result: CheckResult, progress: _Progress, verify_code: int | None, verdict: str,
