@@ -98,6 +98,10 @@ class FeatureDefects:
     delivered_twice: bool = False
     #: the level-3 delayed message is delivered 4 s after it was scheduled, not 10 s
     delivered_early: bool = False
+    #: the first half is committed a second time (at the end), and the rolled-back one committed too
+    committed_again: bool = False
+    #: the dead-letter copy's ORIGIN_MESSAGE_ID names the first half's physical offset, not the original's
+    wrong_origin: bool = False
 
 
 def append_features(store: MessageStore, raft_index: int, defects: FeatureDefects) -> int:
@@ -127,13 +131,19 @@ def append_features(store: MessageStore, raft_index: int, defects: FeatureDefect
     retried = message(RETRIED, topic=RETRY_TOPIC, queue_id=0, REAL_TOPIC=RETRY_TOPIC, REAL_QID="0",
                       RETRY_TOPIC="TopicTest", ORIGIN_MESSAGE_ID=original_id)._replace(reconsume_times=1)
     dead = message(RETRIED, topic=DLQ_TOPIC, queue_id=0, RETRY_TOPIC="TopicTest",
-                   ORIGIN_MESSAGE_ID=original_id)._replace(reconsume_times=2)
+                   ORIGIN_MESSAGE_ID=results[0].msg_id if defects.wrong_origin else original_id
+                   )._replace(reconsume_times=2)
     later: list[tuple[int, list[MessageInput]]] = [(stamp + 10, second), (stamp + 1_000, [delivered_1])]
     if defects.delivered_early:
         later.append((stamp + 4_000, [delivered_3]))
     later.append((stamp + 10_010, [*(() if defects.delivered_early else (delivered_3,)), retried,
                                    *((delivered_1,) if defects.delivered_twice else ())]))
     later.append((stamp + 10_020, [dead]))
+    if defects.committed_again:
+        rolled_back = message(HALVES[1], topic="Orders", queue_id=1, sys_flag=TRANSACTION_COMMIT_TYPE,
+                              REAL_TOPIC="Orders", REAL_QID="1", TRAN_MSG="true", PGROUP="pg")._replace(
+            prepared_transaction_offset=results[1].physical_offset)
+        later.append((stamp + 10_030, [commit, rolled_back]))
     for batch_stamp_ms, batch in later:
         raft_index += 1
         store.append(raft_index, batch, batch_stamp_ms)

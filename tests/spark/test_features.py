@@ -47,7 +47,8 @@ def test_broker_facts_agree_with_the_broker() -> None:
 
 def test_broker_bugs_are_reported_on_every_replica(spark: SparkSession, tmp_path: Path) -> None:
     cluster = tmp_path / "cluster"
-    build_cluster(cluster, defects=FeatureDefects(missing_op=True, delivered_twice=True, delivered_early=True))
+    build_cluster(cluster, defects=FeatureDefects(missing_op=True, delivered_twice=True, delivered_early=True,
+                                                  committed_again=True, wrong_origin=True))
     records = records_of(node_store(cluster, "n0"))
 
     def record(topic: str, number: int, index: int = 0) -> tuple[int, str, int, int]:
@@ -59,7 +60,8 @@ def test_broker_bugs_are_reported_on_every_replica(spark: SparkSession, tmp_path
     integrity = check_integrity(spark, cluster)
     for replica in ("n0", "n1", "n2"):
         result = integrity.replica(replica)
-        assert {i.name for i in result.invariants if not i.ok} == {"transaction_ops", "delays", "unique_keys"}
+        assert {i.name for i in result.invariants if not i.ok} == {
+            "transactions", "transaction_ops", "delays", "retries", "unique_keys"}
         (missing,) = result.invariant("transaction_ops").examples
         half = record("RMQ_SYS_TRANS_HALF_TOPIC", HALVES[0])
         commit = record("Orders", HALVES[0])
@@ -76,7 +78,20 @@ def test_broker_bugs_are_reported_on_every_replica(spark: SparkSession, tmp_path
         scheduled_1 = record("SCHEDULE_TOPIC_XXXX", DELAYED_LEVEL_1)
         assert twice.detail == (f"UNIQ_KEY C0A8000A9CB3{DELAYED_LEVEL_1:020X} is delivered 2 times, scheduled 1 "
                                 f"times (first at physical offset {scheduled_1[0]})")
-        assert result.invariant("unique_keys").violations == 1  # the second delivery is a stored duplicate
+        # the second delivery and the second commit are stored duplicates too
+        assert result.invariant("unique_keys").violations == 2
+        again, after_rollback = result.invariant("transactions").examples
+        assert (again.physical_offset, again.topic, again.queue_id, again.queue_offset) == record("Orders", HALVES[0], 1)
+        assert again.detail == f"the half at physical offset {half[0]} is committed again (first commit at {commit[0]})"
+        rolled_back = record("RMQ_SYS_TRANS_HALF_TOPIC", HALVES[1])
+        assert after_rollback.physical_offset == record("Orders", HALVES[1])[0]
+        assert after_rollback.detail.startswith(f"committed at store time {1700000101600 + 10_030}, after the half was "
+                                                "resolved by the op record at physical offset")
+        assert result.invariant("transactions").violations == 2 and rolled_back[3] == 1
+        (origin,) = result.invariant("retries").examples
+        assert (origin.physical_offset, origin.topic) == record("%DLQ%cg", 9020)[:2]
+        assert origin.detail == (f"ORIGIN_MESSAGE_ID {'0A01020300002A9F'}{half[0]:016X} names physical offset "
+                                 f"{half[0]}, which holds no record with UNIQ_KEY C0A8000A9CB3{9020:020X}")
 
 
 def test_a_consumer_offset_differing_on_one_replica_names_it(tmp_path: Path) -> None:
