@@ -52,14 +52,19 @@ class AclRules:
         document = self._replicated_document()
         if not document:
             return self._local
-        if document is not self._document and document != self._document:
-            self._load(document)
+        if document is not self._document:
+            # the same bytes in a new object (a snapshot was installed): adopt it, so the next request
+            # takes the identity test above instead of comparing up to a megabyte again
+            if document == self._document:
+                self._document = document
+            else:
+                self._load(document)
         if self._replicated is None:
             raise AccessDeniedError("[ACL] this broker cannot read the group's ACL rules; see its log")
         return self._replicated
 
     def _load(self, document: bytes) -> None:
-        if document == self._unreadable:
+        if document is self._unreadable or document == self._unreadable:
             return
         try:
             validator = AccessValidator(AclConfig.from_document(document))
