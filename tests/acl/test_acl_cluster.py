@@ -173,10 +173,17 @@ def test_stock_cpp_client_with_good_credentials_works_and_with_a_wrong_secret_is
         assert producer.wait_exit(PROCESS_SECONDS) == 0, pool.report()
         acks = producer.events("ack")
         assert len(acks) == 5 and not producer.events("error"), pool.report()
-        assert max_offset(address, "orders") == before + 5
+        batch = pool.start("batch-producer", "produce", namesrv=cluster.namesrv, topic="orders",
+                           group="acl_producers", mode="batch", count=4, batch_size=4, run="batch",
+                           access_key=PRODUCER.access_key, secret_key=PRODUCER.secret_key)
+        assert batch.wait_exit(PROCESS_SECONDS) == 0, pool.report()
+        acks += batch.events("ack")
+        assert len(acks) == 9 and not batch.events("error"), pool.report()
+        assert max_offset(address, "orders") == before + 9
+        # orderly: LOCK_BATCH_MQ (a signed body naming the group and the queues) before every pull
         consumer = pool.start("consumer", "consume", namesrv=cluster.namesrv, topic="orders", group="billing",
-                              instance="acl-consumer", expect=5 + before, access_key=CONSUMER.access_key,
-                              secret_key=CONSUMER.secret_key)
+                              instance="acl-consumer", expect=9 + before, orderly=True,
+                              access_key=CONSUMER.access_key, secret_key=CONSUMER.secret_key)
         assert consumer.wait_exit(PROCESS_SECONDS) == 0, pool.report()
         delivered = {str(event["body"]) for event in consumer.events("delivery")}
         assert {str(event["body"]) for event in acks} <= delivered, pool.report()
@@ -185,7 +192,7 @@ def test_stock_cpp_client_with_good_credentials_works_and_with_a_wrong_secret_is
                             secret_key="wrong-secret-1")
         assert forged.wait_exit(PROCESS_SECONDS) == 1, pool.report()
         assert not forged.events("ack") and len(forged.events("error")) == 2, pool.report()
-        assert max_offset(address, "orders") == before + 5
+        assert max_offset(address, "orders") == before + 9
     finally:
         pool.close()
 
