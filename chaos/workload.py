@@ -13,8 +13,9 @@ A session starts at the group's committed offset (QUERY_CONSUMER_OFFSET on the l
 commits its offset to the leader every ``commit_interval_seconds`` (UPDATE_CONSUMER_OFFSET, answered
 once replicated), and ends after a random time (a consumer restart: the next session starts from the
 committed offset, so some messages are delivered again). One group reads from the leader, the other
-from any member (followers serve committed data). A pull that fails moves to another member; an
-"offset moved" answer is recorded and never adopted (it would hide a loss).
+from any member (followers serve committed data; it moves on after every empty long poll, so a member
+that lags cannot hold it). A pull that fails moves to another member; an "offset moved" answer is
+recorded and never adopted (it would hide a loss).
 """
 
 from __future__ import annotations
@@ -344,6 +345,8 @@ class QueueConsumer:
             if not self._handle_pull(session, node, response):
                 await self._backoff()
                 node = await self._pull_node(node)
+            elif self.mode == ANY_READS and response.code == ResponseCode.PULL_NOT_FOUND:
+                node = await self._pull_node(node)  # nothing new here: a lagging member must not hold us
 
     def _handle_pull(self, session: int, node: str, response: RemotingCommand) -> bool:
         """Record what a pull returned; False when the member should be left for another."""
