@@ -151,10 +151,14 @@ class GroupCommitter:
                 raise NotLeaderError(None)
             if self._waiting_bytes + size > self.settings.pending_bytes_max:
                 raise BusyError(f"{self._waiting_bytes} bytes are waiting for replication")
+            was_empty = not self._waiting
             self._waiting.append(request)
             self._waiting_bytes += size
             self._waiting_messages += len(messages)
-            self._condition.notify_all()
+            # Wake the batcher only when it may act: work appeared, or a lingering batch is full. Waking
+            # it on every submit cut its linger short and sent entries of a few messages each.
+            if was_empty or self._batch_is_full():
+                self._condition.notify_all()
         return request.future
 
     def _take_batch(self) -> list[_Request]:
@@ -191,7 +195,12 @@ class GroupCommitter:
                 if self._stopped:
                     return
                 if linger_seconds and not self._batch_is_full():
-                    self._condition.wait(timeout=linger_seconds)
+                    deadline = self.monotonic() + linger_seconds
+                    while not self._stopped and not self._batch_is_full():
+                        remaining = deadline - self.monotonic()
+                        if remaining <= 0:
+                            break
+                        self._condition.wait(timeout=remaining)
                 batch = self._take_batch()
                 if not batch:
                     continue
