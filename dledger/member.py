@@ -88,6 +88,31 @@ class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
         # pysyncobj advances raftLastApplied after this returns: this entry's index is one more
         return self._member.apply(self.raftLastApplied + 1, payload)
 
+    # Two safety fixes to pysyncobj 0.3.17's follower side, made by overriding its name-mangled private
+    # methods (the transport callback is looked up on the instance, so these are the ones called):
+    #
+    # 1. An append_entries without ``prevLogIdx`` (a snapshot chunk, or the "no snapshot ready yet"
+    #    message) is not checked against the follower's log, yet pysyncobj raises the follower's commit
+    #    index to min(leader's commit index, its own log end). A deposed leader's uncommitted entries at
+    #    the end of its log were then applied: its store diverged from the group's for good (found by the
+    #    partition-leader chaos scenario). Such messages now carry no commit index beyond our own.
+    # 2. After a snapshot that failed to load (our deserializer raised: catch-up could not finish),
+    #    pysyncobj still answers success with its own log end, so the leader counted entries this member
+    #    does not have towards a majority. A failed load now answers failure and asks for the snapshot again.
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        if isinstance(message, dict) and message.get("type") == "append_entries" and "prevLogIdx" not in message:
+            message = {**message, "commit_index": min(int(message.get("commit_index", 0)), self.raftCommitIndex)}
+        SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+    def _SyncObj__sendNextNodeIdx(self, node: Any, reset: bool = False, nextNodeIdx: int | None = None,
+                                  success: bool = False) -> None:
+        if success and self._member.snapshot_load_failed:
+            self._member.snapshot_load_failed = False
+            SyncObj._SyncObj__sendNextNodeIdx(self, node, reset=True, nextNodeIdx=1, success=False)
+            return
+        SyncObj._SyncObj__sendNextNodeIdx(self, node, reset=reset, nextNodeIdx=nextNodeIdx, success=success)
+
 
 class GroupMember:
     def __init__(self, config: NodeConfig, on_role_change: Callable[[RoleChange], None] | None = None) -> None:
@@ -95,6 +120,8 @@ class GroupMember:
         self.on_role_change = on_role_change
         #: called on the Raft thread after every applied entry (long polling wake-ups): must be quick
         self.on_applied: Callable[[], None] | None = None
+        #: the last snapshot install failed (see _RaftNode): answered as a failure, not pysyncobj's success
+        self.snapshot_load_failed = False
         self.raft_dir = config.data_dir / "raft"
         self.raft_dir.mkdir(parents=True, exist_ok=True)
         self.state = ReplicatedState()
@@ -177,7 +204,15 @@ class GroupMember:
 
     def _load_snapshot(self, file_name: str) -> tuple[Any, Any, Any]:
         """Install a snapshot: at start-up our own; on a lagging follower, the leader's, after copying the
-        commit-log bytes it lacks from a peer. Raising leaves everything as it was (pysyncobj retries)."""
+        commit-log bytes it lacks from a peer. Raising leaves everything as it was (pysyncobj logs it; the
+        leader is told the install failed and sends the snapshot again)."""
+        try:
+            return self._install_snapshot(file_name)
+        except BaseException:
+            self.snapshot_load_failed = True
+            raise
+
+    def _install_snapshot(self, file_name: str) -> tuple[Any, Any, Any]:
         snapshot = read_snapshot(Path(file_name))
         with self._apply_lock:
             if self.store.applied_raft_index < snapshot.index:
