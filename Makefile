@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint typecheck unit bench clean
+.PHONY: test demo lint typecheck unit bench chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,17 @@ bench: $(STAMP)
 	$(BIN)/python bench/broker_bench.py
 	$(BIN)/python bench/timer_bench.py
 	$(BIN)/python bench/verify_bench.py
+
+# every chaos scenario for several minutes each (a soak run, not part of make test)
+CHAOS_SCENARIOS := kill-leader pause-leader partition-leader partition-random kill-all-restart wipe-follower slow-link mixed
+CHAOS_DURATION ?= 300
+CHAOS_SEED ?= 1
+
+chaos: $(STAMP)
+	@failed=""; for scenario in $(CHAOS_SCENARIOS); do \
+		$(BIN)/raftmq chaos run --scenario $$scenario --duration $(CHAOS_DURATION) --seed $(CHAOS_SEED) \
+			--report chaos-report/$$scenario || failed="$$failed $$scenario"; \
+	done; if [ -n "$$failed" ]; then echo "chaos: not clean:$$failed"; exit 1; fi
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
