@@ -125,13 +125,14 @@ class PullProcessor:
                 result.status is GetStatus.NO_MATCHED_LOGIC_QUEUE and header.queue_offset == 0)
             remaining = deadline - loop.time()
             if not (waiting and suspend and remaining > 0):
-                return self._response(request, header, result)
+                return self._response(request, header, result, broker.member.is_leader)
             await self.waiters.wait(header.topic, header.queue_id, header.queue_offset, remaining)
             if loop.time() >= deadline and broker.store.max_queue_offset(header.topic, header.queue_id) <= header.queue_offset:
-                return self._response(request, header, result)
+                return self._response(request, header, result, broker.member.is_leader)
 
     @staticmethod
-    def _response(request: RemotingCommand, header: PullHeader, result: GetResult) -> RemotingCommand:
+    def _response(request: RemotingCommand, header: PullHeader, result: GetResult,
+                  is_leader: bool = True) -> RemotingCommand:
         status = result.status
         next_offset = result.next_begin_offset
         body = b""
@@ -147,6 +148,11 @@ class PullProcessor:
             next_offset = 0
         else:  # OFFSET_TOO_SMALL, OFFSET_OVERFLOW_BADLY
             code = ResponseCode.PULL_OFFSET_MOVED
+        if code == ResponseCode.PULL_OFFSET_MOVED and not is_leader:
+            # A follower may just lag: it must not move a consumer's offset (RocketMQ's slave answers
+            # PULL_RETRY_IMMEDIATELY at the requested offset unless offsetCheckInSlave).
+            code = ResponseCode.PULL_RETRY_IMMEDIATELY
+            next_offset = header.queue_offset
         fields = {
             "nextBeginOffset": str(next_offset),
             "minOffset": str(result.min_offset),

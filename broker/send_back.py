@@ -45,6 +45,12 @@ class SendBackProcessor:
             original = broker.store.read_message(offset)
         except (StoreError, ValueError) as exc:
             raise RequestError(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {offset}: {exc}") from None
+        origin_topic = fields.get("originTopic")
+        if origin_topic and origin_topic not in (original.topic, original.property_map.get(PROPERTY_RETRY_TOPIC)):
+            # only a message of the topic the consumer names (or its retry copy) may be sent back: with ACL
+            # on, this keeps a consumer from copying another topic's message into its own retry topic
+            raise RequestError(ResponseCode.SYSTEM_ERROR,
+                               f"the message at offset {offset} is not a message of topic {origin_topic}")
         subscription = broker.state.groups.get(group)
         limit = (integer(fields, "maxReconsumeTimes", 16, -1, INT32_MAX) if max_reconsume
                  else subscription.retry_max_times if subscription else broker.config.max_reconsume_times)

@@ -245,3 +245,26 @@ def test_status_lists_every_node(cluster: LocalCluster, tmp_path: Path) -> None:
     rows = cluster.status()
     assert [row["node"] for row in rows] == ["n0", "n1", "n2"]
     assert sum(row["role"] == "leader" for row in rows) == 1
+
+
+def test_a_follower_never_moves_a_consumer_offset(cluster: LocalCluster) -> None:
+    address = leader(cluster)
+    create_topic(address, "Moved", queues=1)
+    assert wire.send(address, "Moved", b"m", queue_id=0)[0] == ResponseCode.SUCCESS
+    code, fields, _ = wire.pull(address, "Moved", 0, 50)  # far past the end: the leader moves the offset
+    assert code == ResponseCode.PULL_OFFSET_MOVED
+    code, fields, _ = wire.pull(followers(cluster)[0], "Moved", 0, 50)  # a follower may only be lagging
+    assert code == ResponseCode.PULL_RETRY_IMMEDIATELY and fields["nextBeginOffset"] == "50"
+
+
+def test_send_back_refuses_a_message_of_another_topic(cluster: LocalCluster) -> None:
+    address = leader(cluster)
+    create_topic(address, "Secret", queues=1)
+    code, fields, _ = wire.send(address, "Secret", b"not yours", queue_id=0)
+    assert code == ResponseCode.SUCCESS
+    _, physical = decode_message_id(fields["msgId"])
+    back = {"offset": str(physical), "group": "g-thief", "delayLevel": "1", "originMsgId": fields["msgId"],
+            "originTopic": "Basic", "unitMode": "false", "maxReconsumeTimes": "3"}
+    code, _, _ = wire.call(address, RequestCode.CONSUMER_SEND_MSG_BACK, back)
+    assert code == ResponseCode.SYSTEM_ERROR
+    assert reachable_max_offset(address, "%RETRY%g-thief", 0) in (0, None)
