@@ -59,6 +59,8 @@ from spark_analytics.tables import ReplicaTables
 
 #: a line longer than this is not a history line
 LINE_BYTES_MAX: Final = 1 << 20
+#: lines one history may have (the parsed history is held on the driver: ~200 bytes a message)
+HISTORY_LINES_MAX: Final = 20_000_000
 #: history rows up to this many are sent to every task (the records are then only streamed past them);
 #: more are joined by shuffling both sides
 BROADCAST_ROWS_MAX: Final = 500_000
@@ -155,6 +157,8 @@ def parse_history(lines: Iterable[str], name: str = "<history>") -> History:
         if not line.strip():
             continue
         where = f"{name}:{number}"
+        if number > HISTORY_LINES_MAX:
+            raise HistoryError(f"{where}: a history has at most {HISTORY_LINES_MAX} lines")
         if len(line) > LINE_BYTES_MAX:
             raise HistoryError(f"{where}: a line of {len(line)} bytes is too long")
         try:
