@@ -106,3 +106,30 @@ def test_timer_survives_a_leader_kill_and_a_full_restart(cluster: LocalCluster) 
     assert [m.body for m in messages] == [b"f0", b"f1"]
     for message in messages:
         assert message.store_timestamp >= int(message.property_map["TIMER_OUT_MS"])
+
+
+def test_leader_killed_while_timers_and_delays_are_being_delivered(cluster: LocalCluster) -> None:
+    address = leader(cluster)
+    create_topic(address, "TimedMidway")
+    keys = []
+    for number in range(24):
+        key = f"MIDWAY{number:03d}"
+        properties = {"UNIQ_KEY": key}
+        if number % 2:
+            properties["DELAY"] = "2"  # 5 s
+        else:
+            properties["TIMER_DELAY_MS"] = str(2000 + 150 * number)
+        code, _, remark = wire.send(address, "TimedMidway", key.encode(), queue_id=0, properties=properties)
+        assert code == ResponseCode.SUCCESS, remark
+        keys.append(key)
+    wait_for(lambda: delivered_at_least(address, "TimedMidway", 1), 30, "the first due timer")
+    old = cluster.leader_node()
+    assert old is not None
+    cluster.kill(old.id, signal.SIGKILL)  # due times are passing: some delivered, some not yet
+    cluster.restart(old.id)
+    new_address = leader(cluster)
+    messages = wait_for(lambda: delivered_at_least(new_address, "TimedMidway", 24), 60, "every message")
+    assert sorted(m.property_map["UNIQ_KEY"] for m in messages) == keys  # each exactly once
+    for message in messages:
+        due = message.property_map.get("TIMER_OUT_MS")
+        assert due is None or message.store_timestamp >= int(due)
