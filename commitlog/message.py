@@ -129,6 +129,11 @@ class RecordError(ValueError):
     """Bytes that are not a valid stored record (bad magic, size, CRC, truncated)."""
 
 
+def body_crc32(body: bytes) -> int:
+    """The body CRC a record stores: RocketMQ's ``UtilAll.crc32``, CRC32 with the top bit cleared."""
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
 def encode_properties(properties: dict[str, str]) -> bytes:
     """``key\\x01value\\x02`` for each pair, in the mapping's order (RocketMQ's messageProperties2String)."""
     return b"".join(
@@ -199,7 +204,7 @@ def encode_record(
     head = HEAD_A.pack(
         total,
         MESSAGE_MAGIC,
-        zlib.crc32(body),
+        body_crc32(body),
         message.queue_id,
         message.flag,
         queue_offset,
@@ -267,7 +272,8 @@ def decode_record(buffer: bytes | memoryview, offset: int = 0, check_crc: bool =
     if props_len < 0 or pos + props_len != end:
         raise RecordError(f"bad properties length {props_len} at {offset}")
     properties = bytes(view[pos:end])
-    if check_crc and zlib.crc32(body) != body_crc:
+    if check_crc and body_crc != body_crc32(body) and body_crc != zlib.crc32(body):
+        # (the unmasked CRC is what stores written before the switch to RocketMQ's masked CRC hold)
         raise RecordError(f"body CRC mismatch at {offset}")
     return StoredMessage(
         total_size=total,

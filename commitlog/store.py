@@ -52,6 +52,7 @@ from commitlog.message import (
     TRANSACTION_TYPE_MASK,
     MessageInput,
     StoredMessage,
+    body_crc32,
     decode_message_id,
     encode_message_id,
     tags_hash_code,
@@ -911,7 +912,7 @@ def _encode(message: MessageInput, topic_segment: bytes, size: int, queue_offset
         sys_flag |= SYSFLAG_BORNHOST_V6
         head = _HEAD_V6
     return b"".join((
-        head.pack(size, MESSAGE_MAGIC, zlib.crc32(body), message.queue_id, message.flag, queue_offset,
+        head.pack(size, MESSAGE_MAGIC, body_crc32(body), message.queue_id, message.flag, queue_offset,
                   physical_offset, sys_flag, message.born_timestamp, born_host, store_timestamp,
                   store_host, message.reconsume_times, message.prepared_transaction_offset, len(body)),
         body,

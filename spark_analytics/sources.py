@@ -58,6 +58,7 @@ from commitlog.message import (
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
+    body_crc32,
     decode_host,
     decode_properties,
     tags_hash_code,
@@ -349,7 +350,7 @@ def read_segment_batches(partition: SegmentPartition, bodies: bool, arrow_schema
                 columns["magic"].append(MESSAGE_MAGIC)
                 columns["stored_physical_offset"].append(message.physical_offset)
                 columns["body_crc"].append(message.body_crc)
-                columns["crc_ok"].append(zlib.crc32(message.body) == message.body_crc)
+                columns["crc_ok"].append(message.body_crc in (body_crc32(message.body), zlib.crc32(message.body)))
                 columns["queue_id"].append(message.queue_id)
                 columns["flag"].append(message.flag)
                 columns["queue_offset"].append(message.queue_offset)
