@@ -194,6 +194,9 @@ class FrameConnection(asyncio.Protocol):
         self._remote_host = ""
         self._remote_port = 0
         self._remote_address = "(not connected)"
+        #: frames written this turn of the event loop, sent together at its end (one send for many answers)
+        self._outgoing: list[bytes] = []
+        self._flush_scheduled = False
 
     # ------------------------------------------------------------------------------ public, read-only
 
@@ -233,11 +236,13 @@ class FrameConnection(asyncio.Protocol):
 
     def close(self) -> None:
         """Close after writing what is buffered; idempotent."""
+        self._flush_outgoing()
         if self._transport is not None:
             self._transport.close()
 
     def abort(self) -> None:
         """Close now, dropping anything not yet written; idempotent."""
+        self._outgoing.clear()
         if self._transport is not None:
             self._transport.abort()
 
@@ -334,8 +339,22 @@ class FrameConnection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             raise ConnectionClosedError(f"connection to {self._remote_address} is closed")
-        transport.write(frame)
+        self._outgoing.append(frame)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush_outgoing)
         self._on_frame_written()
+
+    def _flush_outgoing(self) -> None:
+        """Hand the frames of this loop turn to the transport in one write (frame order is kept)."""
+        self._flush_scheduled = False
+        if not self._outgoing:
+            return
+        frames, self._outgoing = self._outgoing, []
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
 
     def _answer_frame_error(self, error: FrameError) -> None:
         """Answer a recoverable bad frame when its sender is listening (``make_error_response``)."""
