@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import ssl
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +34,7 @@ from typing import Any
 from broker.acl.config import load_acl_file
 from broker.acl.permissions import AclConfigError
 from commitlog.config import ConfigError
-from dledger.config import NodeConfig, parse_address
+from dledger.config import NodeConfig, parse_address, read_toml
 
 #: RocketMQ's delay levels (``messageDelayLevel``), in seconds
 DEFAULT_DELAY_LEVELS_SECONDS: tuple[int, ...] = (
@@ -156,12 +155,7 @@ class BrokerConfig:
 
 def load_node_file(path: Path) -> tuple[NodeConfig, BrokerConfig]:
     """Read a node's TOML file: the Raft member's settings and the broker's."""
-    try:
-        document = tomllib.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    document = read_toml(path)
     broker_values = document.pop("broker", None)
     if not isinstance(broker_values, dict):
         raise ConfigError(f"{path}: a [broker] table is required")

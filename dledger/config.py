@@ -42,6 +42,16 @@ SECRET_LENGTH_MIN = 16
 SettingsT = TypeVar("SettingsT", "RaftSettings", "GroupCommitSettings")
 
 
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file as a dict; ConfigError naming the file when it cannot be read or parsed."""
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+
+
 def parse_address(value: object, name: str) -> tuple[str, int]:
     if not isinstance(value, str) or value.count(":") != 1:
         raise ConfigError(f"{name} must be 'host:port', got {value!r}")
@@ -155,13 +165,7 @@ class NodeConfig:
 
     @classmethod
     def from_toml(cls, path: Path) -> NodeConfig:
-        try:
-            document = tomllib.loads(path.read_text())
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read {path}: {exc}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
-        return cls.from_mapping(document, base=path.parent)
+        return cls.from_mapping(read_toml(path), base=path.parent)
 
     @classmethod
     def from_mapping(cls, document: Mapping[str, Any], base: Path = Path(".")) -> NodeConfig:
