@@ -229,3 +229,13 @@ def test_a_change_of_the_leaders_file_is_replicated_to_every_member(cluster: Loc
     for member in members:
         wait_for(lambda member=member: runtime_info(member, late) is None, REPLICATION_SECONDS,  # type: ignore[misc]
                  f"{member} to drop the account again")
+
+
+def test_cluster_status_probes_sign_with_credentials_from_the_environment(
+        cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = LocalCluster.open(cluster.data_dir)
+    assert all(row["role"] == "unreachable" for row in plain.status())  # unsigned probes are refused
+    monkeypatch.setenv("RAFTMQ_ACCESS_KEY", ADMIN.access_key)
+    monkeypatch.setenv("RAFTMQ_SECRET_KEY", ADMIN.secret_key)
+    roles = sorted(str(row["role"]) for row in plain.status())
+    assert roles == ["follower", "follower", "leader"]
