@@ -4,8 +4,8 @@ Every command takes ``--namesrv HOST:PORT[;HOST:PORT]`` (or ``RAFTMQ_NAMESRV``),
 with access control the ACL credentials: ``--access-key`` / ``--secret-key`` (or ``RAFTMQ_ACCESS_KEY`` /
 ``RAFTMQ_SECRET_KEY``, or a TOML file with ``access_key`` / ``secret_key`` named by ``--credentials-file``
 or ``RAFTMQ_CREDENTIALS_FILE``); ``--tls`` (and ``--tls-ca-file``) for brokers serving TLS. Expected failures
-(broker errors, unreachable name servers, bad input the broker refuses) print ``Error: ...`` and exit
-with 1; usage errors exit with 2; neither prints a traceback.
+(broker errors, unreachable name servers) print ``Error: ...`` and exit with 1; usage errors and input
+refused as invalid (MESSAGE_ILLEGAL, by the client or the broker) exit with 2; neither prints a traceback.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any, Final, TypeVar
 import click
 
 from broker.namesrv.model import PERM_READ, PERM_WRITE
+from broker.remoting.codes import ResponseCode
 from client.admin import AsyncAdmin
 from client.config import (
     ACCESS_KEY_ENV,
@@ -114,6 +115,12 @@ def client_config(namesrv: str) -> ClientConfig:
         raise click.UsageError(str(error)) from None
 
 
+class BadInputError(click.ClickException):
+    """Input refused as invalid (MESSAGE_ILLEGAL): ``Error: ...`` and exit code 2, like a usage error."""
+
+    exit_code = 2
+
+
 def run(coroutine: Awaitable[T]) -> T:
     """Run the command's coroutine; expected failures become ``Error: ...`` and exit code 1."""
 
@@ -123,6 +130,8 @@ def run(coroutine: Awaitable[T]) -> T:
     try:
         return asyncio.run(main())
     except MQClientError as error:
+        if error.code == ResponseCode.MESSAGE_ILLEGAL:
+            raise BadInputError(str(error)) from None  # refused input, by the client or the broker
         raise click.ClickException(str(error)) from None
     except (ConfigError, OSError) as error:
         raise click.ClickException(str(error)) from None

@@ -153,9 +153,9 @@ def test_usage_errors_exit_2_without_traceback(group: FakeGroup, arguments: list
     assert "Traceback" not in result.output
 
 
-def test_a_refused_message_is_a_failure_not_a_traceback(group: FakeGroup) -> None:
+def test_a_refused_message_is_bad_input_not_a_traceback(group: FakeGroup) -> None:
     result = raftmq(group, "send", "bad topic!", "x")
-    assert result.exit_code == 1 and "MESSAGE_ILLEGAL" in result.output
+    assert result.exit_code == 2 and "MESSAGE_ILLEGAL" in result.output
     assert "Traceback" not in result.output
 
 
