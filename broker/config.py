@@ -75,6 +75,10 @@ class BrokerConfig:
     transaction_check_interval_ms: int = 60_000
     #: check-backs before a half is discarded (RocketMQ: transactionCheckMax 15)
     transaction_check_max: int = 15
+    #: commit-log segments whose records are all older than this are deleted (RocketMQ: fileReservedTime
+    #: 72 h); 0 keeps everything
+    file_reserved_seconds: int = 72 * 3600
+    retention_check_seconds: float = 60.0
     #: RocketMQ plain-ACL rules (TOML); empty: access control is off (unless the group replicated rules)
     acl_file: str = ""
     #: TLS on the remoting port: both set, or neither (off)
@@ -104,6 +108,11 @@ class BrokerConfig:
         _check_int(self, "transaction_timeout_ms", 0, 86_400_000)
         _check_int(self, "transaction_check_interval_ms", 100, 86_400_000)
         _check_int(self, "transaction_check_max", 0, 10_000)
+        _check_int(self, "file_reserved_seconds", 0, 10 * 365 * 86_400)
+        retention_check = self.retention_check_seconds
+        if (not isinstance(retention_check, int | float) or isinstance(retention_check, bool)
+                or not 0.1 <= retention_check <= 86_400):
+            raise ConfigError(f"broker.retention_check_seconds must be in 0.1..86400, got {retention_check!r}")
         for name in ("register_interval_seconds", "client_expiry_seconds", "queue_lock_seconds"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 86_400:

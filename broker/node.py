@@ -35,6 +35,7 @@ from broker.pull import PullProcessor, PullWaiters
 from broker.registration import Registrar
 from broker.remoting.codes import RequestCode
 from broker.remoting.server import RemotingServer, ServerLimits
+from broker.retention import RetentionService
 from broker.send import SEND_CODES, SendProcessor
 from broker.send_back import SendBackProcessor
 from broker.timers import TimerService
@@ -76,6 +77,7 @@ class BrokerNode:
         sender = SendProcessor(broker)
         self.delay = DelayService(broker)
         self.timers = TimerService(broker)
+        self.retention = RetentionService(broker)
         host, port = parse_address(self.config.listen_address, "broker.listen_address")
         # access control and request limits, checked before a request is queued (broker.acl)
         acl_config = load_acl_file(Path(self.config.acl_file)) if self.config.acl_file else None
@@ -109,6 +111,7 @@ class BrokerNode:
         self.registrar.start()
         self.delay.start()
         self.timers.start()
+        self.retention.start()
         self.transactions.start()
         if self.acl_watcher is not None:
             self.acl_watcher.start()
@@ -179,6 +182,7 @@ class BrokerNode:
             await self.acl_watcher.stop()
         await self.delay.stop()
         await self.timers.stop()
+        await self.retention.stop()
         await self.transactions.stop()
         await self.registrar.stop()
         await self.offsets.stop()
