@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -49,6 +50,8 @@ from dledger.member import GroupMember, RoleChange
 log = logging.getLogger(__name__)
 
 HOUSEKEEPING_SECONDS = 10.0
+#: threads that wait for proposals to apply
+PROPOSAL_THREADS = 64
 #: the route of TBW102: what clients use for topics that do not exist yet (RocketMQ's default 8 queues)
 AUTO_CREATE_QUEUE_NUMS = 8
 
@@ -66,6 +69,9 @@ class BrokerNode:
 
     async def start(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
+        # Proposals block a thread until they apply (END_TRANSACTION, offsets, topics, delay, timer and
+        # transaction services): asyncio's default of cores + 4 threads would queue them behind each other.
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(PROPOSAL_THREADS, "propose"))
         member = self.member = GroupMember(self.node, on_role_change=self._role_changed)
         broker = self.broker = BrokerContext(self.node, self.config, member)
         consumers = self.consumers = ConsumerManager()
