@@ -13,6 +13,13 @@ What counts as a violation (each breaks a promise of shared/DESIGN.md, "Failure 
 - ``position_conflict``: two deliveries of the same queue position carry different messages (replicas or
   reads disagree about what is stored there).
 - ``phantom``: a message received that no producer ever sent.
+- ``rolled_back_consumed``: a transactional message whose local transaction decided to roll back was
+  received (whether it answered at once or only to the check-back; whether or not its half was acked).
+
+A transactional message whose half was acknowledged and whose local transaction decided to commit counts
+as an acknowledged send: ``lost`` and ``stored_twice`` apply to it (each group receives it, from one
+position). Its ack names the half's position, so ``ack_mismatch`` and ``key_order`` leave it out, as they
+leave out delayed messages.
 
 Not violations, but counted: the same position delivered again to a group (``redeliveries``: consumer
 sessions restart from the committed offset), messages that were never acknowledged but are stored
@@ -35,6 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from chaos.history import (
+    TRANSACTION_COMMIT,
+    TRANSACTION_ROLLBACK,
     DeliveryEvent,
     Event,
     FaultEvent,
@@ -55,7 +64,7 @@ VIOLATIONS_SHOWN_MAX: Final = 20
 SLICE_MARGIN_SECONDS: Final = 2.0
 
 VIOLATION_KINDS: Final = ("lost", "stored_twice", "queue_order", "key_order", "ack_mismatch", "position_conflict",
-                          "phantom")
+                          "phantom", "rolled_back_consumed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +96,23 @@ class SentMessage:
     last_end_time: float
     #: the first successful attempt, if any
     ack: SendEvent | None
+    #: "" for a plain send, else the local transaction's decision (see SendEvent.transaction)
+    transaction: str = ""
+    checked_back: bool = False
 
     @property
     def acked(self) -> bool:
         return self.ack is not None
+
+    @property
+    def must_be_consumed(self) -> bool:
+        """Acknowledged, and not a transaction that rolled back."""
+        return self.ack is not None and self.transaction != TRANSACTION_ROLLBACK
+
+    @property
+    def stored_elsewhere(self) -> bool:
+        """Consumers find it somewhere other than where its ack said (delayed, or a transaction's half)."""
+        return bool(self.delay_level or self.transaction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +191,7 @@ class CheckResult:
     retried_messages: int
     stored_twice_outside_dedupe_window: int
     groups: dict[str, GroupFigures] = field(default_factory=dict)
+    transactions: dict[str, int] = field(default_factory=dict)
     unavailability: Unavailability = field(default_factory=lambda: Unavailability(None, ()))
 
     @property
@@ -195,6 +218,7 @@ class CheckResult:
             "retried_messages": self.retried_messages,
             "stored_twice_outside_dedupe_window": self.stored_twice_outside_dedupe_window,
             "groups": {name: figures.to_json() for name, figures in sorted(self.groups.items())},
+            "transactions": self.transactions,
             "unavailability": self.unavailability.to_json(),
         }
 
@@ -220,6 +244,8 @@ def fold_messages(sends: Iterable[SendEvent]) -> dict[str, SentMessage]:
             first_send_time=first.send_time,
             last_end_time=max(event.end_time for event in events),
             ack=acks[0] if acks else None,
+            transaction=first.transaction,
+            checked_back=first.checked_back,
         )
     return messages
 
@@ -250,13 +276,17 @@ def check_lost(history: History, messages: dict[str, SentMessage] | None = None)
     groups = set(history.groups)
     violations = []
     for message in sorted(messages.values(), key=lambda item: item.first_send_time):
-        if message.ack is None:
+        if message.ack is None or not message.must_be_consumed:
             continue
         missing = sorted(groups - received.get(message.uniq_key, set()))
         if missing:
             ack = message.ack
-            where = f"queue {ack.queue} offset {ack.queue_offset}" if not message.delay_level else (
-                f"delay level {message.delay_level}")
+            if message.transaction:
+                where = "a committed transaction" + (" (checked back)" if message.checked_back else "")
+            elif message.delay_level:
+                where = f"delay level {message.delay_level}"
+            else:
+                where = f"queue {ack.queue} offset {ack.queue_offset}"
             violations.append(Violation(
                 "lost", f"acknowledged at {ack.end_time:.3f} s ({where}), never received by {', '.join(missing)}",
                 (message.uniq_key,), missing[0] if len(missing) == 1 else None, ack.queue,
@@ -312,18 +342,19 @@ def _stored_position(message: SentMessage, positions: dict[tuple[int, int], list
     if positions:
         return min(positions)
     ack = message.ack
-    if ack is not None and not message.delay_level and ack.queue is not None and ack.queue_offset is not None:
+    if ack is not None and not message.stored_elsewhere and ack.queue is not None and ack.queue_offset is not None:
         return ack.queue, ack.queue_offset
     return None
 
 
 def check_key_order(history: History, messages: dict[str, SentMessage] | None = None) -> list[Violation]:
-    """Acknowledged messages of one sharding key (delayed ones aside) sit in one queue, in send order."""
+    """Acknowledged messages of one sharding key (delayed and transactional ones aside) sit in one queue, in
+    send order."""
     messages = fold_messages(history.sends) if messages is None else messages
     positions = _positions(history.deliveries)
     by_key: dict[str, list[SentMessage]] = defaultdict(list)
     for message in messages.values():
-        if message.acked and not message.delay_level:
+        if message.acked and not message.stored_elsewhere:
             by_key[message.sharding_key].append(message)
     violations = []
     for sharding_key, members in sorted(by_key.items()):
@@ -348,12 +379,12 @@ def check_key_order(history: History, messages: dict[str, SentMessage] | None = 
 
 
 def check_ack_positions(history: History, messages: dict[str, SentMessage] | None = None) -> list[Violation]:
-    """A message is received where its ack said it was stored (delayed messages aside)."""
+    """A message is received where its ack said it was stored (delayed and transactional messages aside)."""
     messages = fold_messages(history.sends) if messages is None else messages
     violations = []
     for uniq_key, positions in _positions(history.deliveries).items():
         message = messages.get(uniq_key)
-        if message is None or message.ack is None or message.delay_level:
+        if message is None or message.ack is None or message.stored_elsewhere:
             continue
         ack = message.ack
         acked_at = (ack.queue, ack.queue_offset)
@@ -397,6 +428,42 @@ def check_phantoms(history: History) -> list[Violation]:
                       f"{delivery.group}, never sent", (uniq_key,), delivery.group, delivery.queue, delivery.time,
                       delivery.time)
             for uniq_key, delivery in first.items()]
+
+
+def check_rolled_back(history: History, messages: dict[str, SentMessage] | None = None) -> list[Violation]:
+    """Transactional messages whose local transaction rolled back, received by any group (one violation
+    per message, at its first delivery)."""
+    messages = fold_messages(history.sends) if messages is None else messages
+    first: dict[str, DeliveryEvent] = {}
+    for delivery in history.deliveries:
+        message = messages.get(delivery.uniq_key)
+        if message is not None and message.transaction == TRANSACTION_ROLLBACK:
+            first.setdefault(delivery.uniq_key, delivery)
+    violations = []
+    for uniq_key, delivery in first.items():
+        message = messages[uniq_key]
+        how = "after UNKNOW, to the check-back" if message.checked_back else "at once"
+        violations.append(Violation(
+            "rolled_back_consumed", f"rolled back ({how}; half {'acked' if message.acked else 'not acked'}), "
+            f"received from queue {delivery.queue} offset {delivery.queue_offset} by {delivery.group}",
+            (uniq_key,), delivery.group, delivery.queue, message.first_send_time, delivery.time))
+    return violations
+
+
+def transaction_figures(messages: dict[str, SentMessage], delivered: set[str]) -> dict[str, int]:
+    """Transactional messages by decision, and how many of each were acked (half) and received."""
+    figures = dict.fromkeys(("messages", "committed", "committed_acked", "committed_received", "rolled_back",
+                             "rolled_back_acked", "rolled_back_received", "checked_back"), 0)
+    for message in messages.values():
+        if not message.transaction:
+            continue
+        figures["messages"] += 1
+        figures["checked_back"] += message.checked_back
+        name = "committed" if message.transaction == TRANSACTION_COMMIT else "rolled_back"
+        figures[name] += 1
+        figures[f"{name}_acked"] += message.acked
+        figures[f"{name}_received"] += message.uniq_key in delivered
+    return figures
 
 
 # --------------------------------------------------------------------------------- unavailability
@@ -476,6 +543,7 @@ def check(history: History) -> CheckResult:
         *check_ack_positions(history, messages),
         *check_position_conflicts(history),
         *check_phantoms(history),
+        *check_rolled_back(history, messages),
     ]
     delivered = {delivery.uniq_key for delivery in history.deliveries}
     acked = sum(1 for message in messages.values() if message.acked)
@@ -490,6 +558,7 @@ def check(history: History) -> CheckResult:
         retried_messages=sum(1 for message in messages.values() if message.attempts > 1),
         stored_twice_outside_dedupe_window=outside_window,
         groups=group_figures(history),
+        transactions=transaction_figures(messages, delivered),
         unavailability=unavailability(history),
     )
 

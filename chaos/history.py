@@ -6,7 +6,10 @@ Events, each line ``{"type": <name>, ...fields}``:
 - :class:`RunStarted`: the header (scenario, seed, topic, queue count, consumer groups, nodes).
 - :class:`SendEvent`: one send *attempt* by a producer: UNIQ_KEY, sharding key and its sequence number,
   attempt number (retries of one message keep its UNIQ_KEY), send and end time, ack or error (with the
-  response code), and for an ack the queue and queue offset the broker answered.
+  response code), and for an ack the queue and queue offset the broker answered. A transactional send
+  (a half message) also carries the decision its local transaction made (``commit`` or ``rollback``,
+  decided from the seed and the message) and whether it first answered UNKNOW, leaving the decision to
+  the broker's check-back; its ack names the half's position, not where consumers find it.
 - :class:`DeliveryEvent`: one message a consumer received: UNIQ_KEY, queue, queue offset, group, the
   consumer session it belongs to, the node that served it.
 - :class:`SessionEvent`: a consumer session began on a queue at an offset (sessions restart after
@@ -33,6 +36,10 @@ from typing import IO, Any, ClassVar, Final, TypeAlias
 FORMAT_VERSION: Final = 1
 #: a line longer than this is not ours (a history line is a few hundred bytes)
 LINE_LENGTH_MAX_BYTES: Final = 1 << 20
+#: the decisions of a transactional send (:attr:`SendEvent.transaction`)
+TRANSACTION_COMMIT: Final = "commit"
+TRANSACTION_ROLLBACK: Final = "rollback"
+TRANSACTION_DECISIONS: Final = ("", TRANSACTION_COMMIT, TRANSACTION_ROLLBACK)
 
 
 class HistoryError(ValueError):
@@ -79,6 +86,10 @@ class SendEvent:
     #: ack's queue and offset are then not where consumers find it
     delay_level: int = 0
     broker: str = ""
+    #: "" for a plain send; for a transactional one the local transaction's decision: "commit" or "rollback"
+    transaction: str = ""
+    #: the local transaction answered UNKNOW first: only the broker's check-back learns the decision
+    checked_back: bool = False
 
     @property
     def time(self) -> float:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+from broker.topics import TRANS_HALF_TOPIC
 from chaos.checker import CheckResult, check, describe
 from chaos.cluster import ChaosCluster
 from chaos.faults import Faults
@@ -51,8 +52,14 @@ HISTORY_FILE: Final = "history.jsonl"
 REPORT_FILE: Final = "report.json"
 TIMELINE_FILE: Final = "timeline.png"
 VERIFY_REPORT_FILE: Final = "verify-report.json"
+VERIFY_HISTORY_FILE: Final = "verify-history.jsonl"
 CONVERGE_TIMEOUT_SECONDS: Final = 60.0
 DIFFERENCES_SHOWN_MAX: Final = 20
+#: a half left UNKNOW is checked back after 1 s, every second, and given up only after 100 checks (the
+#: defaults, 6 s and 60 s, would leave a check-back-settled transaction undelivered at the drain)
+TRANSACTION_OVERRIDES: Final[dict[str, dict[str, Any]]] = {
+    "broker": {"transaction_timeout_ms": 1000, "transaction_check_interval_ms": 1000, "transaction_check_max": 100},
+}
 
 
 class UsageError(ValueError):
@@ -74,8 +81,15 @@ class RunOptions:
     verify: bool = True
     #: keep the members' data after a clean run (it is always kept after a failed one)
     keep_data: bool = False
-    #: member settings (cli.cluster.node_toml sections)
+    #: member settings (cli.cluster.node_toml sections), over :data:`TRANSACTION_OVERRIDES`
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def member_overrides(self) -> dict[str, dict[str, Any]]:
+        """``overrides`` over the chaos defaults: transactions checked back within seconds, not minutes."""
+        merged = {section: dict(values) for section, values in TRANSACTION_OVERRIDES.items()}
+        for section, values in self.overrides.items():
+            merged.setdefault(section, {}).update(values)
+        return merged
 
     def validate(self) -> Scenario:
         scenario = SCENARIOS.get(self.scenario)
@@ -120,7 +134,7 @@ def _prepare_directory(report_dir: Path) -> Path:
                              f"`raftmq cluster down --data-dir {cluster_dir}`")
     if cluster_dir.exists():
         shutil.rmtree(cluster_dir)
-    for name in (HISTORY_FILE, REPORT_FILE, TIMELINE_FILE, VERIFY_REPORT_FILE):
+    for name in (HISTORY_FILE, REPORT_FILE, TIMELINE_FILE, VERIFY_REPORT_FILE, VERIFY_HISTORY_FILE):
         (report_dir / name).unlink(missing_ok=True)
     return cluster_dir
 
@@ -141,7 +155,7 @@ def run(options: RunOptions, out: TextIO | None = None) -> RunOutcome:
     try:
         if scenario.needs_proxies:
             toxiproxy = ensure_toxiproxy(seed=rng.getrandbits(32))
-        cluster = ChaosCluster.start(cluster_dir, options.nodes, toxiproxy, options.overrides)
+        cluster = ChaosCluster.start(cluster_dir, options.nodes, toxiproxy, options.member_overrides())
     except (ClusterError, OSError, RuntimeError) as exc:  # ToxiproxyStartError is a RuntimeError
         progress.error = f"cannot start the group: {exc}"
         cluster = None
@@ -242,8 +256,26 @@ def _verify(options: RunOptions, cluster_dir: Path, out: TextIO) -> int | None:
     from spark_analytics.verify import verify
 
     print("  verifying replicas and the history against them (Spark)", file=out, flush=True)
+    history_path = options.report_dir / VERIFY_HISTORY_FILE
+    write_verify_history(options.report_dir / HISTORY_FILE, history_path)
     return verify(cluster_dir, report_path=options.report_dir / VERIFY_REPORT_FILE, output=out,
-                  history_path=options.report_dir / HISTORY_FILE)
+                  history_path=history_path)
+
+
+def write_verify_history(history_path: Path, out_path: Path) -> None:
+    """The history as the Spark check reads it: a transactional send's ack names its half's offset in the
+    half topic's queue 0 (the Spark format's ``topic`` field says so; without it the check would look for
+    the half's queue offset in the real topic). The committed message's own position is the chaos
+    checker's to check."""
+    with history_path.open(encoding="utf-8") as source, out_path.open("w", encoding="utf-8") as target:
+        for line in source:
+            if '"transaction":"' in line and '"transaction":""' not in line:
+                document = json.loads(line)
+                if document.get("type") == "send" and document.get("transaction"):
+                    # every half is stored in the half topic's one queue; the ack's queue is the real one
+                    line = json.dumps({**document, "topic": TRANS_HALF_TOPIC, "queue": 0},
+                                      separators=(",", ":")) + "\n"
+            target.write(line)
 
 
 def _report(options: RunOptions, result: CheckResult, progress: _Progress, verify_code: int | None, verdict: str,

@@ -8,6 +8,13 @@ order. Each message gets its UNIQ_KEY before the first attempt; a failed send is
 with the same UNIQ_KEY (the broker deduplicates) up to ``send_attempts_max`` attempts, then given up
 (an unknown outcome). A small fraction carries a delay level. Every attempt is recorded.
 
+Another small fraction is sent as a transaction (:class:`client.transaction.AsyncTransactionProducer`:
+every producer is one, in one producer group, so any of them can answer a check-back). The
+:class:`ChaosTransactionListener` decides commit or rollback from the run's seed and the UNIQ_KEY alone,
+so the producer that answers a check-back, whichever it is, answers what the sender decided; some
+messages answer UNKNOW first and are settled only by the broker's check-back. The decision is recorded
+on each attempt (:attr:`chaos.history.SendEvent.transaction`).
+
 Consumers: a minimal pull loop per queue per group over raw remoting (PULL_MESSAGE with long polling).
 A session starts at the group's committed offset (QUERY_CONSUMER_OFFSET on the leader), reads on,
 commits its offset to the leader every ``commit_interval_seconds`` (UPDATE_CONSUMER_OFFSET, answered
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import random
 import string
@@ -35,6 +43,8 @@ from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from chaos.connections import Connections, Unreachable
 from chaos.history import (
+    TRANSACTION_COMMIT,
+    TRANSACTION_ROLLBACK,
     DeliveryEvent,
     Event,
     History,
@@ -44,7 +54,9 @@ from chaos.history import (
     SendEvent,
     SessionEvent,
 )
-from client import AsyncProducer, ClientConfig, Message, MQClientError, ProducerConfig, select_by_sharding_key
+from client import ClientConfig, Message, MQClientError, ProducerConfig, select_by_sharding_key
+from client.message import PROPERTY_UNIQ_KEY, MessageExt
+from client.transaction import AsyncTransactionProducer, LocalTransactionState
 from commitlog.message import RecordError, decode_properties, decode_record
 
 PRODUCER_GROUP: Final = "chaos-producer"
@@ -68,6 +80,10 @@ class WorkloadConfig:
     body_bytes: int = 200
     delay_fraction: float = 0.05
     delay_level: int = 1
+    #: sends that go through the transactional producer; of those, rollbacks and UNKNOW-first answers
+    transaction_fraction: float = 0.05
+    transaction_rollback_fraction: float = 0.3
+    transaction_unknown_fraction: float = 0.3
     send_timeout_seconds: float = 5.0
     send_attempts_max: int = 4
     #: (consumer group, where it reads: "leader" or "any")
@@ -88,6 +104,10 @@ class WorkloadConfig:
             (16 <= self.body_bytes <= 65_536, "body_bytes must be 16..65536"),
             (0 <= self.delay_fraction <= 1, "delay_fraction must be in [0, 1]"),
             (1 <= self.delay_level <= 18, "delay_level must be 1..18"),
+            (0 <= self.delay_fraction + self.transaction_fraction <= 1,
+             "transaction_fraction must be in [0, 1 - delay_fraction]"),
+            (0 <= self.transaction_rollback_fraction <= 1 and 0 <= self.transaction_unknown_fraction <= 1,
+             "transaction rollback and unknown fractions must be in [0, 1]"),
             (self.send_timeout_seconds > 0 and self.send_attempts_max >= 1, "send timeout and attempts must be positive"),
             (bool(self.groups) and all(mode in (LEADER_READS, ANY_READS) for _, mode in self.groups),
              "groups need a name and a mode ('leader' or 'any')"),
@@ -122,7 +142,7 @@ class Recorder:
 
     def record(self, event: Event) -> None:
         self.history.add(event)
-        if isinstance(event, SendEvent) and event.acked:
+        if isinstance(event, SendEvent) and event.acked and event.transaction != TRANSACTION_ROLLBACK:
             self.acked.add(event.uniq_key)
         elif isinstance(event, DeliveryEvent):
             self.received[event.group].add(event.uniq_key)
@@ -137,13 +157,60 @@ class Recorder:
 # ------------------------------------------------------------------------------------- producers
 
 
+@dataclass(frozen=True, slots=True)
+class TransactionDecision:
+    commit: bool
+    unknown_first: bool
+
+    @property
+    def name(self) -> str:
+        return TRANSACTION_COMMIT if self.commit else TRANSACTION_ROLLBACK
+
+    @property
+    def state(self) -> LocalTransactionState:
+        return LocalTransactionState.COMMIT_MESSAGE if self.commit else LocalTransactionState.ROLLBACK_MESSAGE
+
+
+def transaction_decision(salt: int, uniq_key: str, config: WorkloadConfig) -> TransactionDecision:
+    """A pure function of the run's salt (from its seed) and the UNIQ_KEY: every producer decides alike."""
+    digest = hashlib.blake2b(f"{salt}:{uniq_key}".encode(), digest_size=16).digest()
+    first, second = int.from_bytes(digest[:8], "big") / 2**64, int.from_bytes(digest[8:], "big") / 2**64
+    return TransactionDecision(first >= config.transaction_rollback_fraction,
+                               second < config.transaction_unknown_fraction)
+
+
+class ChaosTransactionListener:
+    """Answers the local transaction and the check-back from :func:`transaction_decision`; records every
+    check-back it answers (a note naming the UNIQ_KEY)."""
+
+    def __init__(self, salt: int, config: WorkloadConfig, recorder: Recorder) -> None:
+        self.salt = salt
+        self.config = config
+        self.recorder = recorder
+
+    async def execute_local_transaction(self, message: Message, arg: object) -> LocalTransactionState:
+        decision = transaction_decision(self.salt, message.unique_id or "", self.config)
+        return LocalTransactionState.UNKNOW if decision.unknown_first else decision.state
+
+    async def check_local_transaction(self, message: MessageExt) -> LocalTransactionState:
+        uniq_key = message.properties.get(PROPERTY_UNIQ_KEY, "")
+        decision = transaction_decision(self.salt, uniq_key, self.config)
+        self.recorder.record(NoteEvent(self.recorder.now(), "transaction check-back",
+                                       f"{uniq_key}: {decision.name}"))
+        return decision.state
+
+
 class ProducerWorker:
-    def __init__(self, index: int, namesrv: str, config: WorkloadConfig, recorder: Recorder, rng: random.Random) -> None:
+    def __init__(self, index: int, namesrv: str, config: WorkloadConfig, recorder: Recorder, rng: random.Random,
+                 transaction_salt: int = 0) -> None:
         self.name = f"p{index}"
         self.namesrv = namesrv
         self.config = config
         self.recorder = recorder
         self.rng = rng
+        self.transaction_salt = transaction_salt
+        #: set once the worker sends no more (its producer stays up to answer check-backs)
+        self.idle = asyncio.Event()
         self.keys = [f"{self.name}-k{number}" for number in range(config.keys_per_producer)]
         self.sequences = dict.fromkeys(self.keys, 0)
 
@@ -152,14 +219,17 @@ class ProducerWorker:
         filler = "".join(self.rng.choices(string.ascii_letters, k=max(0, self.config.body_bytes - len(head))))
         return (head + filler).encode()
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, release: asyncio.Event) -> None:
+        """Send until ``stop``; then, idle, keep the producer registered until ``release``: a transaction
+        left UNKNOW is settled only by a check-back, which needs a live producer of the group."""
         config = self.config
         client_config = ClientConfig((self.namesrv,), instance_name=f"chaos-{self.name}",
                                      request_timeout_seconds=config.request_timeout_seconds)
-        producer = AsyncProducer(client_config, ProducerConfig(group=PRODUCER_GROUP,
-                                                               send_timeout_seconds=config.send_timeout_seconds,
-                                                               default_topic_queue_nums=config.queues),
-                                 rng=random.Random(self.rng.getrandbits(64)))
+        producer = AsyncTransactionProducer(
+            client_config, ProducerConfig(group=PRODUCER_GROUP, send_timeout_seconds=config.send_timeout_seconds,
+                                          default_topic_queue_nums=config.queues),
+            listener=ChaosTransactionListener(self.transaction_salt, config, self.recorder),
+            rng=random.Random(self.rng.getrandbits(64)))
         await producer.start()
         loop = asyncio.get_running_loop()
         next_at = loop.time()
@@ -171,34 +241,52 @@ class ProducerWorker:
                 if delay > 0:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), delay)
+            self.idle.set()
+            await release.wait()
         finally:
+            self.idle.set()
             await producer.close()
 
-    async def send_one(self, producer: AsyncProducer) -> None:
+    async def send_one(self, producer: AsyncTransactionProducer) -> None:
         config = self.config
         key = self.keys[self.rng.randrange(len(self.keys))]
         sequence = self.sequences[key]
         self.sequences[key] = sequence + 1
-        delay_level = config.delay_level if self.rng.random() < config.delay_fraction else 0
+        draw = self.rng.random()
+        delay_level = config.delay_level if draw < config.delay_fraction else 0
+        transactional = config.delay_fraction <= draw < config.delay_fraction + config.transaction_fraction
         message = Message(config.topic, self._body(key, sequence), sharding_key=key, delay_level=delay_level)
         message.unique_id = producer.new_unique_id()
+        decision = transaction_decision(self.transaction_salt, message.unique_id, config) if transactional else None
+        transaction = decision.name if decision is not None else ""
+        checked_back = decision is not None and decision.unknown_first
         for attempt in range(config.send_attempts_max):
             started = self.recorder.now()
             try:
-                result = await producer.send(message, selector=select_by_sharding_key)
+                if transactional:
+                    # a retry keeps the UNIQ_KEY: the broker deduplicates the half as any other send
+                    outcome = await producer.send_message_in_transaction(message)
+                    result = outcome.send_result
+                    if outcome.local_state is LocalTransactionState.ROLLBACK_MESSAGE:
+                        transaction = TRANSACTION_ROLLBACK  # the producer rolls back a half not stored SEND_OK
+                else:
+                    result = await producer.send(message, selector=select_by_sharding_key)
             except MQClientError as error:
                 self.recorder.record(SendEvent(self.name, message.unique_id, key, sequence, attempt, started,
                                                self.recorder.now(), False, error.code, str(error)[:200],
-                                               delay_level=delay_level))
+                                               delay_level=delay_level, transaction=transaction,
+                                               checked_back=checked_back))
                 continue
             except asyncio.CancelledError:
                 self.recorder.record(SendEvent(self.name, message.unique_id, key, sequence, attempt, started,
                                                self.recorder.now(), False, CANCELLED_CODE, "cancelled",
-                                               delay_level=delay_level))
+                                               delay_level=delay_level, transaction=transaction,
+                                               checked_back=checked_back))
                 raise
             self.recorder.record(SendEvent(self.name, message.unique_id, key, sequence, attempt, started,
                                            self.recorder.now(), True, None, "", result.message_queue.queue_id,
-                                           result.queue_offset, delay_level, result.broker_address))
+                                           result.queue_offset, delay_level, result.broker_address, transaction,
+                                           checked_back))
             return
 
 
@@ -399,13 +487,16 @@ class Workload:
         self.members = members
         self.config = config.validate()
         self.recorder = recorder
-        self.producers = [ProducerWorker(index, namesrv, config, recorder, random.Random(rng.getrandbits(64)))
+        transaction_salt = rng.getrandbits(64)
+        self.producers = [ProducerWorker(index, namesrv, config, recorder, random.Random(rng.getrandbits(64)),
+                                         transaction_salt)
                           for index in range(config.producers)]
         self._shared = _Shared()
         self.consumers = [QueueConsumer(group, mode, queue, members, namesrv, config, recorder,
                                         random.Random(rng.getrandbits(64)), self._shared)
                           for group, mode in config.groups for queue in range(config.queues)]
         self._stop_producing = asyncio.Event()
+        self._release_producers = asyncio.Event()
         self._producer_tasks: list[asyncio.Task[None]] = []
         self._consumer_tasks: list[asyncio.Task[None]] = []
         self._connections = Connections()
@@ -414,7 +505,8 @@ class Workload:
         loop = asyncio.get_running_loop()
         self._consumer_tasks = [loop.create_task(consumer.run(), name=f"consume {consumer.group} {consumer.queue}")
                                 for consumer in self.consumers]
-        self._producer_tasks = [loop.create_task(producer.run(self._stop_producing), name=f"produce {producer.name}")
+        self._producer_tasks = [loop.create_task(producer.run(self._stop_producing, self._release_producers),
+                                                 name=f"produce {producer.name}")
                                 for producer in self.producers]
 
     def failed_task(self) -> BaseException | None:
@@ -425,13 +517,17 @@ class Workload:
         return None
 
     async def stop_producers(self, timeout_seconds: float) -> None:
-        """Let each producer finish its current message (retries included), then cancel what remains."""
+        """Let each producer finish its current message (retries included), then cancel those still
+        sending. The idle ones stay connected, to answer check-backs, until :meth:`stop`."""
         self._stop_producing.set()
         if self._producer_tasks:
-            _, pending = await asyncio.wait(self._producer_tasks, timeout=timeout_seconds)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*self._producer_tasks, return_exceptions=True)
+            waits = [asyncio.ensure_future(producer.idle.wait()) for producer in self.producers]
+            await asyncio.wait(waits, timeout=timeout_seconds)
+            for wait in waits:
+                wait.cancel()
+            for producer, task in zip(self.producers, self._producer_tasks, strict=True):
+                if not producer.idle.is_set():
+                    task.cancel()
 
     async def max_offsets(self, leader: str) -> list[int] | None:
         offsets = []
@@ -476,6 +572,9 @@ class Workload:
 
     async def stop(self) -> None:
         self._stop_producing.set()
+        self._release_producers.set()
+        if self._producer_tasks:  # released producers close by themselves (unregistering from the group)
+            await asyncio.wait(self._producer_tasks, timeout=5.0)
         for task in self._producer_tasks + self._consumer_tasks:
             task.cancel()
         await asyncio.gather(*self._producer_tasks, *self._consumer_tasks, return_exceptions=True)
