@@ -3,7 +3,8 @@
 
 Process faults act on the members' processes: SIGKILL then restart (``kill``), SIGSTOP then SIGCONT
 (``pause``), every member at once (``kill-all``), and ``wipe`` (SIGKILL a member, delete its data, restart
-it empty: it must rejoin and become byte-identical). Network faults need a proxied cluster: ``partition``
+it empty: it must rejoin and become byte-identical). Disk faults: ``disk-full`` moves a member's data
+directory onto its own small tmpfs (once) and fills it for a while. Network faults need a proxied cluster: ``partition``
 isolates members from the rest (a black hole both ways: connections stay open, bytes vanish, as on a
 real network), ``cut-link`` cuts one pair, ``latency`` and ``bandwidth`` slow links.
 
@@ -21,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
+from chaos import disk
 from chaos.cluster import ChaosCluster, RaftLink
 from chaos.history import FaultEvent, NoteEvent
 from chaos.monitor import LeaderMonitor
@@ -35,6 +37,8 @@ CAUGHT_UP_SLACK_BYTES: Final = 256 * 1024
 RESTART_ATTEMPTS: Final = 5
 #: how long a restarted member has to answer (or die) before the restart counts as done
 RESTART_ANSWER_SECONDS: Final = 5.0
+#: free space a member's tmpfs has beyond what its directory held when it was moved there
+TMPFS_HEADROOM_BYTES: Final = 32 << 20
 
 
 class Faults:
@@ -151,6 +155,32 @@ class Faults:
         await self._restart(node_id)
         return self._record("wipe", node_id, start, "SIGKILL, data deleted, restarted empty")
 
+    def node_dir(self, node_id: str) -> Path:
+        return Path(self.cluster.local.info.node(node_id).config).parent
+
+    async def disk_full(self, node_id: str, hold_seconds: float) -> FaultEvent:
+        """Fill the file system of ``node_id``'s data directory for ``hold_seconds``, then free it. The first
+        time, the member is stopped (SIGTERM) and its directory moved onto a tmpfs of its own."""
+        node_dir = self.node_dir(node_id)
+        if node_dir.resolve() not in disk.mounted_tmpfs(node_dir):
+            if self._alive(node_id):
+                await asyncio.to_thread(self.cluster.local.kill, node_id, signal.SIGTERM)
+            size = await asyncio.to_thread(disk.directory_bytes, node_dir)
+            await asyncio.to_thread(disk.mount_tmpfs, node_dir, size + TMPFS_HEADROOM_BYTES)
+            self.note("tmpfs", f"{node_id}'s data directory moved onto a tmpfs of {size + TMPFS_HEADROOM_BYTES} "
+                               "bytes")
+            await self._restart(node_id)
+        start = self.recorder.now()
+        filled = await asyncio.to_thread(disk.fill, node_dir)
+        await asyncio.sleep(hold_seconds)
+        await asyncio.to_thread(disk.unfill, node_dir)
+        alive = self._alive(node_id)
+        if not alive:
+            self.note("member died", f"{node_id} exited while its disk was full (see broker.log)")
+            await self._restart(node_id)
+        return self._record("disk-full", node_id, start, f"{filled} filler bytes for {hold_seconds:.1f} s"
+                            + ("" if alive else "; the member exited and was restarted"))
+
     # ------------------------------------------------------------------------------ network faults
 
     def _require_proxies(self) -> None:
@@ -213,7 +243,9 @@ class Faults:
     # -------------------------------------------------------------------------------------- heal
 
     async def heal_everything(self) -> None:
-        """Resume paused members, restart dead ones, heal every link."""
+        """Free filled disks, resume paused members, restart dead ones, heal every link."""
+        for node_id in self.cluster.node_ids:
+            await asyncio.to_thread(disk.unfill, self.node_dir(node_id))
         for node_id in sorted(self.paused):
             if self._alive(node_id):
                 await asyncio.to_thread(self.cluster.local.kill, node_id, signal.SIGCONT)

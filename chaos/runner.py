@@ -32,6 +32,7 @@ from typing import Any, Final, TextIO
 from broker.topics import TRANS_HALF_TOPIC
 from chaos.checker import CheckResult, check, describe
 from chaos.cluster import ChaosCluster
+from chaos.disk import release_mounts
 from chaos.faults import Faults
 from chaos.history import HistoryWriter, NoteEvent, RunStarted
 from chaos.monitor import LeaderMonitor
@@ -84,11 +85,13 @@ class RunOptions:
     #: member settings (cli.cluster.node_toml sections), over :data:`TRANSACTION_OVERRIDES`
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def member_overrides(self) -> dict[str, dict[str, Any]]:
-        """``overrides`` over the chaos defaults: transactions checked back within seconds, not minutes."""
+    def member_overrides(self, scenario: Scenario) -> dict[str, dict[str, Any]]:
+        """``overrides`` over the scenario's over the chaos defaults (transactions checked back within
+        seconds, not minutes)."""
         merged = {section: dict(values) for section, values in TRANSACTION_OVERRIDES.items()}
-        for section, values in self.overrides.items():
-            merged.setdefault(section, {}).update(values)
+        for layer in (scenario.overrides, self.overrides):
+            for section, values in layer.items():
+                merged.setdefault(section, {}).update(values)
         return merged
 
     def validate(self) -> Scenario:
@@ -103,6 +106,9 @@ class RunOptions:
             self.workload.validate()
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        reason = scenario.unavailable()
+        if reason is not None:
+            raise UsageError(f"scenario {self.scenario} cannot run on this machine: {reason}")
         return scenario
 
 
@@ -133,6 +139,7 @@ def _prepare_directory(report_dir: Path) -> Path:
             raise UsageError(f"a cluster is still running in {cluster_dir}; stop it with "
                              f"`raftmq cluster down --data-dir {cluster_dir}`")
     if cluster_dir.exists():
+        release_mounts(cluster_dir)
         shutil.rmtree(cluster_dir)
     for name in (HISTORY_FILE, REPORT_FILE, TIMELINE_FILE, VERIFY_REPORT_FILE, VERIFY_HISTORY_FILE):
         (report_dir / name).unlink(missing_ok=True)
@@ -155,7 +162,7 @@ def run(options: RunOptions, out: TextIO | None = None) -> RunOutcome:
     try:
         if scenario.needs_proxies:
             toxiproxy = ensure_toxiproxy(seed=rng.getrandbits(32))
-        cluster = ChaosCluster.start(cluster_dir, options.nodes, toxiproxy, options.member_overrides())
+        cluster = ChaosCluster.start(cluster_dir, options.nodes, toxiproxy, options.member_overrides(scenario))
     except (ClusterError, OSError, RuntimeError) as exc:  # ToxiproxyStartError is a RuntimeError
         progress.error = f"cannot start the group: {exc}"
         cluster = None
@@ -173,6 +180,8 @@ def run(options: RunOptions, out: TextIO | None = None) -> RunOutcome:
     finally:
         if cluster is not None:
             cluster.stop()
+        if cluster_dir.exists():
+            release_mounts(cluster_dir)  # a disk-full member's tmpfs: its data back on the real disk
         writer.close()
         if toxiproxy is not None:
             toxiproxy.close()

@@ -11,15 +11,21 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Final
+from dataclasses import dataclass, field
+from typing import Any, Final
 
+from chaos import disk
 from chaos.faults import Faults
 
 #: seconds between the end of one fault and the start of the next (uniform in this range)
 GAP_SECONDS: Final = (2.0, 4.0)
 #: how long a wiped follower may take to catch up before the next wipe
 CATCH_UP_SECONDS: Final = 60.0
+#: small segments for the disk-full scenario: a full tmpfs shows when the next segment is created, which
+#: then happens every few seconds, not once per 64 MiB
+DISK_FULL_OVERRIDES: Final[dict[str, dict[str, Any]]] = {
+    "store": {"segment_size_bytes": 1 << 20, "body_size_max_bytes": 256 << 10},
+}
 
 Action = Callable[[Faults, random.Random], Awaitable[None]]
 
@@ -31,6 +37,10 @@ class Scenario:
     #: network faults: every Raft link must run through a proxy
     needs_proxies: bool
     action: Action
+    #: member settings this scenario needs (under the run's own overrides)
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: why this scenario cannot run on this machine, or None (checked before the group starts)
+    unavailable: Callable[[], str | None] = lambda: None
 
     async def drive(self, faults: Faults, rng: random.Random, deadline: float) -> None:
         """Inject ``action`` repeatedly, a random gap apart, until the loop time ``deadline``."""
@@ -86,6 +96,19 @@ async def wipe_follower(faults: Faults, rng: random.Random) -> None:
         await faults.wipe(rng.choice(sorted(followers)))
 
 
+async def disk_full(faults: Faults, rng: random.Random) -> None:
+    """Fill a caught-up follower's disk for 4-8 s: the member whose directory is on a tmpfs already, while
+    it is a follower (each member moved onto a tmpfs costs a restart)."""
+    if not await faults.caught_up(CATCH_UP_SECONDS) or await faults.leader() is None:
+        return
+    followers = sorted(faults.followers())
+    if not followers:
+        return
+    mounted = [node for node in followers
+               if faults.node_dir(node).resolve() in disk.mounted_tmpfs(faults.node_dir(node))]
+    await faults.disk_full(mounted[0] if mounted else rng.choice(followers), rng.uniform(4.0, 8.0))
+
+
 async def slow_link(faults: Faults, rng: random.Random) -> None:
     links = list(faults.cluster.links)
     chosen = rng.sample(links, rng.randint(1, len(links)))
@@ -111,6 +134,8 @@ SCENARIOS: Final[dict[str, Scenario]] = {scenario.name: scenario for scenario in
     Scenario("kill-all-restart", "SIGKILL every member, restart all 0.5-2 s later", False, kill_all_restart),
     Scenario("wipe-follower", "SIGKILL a caught-up follower, delete its data, restart it empty", False,
              wipe_follower),
+    Scenario("disk-full", "fill a follower's own small tmpfs for 4-8 s (its data directory moved there once)",
+             False, disk_full, DISK_FULL_OVERRIDES, disk.tmpfs_unavailable),
     Scenario("slow-link", "50-250 ms latency (sometimes 500 KB/s) on random Raft links for 4-8 s", True, slow_link),
     Scenario("mixed", "a random fault of every scenario above, one after another", True, mixed),
 )}
