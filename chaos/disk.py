@@ -8,6 +8,10 @@ Filling the file system the data directory lives on instead would fill every mem
 The mount outlives the member's processes: :func:`release_mounts` copies each tmpfs's contents back to
 the real disk and unmounts it (after the run, so the replicas can be compared and kept).
 
+A corrupted follower: :func:`corrupt_record` flips one byte inside the body of a committed record of a
+stopped member's commit-log segment (one the checkpoint vouches for) and :func:`byte_at` tells afterwards
+whether the member put it right.
+
 Everything here is blocking; the faults run it in a worker thread.
 """
 
@@ -15,11 +19,16 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+from commitlog.checkpoint import read_checkpoint
+from commitlog.message import RecordError, StoredMessage, decode_properties, decode_record
 
 FILLER_NAME: Final = "chaos-filler"
 FILL_CHUNK_BYTES: Final = 1 << 20
@@ -136,3 +145,76 @@ def fill(directory: Path) -> int:
 
 def unfill(directory: Path) -> None:
     (directory / FILLER_NAME).unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------------------------ corruption
+
+
+@dataclass(frozen=True, slots=True)
+class Corruption:
+    """One byte flipped inside a record's body in a commit-log segment."""
+
+    segment: Path
+    #: the byte's position in the segment file, and the record's commit-log offset
+    file_offset: int
+    record_offset: int
+    uniq_key: str
+    original: int
+    flipped: int
+
+    def describe(self) -> str:
+        return (f"{self.segment.name} byte {self.file_offset} (body of the record at commit-log offset "
+                f"{self.record_offset}, UNIQ_KEY {self.uniq_key}): {self.original:#04x} -> {self.flipped:#04x}")
+
+
+def corrupt_record(store_dir: Path, rng: random.Random) -> Corruption | None:
+    """Flip one byte in the body of a record the checkpoint vouches for (so recovery does not re-validate it
+    as part of the tail), in the first half of the durable commit log; None when there is no such record.
+    The store must not be running."""
+    checkpoint = read_checkpoint(store_dir / "checkpoint")
+    if checkpoint is None:
+        return None
+    segments = sorted((store_dir / "commitlog").glob("[0-9]" * 20))
+    durable_end = checkpoint.commit_log_end
+    candidates: list[tuple[Path, int, StoredMessage]] = []
+    for segment in segments:
+        start = int(segment.name)
+        if start >= durable_end:
+            break
+        data = segment.read_bytes()
+        position = 0
+        while start + position < durable_end // 2 + 1 and position < len(data):
+            try:
+                record = decode_record(data, position)
+            except RecordError:
+                break  # the segment's filler or its end
+            if record.body:
+                candidates.append((segment, position, record))
+            position += record.total_size
+    if not candidates:
+        return None
+    segment, position, record = rng.choice(candidates)
+    topic_bytes = len(record.topic.encode())
+    body_start = position + record.total_size - 2 - len(record.properties) - topic_bytes - 1 - len(record.body)
+    target = body_start + rng.randrange(len(record.body))
+    with open(segment, "r+b") as file:
+        file.seek(target)
+        original = file.read(1)[0]
+        flipped = original ^ 0xFF
+        file.seek(target)
+        file.write(bytes((flipped,)))
+        file.flush()
+        os.fsync(file.fileno())
+    uniq_key = decode_properties(record.properties).get("UNIQ_KEY", "")
+    return Corruption(segment, target, record.physical_offset, uniq_key, original, flipped)
+
+
+def byte_at(path: Path, offset: int) -> int | None:
+    """The byte at ``offset`` of ``path``; None when the file is gone or shorter."""
+    try:
+        with open(path, "rb") as file:
+            file.seek(offset)
+            found = file.read(1)
+    except FileNotFoundError:
+        return None
+    return found[0] if found else None

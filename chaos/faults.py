@@ -4,7 +4,9 @@
 Process faults act on the members' processes: SIGKILL then restart (``kill``), SIGSTOP then SIGCONT
 (``pause``), every member at once (``kill-all``), and ``wipe`` (SIGKILL a member, delete its data, restart
 it empty: it must rejoin and become byte-identical). Disk faults: ``disk-full`` moves a member's data
-directory onto its own small tmpfs (once) and fills it for a while. Network faults need a proxied cluster: ``partition``
+directory onto its own small tmpfs (once) and fills it for a while; ``corrupt`` stops a member, flips one
+byte inside a committed record of its commit log and restarts it, then records what the member did about
+it (:data:`CORRUPTION_OUTCOMES`). Network faults need a proxied cluster: ``partition``
 isolates members from the rest (a black hole both ways: connections stay open, bytes vanish, as on a
 real network), ``cut-link`` cuts one pair, ``latency`` and ``bandwidth`` slow links.
 
@@ -16,6 +18,7 @@ HTTP API) runs in a worker thread so the workload on the event loop keeps going.
 from __future__ import annotations
 
 import asyncio
+import random
 import shutil
 import signal
 from collections.abc import Iterable
@@ -37,6 +40,14 @@ CAUGHT_UP_SLACK_BYTES: Final = 256 * 1024
 RESTART_ATTEMPTS: Final = 5
 #: how long a restarted member has to answer (or die) before the restart counts as done
 RESTART_ANSWER_SECONDS: Final = 5.0
+#: what became of a corrupted member: it put the byte right (from its peers), it refused to run, or it
+#: runs and serves the damaged record
+CORRUPTION_REPAIRED: Final = "repaired"
+CORRUPTION_REFUSED: Final = "refused"
+CORRUPTION_UNNOTICED: Final = "unnoticed"
+CORRUPTION_OUTCOMES: Final = (CORRUPTION_REPAIRED, CORRUPTION_REFUSED, CORRUPTION_UNNOTICED)
+#: how long a corrupted member has, after its restart, to repair itself or exit
+CORRUPTION_SETTLE_SECONDS: Final = 20.0
 #: free space a member's tmpfs has beyond what its directory held when it was moved there
 TMPFS_HEADROOM_BYTES: Final = 32 << 20
 
@@ -180,6 +191,34 @@ class Faults:
             await self._restart(node_id)
         return self._record("disk-full", node_id, start, f"{filled} filler bytes for {hold_seconds:.1f} s"
                             + ("" if alive else "; the member exited and was restarted"))
+
+    async def corrupt(self, node_id: str, rng: random.Random) -> FaultEvent | None:
+        """Stop ``node_id`` (SIGTERM: flushed, checkpointed), flip one byte inside a committed record of
+        its commit log, restart it, and wait for it to repair itself (the byte back as it was, and caught
+        up) or exit; the outcome starts the event's detail."""
+        start = self.recorder.now()
+        if self._alive(node_id):
+            await asyncio.to_thread(self.cluster.local.kill, node_id, signal.SIGTERM)
+        corruption = await asyncio.to_thread(disk.corrupt_record, self.node_dir(node_id) / "store", rng)
+        if corruption is None:
+            self.note("corruption skipped", f"{node_id} has no committed record to corrupt")
+            await self._restart(node_id)
+            return None
+        await self._restart(node_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CORRUPTION_SETTLE_SECONDS
+        outcome = CORRUPTION_UNNOTICED
+        while loop.time() < deadline:
+            if not self._alive(node_id):
+                outcome = CORRUPTION_REFUSED
+                break
+            found = await asyncio.to_thread(disk.byte_at, corruption.segment, corruption.file_offset)
+            if found != corruption.flipped and await self.caught_up(1.0):
+                outcome = CORRUPTION_REPAIRED
+                break
+            await asyncio.sleep(0.5)
+        self.note("corruption " + outcome, f"{node_id}: {corruption.describe()}")
+        return self._record("corrupt", node_id, start, f"{outcome}: {corruption.describe()}")
 
     # ------------------------------------------------------------------------------ network faults
 

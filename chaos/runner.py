@@ -33,8 +33,8 @@ from broker.topics import TRANS_HALF_TOPIC
 from chaos.checker import CheckResult, check, describe
 from chaos.cluster import ChaosCluster
 from chaos.disk import release_mounts
-from chaos.faults import Faults
-from chaos.history import HistoryWriter, NoteEvent, RunStarted
+from chaos.faults import CORRUPTION_UNNOTICED, Faults
+from chaos.history import History, HistoryWriter, NoteEvent, RunStarted
 from chaos.monitor import LeaderMonitor
 from chaos.replicas import compare_replicas
 from chaos.report import fault_figures, plot_timeline
@@ -190,14 +190,17 @@ def run(options: RunOptions, out: TextIO | None = None) -> RunOutcome:
     for difference in differences[:DIFFERENCES_SHOWN_MAX]:
         print(f"replicas differ: {difference.describe()}", file=out)
     verify_code = _verify(options, cluster_dir, out)
+    corruptions = corruption_outcomes(recorder.history)
+    unnoticed = any(outcome["outcome"] == CORRUPTION_UNNOTICED for outcome in corruptions)
     clean = (result.clean and not differences and progress.drained and progress.converged
-             and progress.error is None and verify_code in (0, None))
-    diverged = bool(differences) or verify_code == 1
+             and progress.error is None and verify_code in (0, None) and not unnoticed)
+    diverged = bool(differences) or verify_code == 1 or unnoticed
     verdict = "clean" if clean else ("violations" if not result.clean or diverged else "incomplete")
     exit_code = EXIT_CLEAN if clean else EXIT_VIOLATIONS
     report = _report(options, result, progress, verify_code, verdict, exit_code, time.monotonic() - started)
     report["replicas_identical"] = not differences
     report["replica_differences"] = [difference.describe() for difference in differences[:DIFFERENCES_SHOWN_MAX]]
+    report["corruptions"] = corruptions
     (options.report_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
     try:
         plot_timeline(recorder.history, result, options.report_dir / TIMELINE_FILE)
@@ -243,6 +246,16 @@ async def _drive(options: RunOptions, scenario: Scenario, cluster: ChaosCluster,
     finally:
         await workload.stop()
         await monitor.stop()
+
+
+def corruption_outcomes(history: History) -> list[dict[str, str]]:
+    """Per ``corrupt`` fault: the member, what it did (repaired, refused, unnoticed) and the byte."""
+    outcomes = []
+    for fault in history.faults:
+        if fault.kind == "corrupt":
+            outcome, _, what = fault.detail.partition(": ")
+            outcomes.append({"node": fault.target, "outcome": outcome, "corruption": what})
+    return outcomes
 
 
 async def _converge(monitor: LeaderMonitor, recorder: Recorder) -> bool:
@@ -315,6 +328,8 @@ def _print_summary(report: dict[str, Any], out: TextIO) -> None:
           f"replicas identical {report['replicas_identical']}, "
           f"verify {report['verify']['exit_code'] if report['verify'] else 'skipped'}"
           + (f", error {report['error']}" if report["error"] else "") + ")", file=out)
+    for corruption in report.get("corruptions", []):
+        print(f"corrupted {corruption['node']}: {corruption['outcome']} ({corruption['corruption']})", file=out)
     print(f"messages {check_figures['messages']}: acked {check_figures['acked']}, unacked {check_figures['unacked']} "
           f"({check_figures['unacked_stored']} stored), longest ack gap "
           f"{gap['seconds'] if gap else '-'} s", file=out)

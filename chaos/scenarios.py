@@ -109,6 +109,16 @@ async def disk_full(faults: Faults, rng: random.Random) -> None:
     await faults.disk_full(mounted[0] if mounted else rng.choice(followers), rng.uniform(4.0, 8.0))
 
 
+async def corrupt_follower(faults: Faults, rng: random.Random) -> None:
+    """Flip a byte inside a committed record of a caught-up follower's commit log (stopped, then
+    restarted): it must repair itself from its peers or refuse to run."""
+    if not await faults.caught_up(CATCH_UP_SECONDS) or await faults.leader() is None:
+        return
+    followers = sorted(faults.followers())
+    if followers:
+        await faults.corrupt(rng.choice(followers), rng)
+
+
 async def slow_link(faults: Faults, rng: random.Random) -> None:
     links = list(faults.cluster.links)
     chosen = rng.sample(links, rng.randint(1, len(links)))
@@ -136,6 +146,8 @@ SCENARIOS: Final[dict[str, Scenario]] = {scenario.name: scenario for scenario in
              wipe_follower),
     Scenario("disk-full", "fill a follower's own small tmpfs for 4-8 s (its data directory moved there once)",
              False, disk_full, DISK_FULL_OVERRIDES, disk.tmpfs_unavailable),
+    Scenario("corrupt-follower", "stop a caught-up follower, flip a byte inside a committed record of its "
+             "commit log, restart it", False, corrupt_follower),
     Scenario("slow-link", "50-250 ms latency (sometimes 500 KB/s) on random Raft links for 4-8 s", True, slow_link),
     Scenario("mixed", "a random fault of every scenario above, one after another", True, mixed),
 )}

@@ -1,13 +1,18 @@
-"""Disk faults: a member's directory moved onto its own tmpfs, filled and freed, and given back."""
+"""Disk faults: a member's directory moved onto its own tmpfs, filled and freed, and given back; a byte
+flipped inside a committed record's body."""
 
 from __future__ import annotations
 
 import errno
+import random
 from pathlib import Path
 
 import pytest
 
 from chaos import disk
+from commitlog.message import RecordError, decode_record
+from commitlog.store import MessageStore
+from tests.commitlog.helpers import message, small_config
 
 needs_tmpfs = pytest.mark.skipif(disk.tmpfs_unavailable() is not None,
                                  reason=f"no tmpfs mounts here: {disk.tmpfs_unavailable()}")
@@ -46,3 +51,42 @@ def test_filling_stops_at_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert disk.fill(tmp_path) == 3 << 20
     disk.unfill(tmp_path)
     assert not (tmp_path / disk.FILLER_NAME).exists()
+
+
+def test_a_flipped_byte_lands_in_a_committed_record_body(tmp_path: Path) -> None:
+    store = MessageStore(small_config(tmp_path / "store"), background_flush=False)
+    for number in range(1, 201):
+        store.append(number, [message(number)])
+    store.flush()
+    durable_end = store.max_physical_offset
+    store.close()
+    corruption = disk.corrupt_record(tmp_path / "store", random.Random(3))
+    assert corruption is not None
+    assert corruption.record_offset < durable_end // 2 + 1
+    assert disk.byte_at(corruption.segment, corruption.file_offset) == corruption.flipped == corruption.original ^ 0xFF
+    data = corruption.segment.read_bytes()
+    start = corruption.record_offset - int(corruption.segment.name)
+    with pytest.raises(RecordError, match="CRC"):
+        decode_record(data, start)
+    record = decode_record(data, start, check_crc=False)  # the head, topic and properties are intact
+    assert record.physical_offset == corruption.record_offset
+    assert corruption.uniq_key.startswith("C0A8000A9CB3")
+    assert disk.byte_at(tmp_path / "missing", 0) is None
+
+
+def test_nothing_to_corrupt_without_a_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "store" / "commitlog").mkdir(parents=True)
+    assert disk.corrupt_record(tmp_path / "store", random.Random(1)) is None
+
+
+def test_the_report_names_each_corruption_outcome() -> None:
+    from chaos.history import FaultEvent, History
+    from chaos.runner import corruption_outcomes
+
+    history = History.of([FaultEvent("corrupt", "n2", 1.0, 5.0, "unnoticed: 00000000000000000000 byte 9: 0x01 -> 0xfe"),
+                          FaultEvent("kill", "n1", 6.0, 8.0, "SIGKILL"),
+                          FaultEvent("corrupt", "n1", 9.0, 12.0, "repaired: 00000000000000000000 byte 5")])
+    assert corruption_outcomes(history) == [
+        {"node": "n2", "outcome": "unnoticed", "corruption": "00000000000000000000 byte 9: 0x01 -> 0xfe"},
+        {"node": "n1", "outcome": "repaired", "corruption": "00000000000000000000 byte 5"},
+    ]
