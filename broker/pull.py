@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import zlib
 from collections.abc import Callable
 from typing import Final
 
@@ -21,6 +23,8 @@ from broker.remoting.server import RequestContext
 from broker.requests import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, PullHeader, RequestError
 from commitlog.message import java_string_hash
 from commitlog.store import GetResult, GetStatus
+
+log = logging.getLogger(__name__)
 
 #: RocketMQ's SubscriptionData.SUB_ALL
 SUBSCRIBE_ALL: Final = "*"
@@ -37,6 +41,23 @@ def tag_codes(expression: str | None) -> frozenset[int] | None:
         return None
     tags = [tag.strip() for tag in expression.split("||")]
     return frozenset(java_string_hash(tag) for tag in tags if tag)
+
+
+def first_damaged(records: list[bytes]) -> int | None:
+    """The commit-log offset of the first record whose body CRC does not match, or None. Checked on
+    every pull (zlib in C, about a microsecond per KB): recovery validates only the tail past the
+    checkpoint, so a byte flipped on disk deeper in a segment would otherwise be served as is."""
+    for raw in records:
+        sys_flag = int.from_bytes(raw[36:40], "big")
+        head = 100 if sys_flag & 0x10 else 88  # IPv6 born host: 12 more bytes
+        body_length = int.from_bytes(raw[head - 4 : head], "big", signed=True)
+        if body_length < 0 or head + body_length > len(raw):
+            return int.from_bytes(raw[28:36], "big", signed=True)
+        stored = int.from_bytes(raw[8:12], "big")
+        crc = zlib.crc32(raw[head : head + body_length])
+        if stored not in (crc & 0x7FFFFFFF, crc):
+            return int.from_bytes(raw[28:36], "big", signed=True)
+    return None
 
 
 class PullWaiters:
@@ -125,6 +146,14 @@ class PullProcessor:
                 result.status is GetStatus.NO_MATCHED_LOGIC_QUEUE and header.queue_offset == 0)
             remaining = deadline - loop.time()
             if not (waiting and suspend and remaining > 0):
+                damaged = first_damaged(result.messages)
+                if damaged is not None:
+                    # Never hand out bytes that are not what was committed: this replica needs repair
+                    log.critical("damaged record at commit-log offset %d in %s/%d: refusing to serve it",
+                                 damaged, header.topic, header.queue_id)
+                    raise RequestError(ResponseCode.SYSTEM_ERROR,
+                                       f"this replica holds a damaged record at commit-log offset {damaged}; "
+                                       "read from another member")
                 return self._response(request, header, result, broker.member.is_leader)
             await self.waiters.wait(header.topic, header.queue_id, header.queue_offset, remaining)
             if loop.time() >= deadline and broker.store.max_queue_offset(header.topic, header.queue_id) <= header.queue_offset:

@@ -113,3 +113,18 @@ def test_node_file_with_a_broker_table(tmp_path: Path) -> None:
         path.write_text(change)
         with pytest.raises(ConfigError, match=message):
             load_node_file(path)
+
+
+def test_pulls_spot_a_damaged_record() -> None:
+    from broker.pull import first_damaged
+    from commitlog.message import MessageInput, encode_host, encode_record
+
+    def record(body: bytes, offset: int, born_host: bytes = encode_host("127.0.0.1", 1)) -> bytes:
+        message = MessageInput("T", 0, 0, 0, 1, born_host, 2, 0, 0, body, b"TAGS\x01a\x02")
+        return encode_record(message, 0, offset, encode_host("127.0.0.1", 2))
+
+    good = [record(b"x" * 100, 0), record(b"", 200), record(b"v6", 400, bytes(16) + b"\x00\x00\x00\x01")]
+    assert first_damaged(good) is None
+    damaged = bytearray(good[0])
+    damaged[-20] ^= 0x01  # a body byte
+    assert first_damaged([good[1], bytes(damaged)]) == 0
