@@ -54,6 +54,7 @@ from commitlog.message import (
     StoredMessage,
     body_crc32,
     decode_message_id,
+    decode_record,
     encode_message_id,
     tags_hash_code,
     validate_input,
@@ -836,6 +837,39 @@ class MessageStore:
                     return AppendResult(AppendStatus.OK, physical, message.queue_offset, message.total_size,
                                         message.store_host)
             return None
+
+    def scrub(self, start: int, max_bytes: int) -> tuple[int | None, int]:
+        """Validate the records (CRC) from ``start`` for about ``max_bytes``: returns (offset of the first
+        damaged record or None, where to continue). Catches what recovery cannot: recovery validates only
+        the tail past the checkpoint, so a byte that went bad on disk deeper in a segment is found here."""
+        with self._lock:
+            start = max(start, self.commit_log.min_offset)
+            end = min(self.commit_log.end_offset, start + max_bytes)
+            if start >= end:
+                return None, self.commit_log.min_offset  # wrap around
+            for _ in self.commit_log.scan(start, end):
+                pass
+            reached = self.commit_log.scan_end
+            if reached >= end or reached >= self.commit_log.end_offset:
+                return None, reached
+            return reached, reached
+
+    def record_extent(self, physical_offset: int) -> int:
+        """The size field of the record at ``physical_offset`` (which may itself be damaged)."""
+        with self._lock:
+            return int.from_bytes(self.commit_log.read(physical_offset, 4), "big", signed=True)
+
+    def repair_record(self, physical_offset: int, data: bytes) -> None:
+        """Put back a damaged committed record from a peer's copy: ``data`` must be one valid record (CRC)
+        claiming this very offset; the consume queues and the key index already point at it."""
+        record = decode_record(data, 0, check_crc=True)
+        if record.total_size != len(data) or record.physical_offset != physical_offset:
+            raise StoreError(f"the copy of the record at {physical_offset} is not that record")
+        with self._lock:
+            if physical_offset < self.commit_log.min_offset or physical_offset + len(data) > self.commit_log.end_offset:
+                raise StoreError(f"no committed record at {physical_offset}")
+            self.commit_log.write(physical_offset, data)
+        log.warning("repaired the record at commit-log offset %d from a peer's copy", physical_offset)
 
     def store_timestamp_at(self, physical_offset: int) -> int:
         head = self.commit_log.read(physical_offset, HEAD_A.size + 20)

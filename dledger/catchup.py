@@ -157,6 +157,48 @@ def fetch(peers: Sequence[tuple[str, int]], secret: bytes, store: MessageStore, 
     raise CatchupError("no peer could serve the catch-up: " + "; ".join(errors))
 
 
+def fetch_range(peers: Sequence[tuple[str, int]], secret: bytes, from_offset: int, to_offset: int) -> bytes:
+    """The committed bytes ``[from_offset, to_offset)`` as the first peer that can serve holds them (to
+    repair a damaged record in place). Raises :class:`CatchupError` when none can."""
+    errors = []
+    for peer in peers:
+        try:
+            with socket.create_connection(peer, timeout=SOCKET_TIMEOUT_SECONDS) as connection:
+                server_nonce = _receive_exactly(connection, NONCE_BYTES)
+                client_nonce = os.urandom(NONCE_BYTES)
+                connection.sendall(client_nonce + _mac(secret, b"catchup-client", server_nonce, client_nonce))
+                proof = _receive_exactly(connection, MAC_BYTES)
+                if not hmac.compare_digest(proof, _mac(secret, b"catchup-server", client_nonce, server_nonce)):
+                    raise CatchupError("the peer failed authentication")
+                connection.sendall(REQUEST.pack(from_offset, to_offset))
+                status, low, end = RESPONSE.unpack(_receive_exactly(connection, RESPONSE.size))
+                if status != STATUS_OK:
+                    raise CatchupError(f"the peer holds [{low}, {end}), not [{from_offset}, {to_offset})")
+                parts = []
+                received = 0
+                while True:
+                    (length,) = U32.unpack(_receive_exactly(connection, U32.size))
+                    if length == 0:
+                        break
+                    if length > CHUNK_BYTES_MAX:
+                        raise CatchupError(f"chunk of {length} bytes is over the limit")
+                    compressed = _receive_exactly(connection, length)
+                    if int.from_bytes(compressed[:4], "little") > CHUNK_BYTES:
+                        raise CatchupError("chunk claims an impossible size")
+                    part = bytes(lz4.block.decompress(compressed))
+                    received += len(part)
+                    if received > to_offset - from_offset:
+                        raise CatchupError("the peer sent more than asked")
+                    parts.append(part)
+                data = b"".join(parts)
+                if len(data) != to_offset - from_offset:
+                    raise CatchupError(f"the copy has {len(data)} bytes, expected {to_offset - from_offset}")
+                return data
+        except (OSError, ConnectionError, CatchupError, struct.error, lz4.block.LZ4BlockError) as exc:
+            errors.append(f"{peer[0]}:{peer[1]}: {exc}")
+    raise CatchupError("no peer could serve the range: " + "; ".join(errors))
+
+
 def _fetch_from(peer: tuple[str, int], secret: bytes, store: MessageStore, to_offset: int) -> None:
     for _ in range(2):  # the second round after a reset below the peer's retention point
         with socket.create_connection(peer, timeout=SOCKET_TIMEOUT_SECONDS) as connection:

@@ -22,10 +22,11 @@ from typing import Any
 
 from pysyncobj import SyncObj, replicated
 
-from commitlog.message import MessageInput
+from commitlog.errors import StoreError
+from commitlog.message import MessageInput, RecordError
 from commitlog.store import AppendResult, MessageStore
 from dledger.apply import ApplyResult, OwnBatch, StateMachine
-from dledger.catchup import CatchupServer, fetch
+from dledger.catchup import CatchupError, CatchupServer, fetch, fetch_range
 from dledger.command import Command, encode_command
 from dledger.config import NodeConfig, parse_address
 from dledger.group_commit import GroupCommitter, NotLeaderError, OutcomeUnknownError, request_bytes
@@ -47,6 +48,10 @@ OWN_ENTRIES_MAX = 1024
 PREFERENCE_CHECK_SECONDS = 1.0
 TRANSFER_TIMEOUT_SECONDS = 5.0
 TRANSFER_RETRY_SECONDS = 0.05
+#: the scrubber validates this much of the commit log per step, then pauses (about 4 MB/s, a few
+#: percent of a core: a GB is re-validated every four minutes or so)
+SCRUB_BYTES = 1 << 20
+SCRUB_PAUSE_SECONDS = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +169,9 @@ class GroupMember:
         self._preferred_address: str | None = preferred[0] if preferred else None
         self.raft = _RaftNode(self, config.raft_address, peers, conf, transport_class(config.secret))
         self.raft.addOnTickCallback(self._on_tick)
+        self._stop_scrubber = threading.Event()
+        self._scrubber = threading.Thread(target=self._scrub_loop, name="scrubber", daemon=True)
+        self._scrubber.start()
 
     # ------------------------------------------------------------------ apply (tick thread)
 
@@ -361,7 +369,36 @@ class GroupMember:
             time.sleep(0.02)
         return False
 
+    # ------------------------------------------------------------------ scrubbing (its own thread)
+
+    def _scrub_loop(self) -> None:
+        """Walk the commit log validating every record, again and again, at a bounded pace; a damaged
+        record (a byte gone bad on disk) is put back from a peer's copy, which is byte-identical."""
+        position = 0
+        while not self._stop_scrubber.wait(SCRUB_PAUSE_SECONDS):
+            try:
+                damaged, position = self.store.scrub(position, SCRUB_BYTES)
+                if damaged is not None:
+                    self._repair(damaged)
+                    position = damaged
+            except (StoreError, OSError, ValueError) as exc:
+                log.warning("scrubbing stopped at %d: %s", position, exc)
+                position = 0
+
+    def _repair(self, physical_offset: int) -> None:
+        size = self.store.record_extent(physical_offset)
+        peers = [parse_address(peer.catchup_address, "catchup_address") for peer in self.config.peers]
+        if not 0 < size <= self.entry_bytes_max:
+            raise StoreError(f"the damaged record at {physical_offset} has no usable size ({size})")
+        log.critical("damaged record at commit-log offset %d: repairing it from a peer", physical_offset)
+        try:
+            data = fetch_range(peers, self.config.secret, physical_offset, physical_offset + size)
+            self.store.repair_record(physical_offset, data)
+        except (CatchupError, RecordError) as exc:
+            raise StoreError(f"cannot repair the record at {physical_offset}: {exc}") from exc
+
     def stop(self) -> None:
+        self._stop_scrubber.set()
         self.committer.stop()
         self.raft.destroy()
         self.catchup_server.close()

@@ -352,3 +352,27 @@ def test_a_directory_cannot_be_opened_twice(tmp_path: Path) -> None:
         MessageStore(small_config(tmp_path / "s"))
     first.close()
     MessageStore(small_config(tmp_path / "s")).close()
+
+
+def test_scrub_finds_a_damaged_record_and_a_peer_copy_repairs_it(tmp_path: Path) -> None:
+    from commitlog.message import RecordError
+    from commitlog.store import MessageStore
+    from tests.commitlog.helpers import message, small_config
+
+    store = MessageStore(small_config(tmp_path / "a"), background_flush=False)
+    results = store.append(1, [message(n) for n in range(20)]).results
+    target = results[7]
+    good = store.read_record(target.physical_offset)
+    assert store.scrub(0, 1 << 20) == (None, store.max_physical_offset)
+    store.commit_log.write(target.physical_offset + 100, b"\xff")  # a body byte gone bad on disk
+    damaged, position = store.scrub(0, 1 << 20)
+    assert damaged == position == target.physical_offset
+    bad_copy = bytearray(good)
+    bad_copy[100] ^= 0x01
+    with pytest.raises(RecordError):
+        store.repair_record(target.physical_offset, bytes(bad_copy))  # not a valid copy
+    with pytest.raises(StoreError):
+        store.repair_record(target.physical_offset + 1, good)  # another record's place
+    store.repair_record(target.physical_offset, good)
+    assert store.scrub(0, 1 << 20) == (None, store.max_physical_offset)
+    store.close()
