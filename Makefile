@@ -33,7 +33,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/verify_bench.py
 
 # every chaos scenario for several minutes each (a soak run, not part of make test)
-CHAOS_SCENARIOS := kill-leader pause-leader partition-leader partition-random kill-all-restart wipe-follower slow-link mixed
+CHAOS_SCENARIOS := kill-leader pause-leader partition-leader partition-random kill-all-restart wipe-follower \
+	slow-link disk-full corrupt-follower mixed
 CHAOS_DURATION ?= 300
 CHAOS_SEED ?= 1
 
