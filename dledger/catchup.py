@@ -22,6 +22,7 @@ Nothing is read from an unauthenticated peer beyond the 64 handshake bytes; noth
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -29,7 +30,7 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Final
 
 import lz4.block
@@ -163,70 +164,66 @@ def fetch_range(peers: Sequence[tuple[str, int]], secret: bytes, from_offset: in
     errors = []
     for peer in peers:
         try:
-            with socket.create_connection(peer, timeout=SOCKET_TIMEOUT_SECONDS) as connection:
-                server_nonce = _receive_exactly(connection, NONCE_BYTES)
-                client_nonce = os.urandom(NONCE_BYTES)
-                connection.sendall(client_nonce + _mac(secret, b"catchup-client", server_nonce, client_nonce))
-                proof = _receive_exactly(connection, MAC_BYTES)
-                if not hmac.compare_digest(proof, _mac(secret, b"catchup-server", client_nonce, server_nonce)):
-                    raise CatchupError("the peer failed authentication")
-                connection.sendall(REQUEST.pack(from_offset, to_offset))
-                status, low, end = RESPONSE.unpack(_receive_exactly(connection, RESPONSE.size))
+            with _request(peer, secret, from_offset, to_offset) as (connection, status, low, end):
                 if status != STATUS_OK:
                     raise CatchupError(f"the peer holds [{low}, {end}), not [{from_offset}, {to_offset})")
                 parts = []
                 received = 0
-                while True:
-                    (length,) = U32.unpack(_receive_exactly(connection, U32.size))
-                    if length == 0:
-                        break
-                    if length > CHUNK_BYTES_MAX:
-                        raise CatchupError(f"chunk of {length} bytes is over the limit")
-                    compressed = _receive_exactly(connection, length)
-                    if int.from_bytes(compressed[:4], "little") > CHUNK_BYTES:
-                        raise CatchupError("chunk claims an impossible size")
-                    part = bytes(lz4.block.decompress(compressed))
+                for part in _chunks(connection):
                     received += len(part)
                     if received > to_offset - from_offset:
                         raise CatchupError("the peer sent more than asked")
                     parts.append(part)
-                data = b"".join(parts)
-                if len(data) != to_offset - from_offset:
-                    raise CatchupError(f"the copy has {len(data)} bytes, expected {to_offset - from_offset}")
-                return data
+                if received != to_offset - from_offset:
+                    raise CatchupError(f"the copy has {received} bytes, expected {to_offset - from_offset}")
+                return b"".join(parts)
         except (OSError, ConnectionError, CatchupError, struct.error, lz4.block.LZ4BlockError) as exc:
             errors.append(f"{peer[0]}:{peer[1]}: {exc}")
     raise CatchupError("no peer could serve the range: " + "; ".join(errors))
 
 
+@contextlib.contextmanager
+def _request(peer: tuple[str, int], secret: bytes, from_offset: int,
+             to_offset: int) -> Iterator[tuple[socket.socket, int, int, int]]:
+    """Connect, authenticate both ways, ask for ``[from_offset, to_offset)``: (connection, status, the
+    peer's min offset, its end offset)."""
+    with socket.create_connection(peer, timeout=SOCKET_TIMEOUT_SECONDS) as connection:
+        server_nonce = _receive_exactly(connection, NONCE_BYTES)
+        client_nonce = os.urandom(NONCE_BYTES)
+        connection.sendall(client_nonce + _mac(secret, b"catchup-client", server_nonce, client_nonce))
+        proof = _receive_exactly(connection, MAC_BYTES)
+        if not hmac.compare_digest(proof, _mac(secret, b"catchup-server", client_nonce, server_nonce)):
+            raise CatchupError("the peer failed authentication")
+        connection.sendall(REQUEST.pack(from_offset, to_offset))
+        status, low, end = RESPONSE.unpack(_receive_exactly(connection, RESPONSE.size))
+        yield connection, status, low, end
+
+
+def _chunks(connection: socket.socket) -> Iterator[bytes]:
+    """The served bytes, chunk by chunk, until the end marker (every length checked before reading)."""
+    while True:
+        (length,) = U32.unpack(_receive_exactly(connection, U32.size))
+        if length == 0:
+            return
+        if length > CHUNK_BYTES_MAX:
+            raise CatchupError(f"chunk of {length} bytes is over the limit")
+        compressed = _receive_exactly(connection, length)
+        if int.from_bytes(compressed[:4], "little") > CHUNK_BYTES:
+            raise CatchupError("chunk claims an impossible size")
+        yield bytes(lz4.block.decompress(compressed))
+
+
 def _fetch_from(peer: tuple[str, int], secret: bytes, store: MessageStore, to_offset: int) -> None:
     for _ in range(2):  # the second round after a reset below the peer's retention point
-        with socket.create_connection(peer, timeout=SOCKET_TIMEOUT_SECONDS) as connection:
-            server_nonce = _receive_exactly(connection, NONCE_BYTES)
-            client_nonce = os.urandom(NONCE_BYTES)
-            connection.sendall(client_nonce + _mac(secret, b"catchup-client", server_nonce, client_nonce))
-            proof = _receive_exactly(connection, MAC_BYTES)
-            if not hmac.compare_digest(proof, _mac(secret, b"catchup-server", client_nonce, server_nonce)):
-                raise CatchupError("the peer failed authentication")
-            from_offset = store.max_physical_offset
-            connection.sendall(REQUEST.pack(from_offset, to_offset))
-            status, low, end = RESPONSE.unpack(_receive_exactly(connection, RESPONSE.size))
+        from_offset = store.max_physical_offset
+        with _request(peer, secret, from_offset, to_offset) as (connection, status, low, end):
             if status == STATUS_BELOW_RETENTION:
                 store.reset_to(low)
                 continue
             if status != STATUS_OK:
                 raise CatchupError(f"the peer holds [{low}, {end}), not up to {to_offset}")
             position = from_offset
-            while True:
-                (length,) = U32.unpack(_receive_exactly(connection, U32.size))
-                if length == 0:
-                    break
-                if length > CHUNK_BYTES_MAX:
-                    raise CatchupError(f"chunk of {length} bytes is over the limit")
-                compressed = _receive_exactly(connection, length)
-                if int.from_bytes(compressed[:4], "little") > CHUNK_BYTES:
-                    raise CatchupError("chunk claims an impossible size")
-                data = bytes(lz4.block.decompress(compressed))
+            for data in _chunks(connection):
                 store.ingest_raw(position, data)
                 position += len(data)
             if position != to_offset:
