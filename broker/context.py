@@ -12,7 +12,6 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 
 from broker.config import BrokerConfig
 from broker.remoting.codes import ResponseCode
@@ -30,6 +29,7 @@ from commitlog.store import AppendResult, MessageStore
 from dledger.apply import ApplyResult
 from dledger.command import Command, TopicConfig
 from dledger.config import NodeConfig
+from dledger.future import AppendFuture
 from dledger.group_commit import (
     BusyError,
     EntryTooLargeError,
@@ -192,15 +192,15 @@ class _Completions:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._done: list[tuple[asyncio.Future[tuple[AppendResult, ...]], Future[tuple[AppendResult, ...]]]] = []
+        self._done: list[tuple[asyncio.Future[tuple[AppendResult, ...]], AppendFuture[tuple[AppendResult, ...]]]] = []
         self._scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def wait(self, future: Future[tuple[AppendResult, ...]]) -> tuple[AppendResult, ...]:
+    async def wait(self, future: AppendFuture[tuple[AppendResult, ...]]) -> tuple[AppendResult, ...]:
         loop = self._loop = asyncio.get_running_loop()
         waiter: asyncio.Future[tuple[AppendResult, ...]] = loop.create_future()
 
-        def completed(done: Future[tuple[AppendResult, ...]]) -> None:
+        def completed(done: AppendFuture[tuple[AppendResult, ...]]) -> None:
             with self._lock:
                 self._done.append((waiter, done))
                 if self._scheduled:

@@ -46,6 +46,7 @@ from commitlog.config import ConfigError
 from dledger.command import AclDocument, Command
 from dledger.config import NodeConfig, parse_address
 from dledger.member import GroupMember, RoleChange
+from dledger.tuning import tune_process_gc
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +207,7 @@ class BrokerNode:
 async def serve(node: NodeConfig, config: BrokerConfig) -> None:
     broker_node = BrokerNode(node, config)
     await broker_node.start()
+    tune_process_gc()  # a process of its own: start-up objects frozen, fewer young collections
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
     for signal_number in (signal.SIGTERM, signal.SIGINT):

@@ -156,8 +156,19 @@ def record_size(body_len: int, topic_len: int, properties_len: int, born_v6: boo
     return 48 + (20 if born_v6 else 8) + 28 + 4 + body_len + 1 + topic_len + 2 + properties_len
 
 
+_I32: Final = 2**31
+_I64: Final = 2**63
+
+
 def validate_input(message: MessageInput, body_size_max_bytes: int) -> str | None:
     """Return why ``message`` cannot be stored, or None. Never raises."""
+    topic = message.topic
+    if (topic.isascii() and 0 < len(topic) <= TOPIC_BYTES_MAX and len(message.properties) <= PROPERTIES_BYTES_MAX
+            and len(message.body) <= body_size_max_bytes and len(message.born_host) in (8, 20)
+            and 0 <= message.queue_id < _I32 and -_I32 <= message.flag < _I32 and -_I32 <= message.sys_flag < _I32
+            and -_I32 <= message.reconsume_times < _I32 and -_I64 <= message.born_timestamp < _I64
+            and -_I64 <= message.store_timestamp < _I64 and -_I64 <= message.prepared_transaction_offset < _I64):
+        return None  # the common case in one pass; the checks below name what is wrong
     try:
         topic_len = len(message.topic.encode())
     except UnicodeEncodeError:

@@ -59,6 +59,7 @@ from commitlog.message import (
     tags_hash_code,
     validate_input,
 )
+from commitlog.recent_keys import RecentKeys
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +199,8 @@ class MessageStore:
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._open_queues()
         self.index = KeyIndex(self.root / "index", config.index_slot_count, config.index_entry_capacity)
+        #: which key hashes were indexed lately: spares find_recent_sends most index reads
+        self._recent_keys = RecentKeys()
         self.apply_position = ApplyPositionFile(self.root / APPLY_POSITION_NAME)
         self.applied_raft_index = 0
         self.min_offset = 0
@@ -498,6 +501,7 @@ class MessageStore:
             queue.put_run(first_offset, units)
             self._dirty_queues.add(queue)
         self.index.insert_many(index_entries)
+        self._recent_keys.add(index_entries)
         self.next_queue_offsets.update(new_offsets)
         self.commit_log.end_offset = position
         self.applied_raft_index = raft_index
@@ -606,6 +610,7 @@ class MessageStore:
                                          for h in _index_hashes(prefix, keys, uniq_key))
             self.index.prepare(pending_index)
             self.index.insert_many(pending_index)
+            self._recent_keys.add(pending_index)
             for queue in self._dirty_queues:  # a queue first seen after a reset starts mid-way
                 queue.prune_below(self.min_offset)
             self.commit_log.end_offset = end
@@ -819,24 +824,46 @@ class MessageStore:
         """The stored message of ``topic`` with this UNIQ_KEY and reconsume count whose store timestamp is
         at or after ``since_timestamp`` (a retried send), or None. Deterministic: it reads only the key
         index and the commit log, which are identical on every replica at the same applied index."""
+        return self.find_recent_sends([(topic, uniq_key, reconsume_times)], since_timestamp)[0]
+
+    def find_recent_sends(self, sends: Sequence[tuple[str, bytes, int]],
+                          since_timestamp: int) -> list[AppendResult | None]:
+        """:meth:`find_recent_send` for each (topic, UNIQ_KEY, reconsume count), under one lock (apply
+        asks for every send of a command at once)."""
+        found: list[AppendResult | None] = []
         with self._lock:
-            try:
-                key = uniq_key.decode()
-            except UnicodeDecodeError:
-                return None
-            for physical in self.index.lookup(key_hash(topic, key), 8, since_timestamp):
-                if physical < self.commit_log.min_offset or physical >= self.commit_log.end_offset:
+            lookup = self.index.lookup
+            recent = self._recent_keys if self._recent_keys.authoritative(since_timestamp) else None
+            min_offset = self.commit_log.min_offset
+            end_offset = self.commit_log.end_offset
+            for topic, uniq_key, reconsume_times in sends:
+                found.append(None)
+                if not uniq_key.isascii():
+                    try:
+                        uniq_key.decode()
+                    except UnicodeDecodeError:
+                        continue
+                topic_entry = self._topic_entry(topic)
+                if isinstance(topic_entry, str):
                     continue
-                try:
-                    message = self.commit_log.read_message(physical, check_crc=False)
-                except StoreError:
-                    continue
-                if (message.topic == topic and message.reconsume_times == reconsume_times
-                        and message.store_timestamp >= since_timestamp
-                        and _dispatch_fields(message.properties)[2] == uniq_key):
-                    return AppendResult(AppendStatus.OK, physical, message.queue_offset, message.total_size,
-                                        message.store_host)
-            return None
+                # the index hashes ``topic#key``: continued from the topic prefix's CRC, as append does
+                hashed = zlib.crc32(uniq_key, topic_entry[1])
+                if recent is not None and not recent.maybe(hashed):
+                    continue  # not stored since since_timestamp: the lookup would find nothing
+                for physical in lookup(hashed, 8, since_timestamp):
+                    if physical < min_offset or physical >= end_offset:
+                        continue
+                    try:
+                        message = self.commit_log.read_message(physical, check_crc=False)
+                    except StoreError:
+                        continue
+                    if (message.topic == topic and message.reconsume_times == reconsume_times
+                            and message.store_timestamp >= since_timestamp
+                            and _dispatch_fields(message.properties)[2] == uniq_key):
+                        found[-1] = AppendResult(AppendStatus.OK, physical, message.queue_offset,
+                                                 message.total_size, message.store_host)
+                        break
+        return found
 
     def scrub(self, start: int, max_bytes: int) -> tuple[int | None, int]:
         """Validate the records (CRC) from ``start`` for about ``max_bytes``: returns (offset of the first

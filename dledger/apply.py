@@ -222,26 +222,23 @@ class StateMachine:
         """Messages to store, and for each retried send (same topic, UNIQ_KEY and reconsume count as a
         message stored within UNIQ_KEY_WINDOW_MS, or earlier in this command) its position mapped to the
         stored message's result (or to the position of the earlier message of this command)."""
-        fresh: list[MessageInput] = []
         duplicates: dict[int, AppendResult | int] = {}
-        seen: dict[tuple[str, bytes, int], int] = {}
+        first: dict[tuple[str, bytes, int], int] = {}  # identity -> position of its first send here
         for position, message in enumerate(messages):
             match = _UNIQ_KEY_PROPERTY.search(message.properties)
-            if match is None:
-                fresh.append(message)
-                continue
-            identity = (message.topic, match.group(1), message.reconsume_times)
-            earlier = seen.get(identity)
-            if earlier is not None:
-                duplicates[position] = earlier
-                continue
-            stored = self.store.find_recent_send(identity[0], identity[1], identity[2], since_timestamp)
-            if stored is not None:
-                duplicates[position] = stored
-                continue
-            seen[identity] = position
-            fresh.append(message)
-        return fresh, duplicates
+            if match is not None:
+                identity = (message.topic, match.group(1), message.reconsume_times)
+                earlier = first.setdefault(identity, position)
+                if earlier != position:
+                    duplicates[position] = earlier
+        if first:
+            stored_sends = self.store.find_recent_sends(list(first), since_timestamp)
+            for position, stored in zip(first.values(), stored_sends, strict=True):
+                if stored is not None:
+                    duplicates[position] = stored
+        if not duplicates:
+            return list(messages), duplicates
+        return [message for position, message in enumerate(messages) if position not in duplicates], duplicates
 
     @staticmethod
     def _merge(stored: tuple[AppendResult, ...], duplicates: dict[int, AppendResult | int],

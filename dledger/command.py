@@ -257,19 +257,30 @@ def _frame(body: bytes, compress: bool) -> bytes:
 
 
 class _Reader:
-    __slots__ = ("data", "position")
+    """Reads ``data[position:end]`` without copying it first."""
 
-    def __init__(self, data: bytes) -> None:
+    __slots__ = ("data", "end", "position")
+
+    def __init__(self, data: bytes, position: int = 0, end: int | None = None) -> None:
         self.data = data
-        self.position = 0
+        self.position = position
+        self.end = len(data) if end is None else end
 
     def take(self, size: int) -> bytes:
         end = self.position + size
-        if size < 0 or end > len(self.data):
+        if size < 0 or end > self.end:
             raise CommandError(f"truncated command: need {size} bytes at {self.position}")
         chunk = self.data[self.position : end]
         self.position = end
         return chunk
+
+    def skip(self, size: int) -> int:
+        """Move past ``size`` bytes (bounds checked, nothing copied); returns where they start."""
+        start = self.position
+        if size < 0 or start + size > self.end:
+            raise CommandError(f"truncated command: need {size} bytes at {start}")
+        self.position = start + size
+        return start
 
     def unpack(self, layout: struct.Struct) -> tuple[int, ...]:
         values: tuple[int, ...] = layout.unpack(self.take(layout.size))
@@ -287,25 +298,53 @@ class _Reader:
         return self.take(length)
 
     def done(self) -> None:
-        if self.position != len(self.data):
-            raise CommandError(f"{len(self.data) - self.position} trailing bytes")
+        if self.position != self.end:
+            raise CommandError(f"{self.end - self.position} trailing bytes")
+
+
+_MESSAGE_FIXED_B_BODY = struct.Struct(">qiqI")  # MESSAGE_FIXED_B and the body's length
 
 
 def _decode_messages(reader: _Reader) -> Messages:
-    (count,) = reader.unpack(U32)
-    if count > len(reader.data):
-        raise CommandError(f"message count {count} exceeds the payload")
-    messages = []
-    for _ in range(count):
-        topic = reader.string()
-        queue_id, flag, sys_flag, born_timestamp = reader.unpack(MESSAGE_FIXED_A)
-        (host_length,) = reader.unpack(U8)
-        born_host = reader.take(host_length)
-        store_timestamp, reconsume_times, prepared = reader.unpack(MESSAGE_FIXED_B)
-        body = reader.blob()
-        properties = reader.blob()
-        messages.append(MessageInput(topic, queue_id, flag, sys_flag, born_timestamp, born_host, store_timestamp,
-                                     reconsume_times, prepared, body, properties))
+    """The hot path of a follower's apply: offsets computed from declared lengths, one ``unpack_from``
+    per fixed part. A slice past the end is shorter than declared, so the position then ends up past the
+    end and the whole operation is refused as truncated."""
+    data = reader.data
+    end = reader.end
+    position = reader.position
+    unpack_u16 = U16.unpack_from
+    unpack_u32 = U32.unpack_from
+    unpack_a = MESSAGE_FIXED_A.unpack_from
+    unpack_b = _MESSAGE_FIXED_B_BODY.unpack_from
+    messages: list[MessageInput] = []
+    append = messages.append
+    try:
+        (count,) = unpack_u32(data, position)
+        position += 4
+        if count > end:
+            raise CommandError(f"message count {count} exceeds the payload")
+        for _ in range(count):
+            (topic_length,) = unpack_u16(data, position)
+            topic_end = position + 2 + topic_length
+            topic = data[position + 2 : topic_end].decode()
+            queue_id, flag, sys_flag, born_timestamp = unpack_a(data, topic_end)
+            host_start = topic_end + 21
+            position = host_start + data[topic_end + 20]
+            born_host = data[host_start:position]
+            store_timestamp, reconsume_times, prepared, body_length = unpack_b(data, position)
+            body_start = position + 24
+            body_end = body_start + body_length
+            (properties_length,) = unpack_u32(data, body_end)
+            position = body_end + 4 + properties_length
+            append(MessageInput(topic, queue_id, flag, sys_flag, born_timestamp, born_host, store_timestamp,
+                                reconsume_times, prepared, data[body_start:body_end], data[body_end + 4 : position]))
+    except (struct.error, IndexError) as exc:
+        raise CommandError(f"truncated command: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise CommandError("string is not UTF-8") from exc
+    if position > end:
+        raise CommandError(f"truncated command: messages end at {position} of {end} bytes")
+    reader.position = position
     return Messages(tuple(messages))
 
 
@@ -314,7 +353,7 @@ def _decode_operation(op_type: int, reader: _Reader) -> Operation:
         return _decode_messages(reader)
     if op_type == OpType.CONSUMER_OFFSETS:
         (count,) = reader.unpack(U32)
-        if count > len(reader.data):
+        if count > reader.end:
             raise CommandError(f"offset count {count} exceeds the payload")
         offsets = []
         for _ in range(count):
@@ -364,22 +403,23 @@ def decode_command(data: bytes) -> Command:
         raise CommandError(f"unsupported command version {version}")
     if flags & ~FLAG_LZ4:
         raise CommandError(f"unknown command flags {flags:#x}")
-    body = data[2:]
     if flags & FLAG_LZ4:
-        if len(body) < 4 or int.from_bytes(body[:4], "little") > COMMAND_BYTES_MAX:
+        if len(data) < 6 or int.from_bytes(data[2:6], "little") > COMMAND_BYTES_MAX:
             raise CommandError("compressed command claims an impossible size")
         try:
-            body = bytes(lz4.block.decompress(body))
+            reader = _Reader(bytes(lz4.block.decompress(memoryview(data)[2:])))
         except lz4.block.LZ4BlockError as exc:
             raise CommandError(f"corrupt lz4 body: {exc}") from exc
-    reader = _Reader(body)
+    else:
+        reader = _Reader(data, 2)
     (count,) = reader.unpack(U32)
-    if count > len(body):
+    if count > reader.end:
         raise CommandError(f"operation count {count} exceeds the command")
     operations = []
     for _ in range(count):
         op_type, length = reader.unpack(OP_HEAD)
-        payload = _Reader(reader.take(length))
+        start = reader.skip(length)  # the payload is read in place
+        payload = _Reader(reader.data, start, start + length)
         operations.append(_decode_operation(op_type, payload))
         payload.done()
     reader.done()

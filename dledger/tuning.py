@@ -18,6 +18,7 @@ stays clear of the trap. :func:`entry_size_max_bytes` recovers the limit from a 
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -169,3 +170,17 @@ def tuned_conf(
     except AssertionError as error:
         raise ValueError(f"SyncObjConf rejected the combination: {error!r}") from error
     return conf
+
+
+#: allocations between young-generation collections (CPython's default is 700)
+GC_YOUNG_THRESHOLD: Final = 50_000
+
+
+def tune_process_gc() -> None:
+    """For a member process, once it has started: move what start-up built out of the collector's sight
+    (``gc.freeze``) and collect the young generation every 50,000 allocations instead of 700. A send
+    allocates a few dozen short-lived objects, so the default ran a collection every ~20 sends; measured
+    on the replication benchmark, the leader spent ~15% of its CPU in the collector. Reference cycles are
+    still collected, just less often."""
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, 20, 20)

@@ -15,17 +15,19 @@ import functools
 import json
 import logging
 import os
+import random
 import sys
 import threading
 import time
-from concurrent.futures import Future
 from pathlib import Path
 
-from commitlog.message import MessageInput, encode_host, encode_properties
+from commitlog.message import MessageInput, encode_host
 from commitlog.store import AppendResult, AppendStatus
 from dledger.config import NodeConfig
+from dledger.future import AppendFuture
 from dledger.group_commit import AppendError
 from dledger.member import GroupMember
+from dledger.tuning import tune_process_gc
 
 QUEUES = 4
 IN_FLIGHT_MAX = int(os.environ.get("RAFTMQ_TEST_IN_FLIGHT", "256"))
@@ -33,15 +35,20 @@ IN_FLIGHT_MAX = int(os.environ.get("RAFTMQ_TEST_IN_FLIGHT", "256"))
 REQUEST_MESSAGES = int(os.environ.get("RAFTMQ_TEST_REQUEST_MESSAGES", "1"))
 #: messages per second the load submits (0: as fast as the in-flight bound allows)
 RATE = float(os.environ.get("RAFTMQ_TEST_RATE", "0"))
-BODY = bytes(range(256)) * 4  # 1 KiB
+#: random 1 KiB bodies (fixed seed), each entry's worth distinct: a batch does not compress (lz4's window is
+#: 64 KiB), as with real payloads
+_RANDOM = random.Random(7)
+BODIES = tuple(_RANDOM.randbytes(1024) for _ in range(512))
 
 
-def message(node: str, sequence: int, body: bytes = BODY) -> MessageInput:
-    return MessageInput(
-        topic="ReplicationTest", queue_id=sequence % QUEUES, flag=0, sys_flag=0, born_timestamp=sequence,
-        born_host=encode_host("127.0.0.1", 1), store_timestamp=0, reconsume_times=0, prepared_transaction_offset=0,
-        body=body, properties=encode_properties({"UNIQ_KEY": f"{node}-{sequence}", "TAGS": "t"}),
-    )
+BORN_HOST = encode_host("127.0.0.1", 1)
+
+
+def message(node: str, sequence: int, body: bytes | None = None) -> MessageInput:
+    # built the way a remoting decoder hands a send over: fields as they came, properties as encoded bytes
+    return MessageInput("ReplicationTest", sequence % QUEUES, 0, 0, sequence, BORN_HOST, 0, 0, 0,
+                        BODIES[sequence % len(BODIES)] if body is None else body,
+                        b"UNIQ_KEY\x01%s-%d\x02TAGS\x01t\x02" % (node.encode(), sequence))
 
 
 class Load:
@@ -84,7 +91,7 @@ class Load:
                 continue
             future.add_done_callback(functools.partial(self.done, sequence, started))
 
-    def done(self, sequence: int, started: float, future: Future[tuple[AppendResult, ...]]) -> None:
+    def done(self, sequence: int, started: float, future: AppendFuture[tuple[AppendResult, ...]]) -> None:
         self.slots.release()
         latency = time.monotonic() - started
         try:
@@ -110,6 +117,7 @@ def main() -> None:
         sys.setswitchinterval(float(os.environ["RAFTMQ_TEST_SWITCH_INTERVAL"]))
     config = NodeConfig.from_toml(Path(sys.argv[1]))
     member = GroupMember(config)
+    tune_process_gc()
     load = Load(member, Path(sys.argv[2]))
     for line in sys.stdin:
         command = line.split()

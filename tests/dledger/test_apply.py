@@ -11,6 +11,7 @@ from dledger.apply import (
     TIMER_DELIVER_KEY,
     TIMER_RELEASE_MAX,
     UNIQ_KEY_WINDOW_MS,
+    ApplyResult,
     StateMachine,
 )
 from dledger.command import (
@@ -253,3 +254,47 @@ def test_timers_release_once_in_chunks_and_late_ones_at_once(tmp_path: Path) -> 
     assert all(m.store_timestamp >= due_second * 1000 - 999 for m in released[1:])
     assert sm.state.timer_progress["timer"] == due_second
     assert data_bytes(tmp_path / "a") == data_bytes(tmp_path / "b")
+
+
+def test_incompressible_entries_stop_lz4_attempts_for_a_while_then_try_again() -> None:
+    import random
+    import threading
+    from collections.abc import Callable
+
+    from dledger.command import FLAG_LZ4, decode_command
+    from dledger.config import GroupCommitSettings
+    from dledger.group_commit import COMPRESS_RETRY_ENTRIES, GroupCommitter
+
+    proposed: list[bytes] = []
+    arrived = threading.Semaphore(0)
+
+    def propose(data: bytes, callback: Callable[[ApplyResult | None, int], None], own: object) -> None:
+        proposed.append(data)
+        callback(None, 5)  # done with it (as a leader change): frees the in-flight slot
+        arrived.release()
+
+    rng = random.Random(3)
+    committer = GroupCommitter(GroupCommitSettings(linger_ms=0), propose, lambda: (True, None), entry_bytes_max=1 << 20)
+    try:
+        # one submit per entry: each waits for the previous entry to be proposed
+        bodies = [rng.randbytes(8192) for _ in range(COMPRESS_RETRY_ENTRIES + 2)] + [b"a" * 8192] * 2
+        for number, body in enumerate(bodies):
+            committer.submit([message(number, body=body)])
+            assert arrived.acquire(timeout=30)
+    finally:
+        committer.stop()
+    flags = [data[1] & FLAG_LZ4 for data in proposed]
+    # random: tried once, then COMPRESS_RETRY_ENTRIES sent as is; the next attempt fails again (random);
+    # the compressible bodies after that are sent as is until the pause ends
+    assert flags == [0] * len(bodies)
+    decoded = [decode_command(data).operations[0] for data in proposed]
+    assert [operation.messages[0].body for operation in decoded if isinstance(operation, Messages)] == bodies
+    committer = GroupCommitter(GroupCommitSettings(linger_ms=0), propose, lambda: (True, None), entry_bytes_max=1 << 20)
+    proposed.clear()
+    try:
+        for number, body in enumerate([rng.randbytes(8192)] + [b"a" * 8192] * (COMPRESS_RETRY_ENTRIES + 1)):
+            committer.submit([message(number, body=body)])
+            assert arrived.acquire(timeout=30)
+    finally:
+        committer.stop()
+    assert [data[1] & FLAG_LZ4 for data in proposed] == [0] * (COMPRESS_RETRY_ENTRIES + 1) + [FLAG_LZ4]

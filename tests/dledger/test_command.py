@@ -110,3 +110,15 @@ def test_mutations_only_raise_command_error(command: Command, data: st.DataObjec
 def test_random_bytes_only_raise_command_error(data: bytes) -> None:
     with contextlib.suppress(CommandError):
         decode_command(data)
+
+
+def test_every_truncation_of_a_messages_command_is_refused() -> None:
+    batch = tuple(
+        MessageInput("Topic", i, 0, 0, i, bytes(8 if i % 2 else 20), 7, 0, 0, bytes([i]) * (i * 13), b"K\x01v\x02")
+        for i in range(6)
+    )
+    encoded = encode_command(Command((Messages(batch),)), compress=False)
+    assert decode_command(encoded) == Command((Messages(batch),))
+    for cut in range(len(encoded)):
+        with pytest.raises(CommandError):
+            decode_command(encoded[:cut])

@@ -1,0 +1,69 @@
+"""A filter in front of the key index for one question: "was a key with this hash stored at or after
+store time T?" (the UNIQ_KEY dedupe of retried sends asks it for every send).
+
+Answers are "maybe" or "no". "No" is exact: every key hash the store indexed since this process opened the
+store is in the filter, so a "no" skips a key-index lookup whose answer would have been empty. "Maybe"
+(a true hit or a false positive, a few percent) means: look it up. The filter therefore never changes what
+a lookup returns, only how often the index is read, and replicas stay deterministic whatever their filters
+hold.
+
+Two bitmaps of 2^25 bits (4 MiB each): keys go into the current one; once a question asks about a time after
+the current bitmap's oldest key, nothing in the previous bitmap can matter any more, so it is
+dropped and the current one becomes the previous (strictly after: keys of the previous bitmap may carry
+that very stamp). Keys stored before the store was opened are not in the
+filter: a question about a time not after the newest of them (``floor``, the first stamp added after
+opening, which no earlier stamp exceeds: store timestamps never decrease in log order) is answered
+"maybe", and so is one about a time not after what a dropped bitmap held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+BITS_LOG2 = 25
+_MASK = (1 << BITS_LOG2) - 1
+
+
+class RecentKeys:
+    __slots__ = ("_current", "_current_oldest", "_previous", "floor")
+
+    def __init__(self) -> None:
+        self._current = bytearray(1 << (BITS_LOG2 - 3))
+        self._previous = bytearray(1 << (BITS_LOG2 - 3))
+        #: the smallest stamp added to the current bitmap (None: empty)
+        self._current_oldest: int | None = None
+        #: keys stored at or before this stamp may be missing (stored before the filter started, or dropped
+        #: with a previous bitmap)
+        self.floor: int | None = None
+
+    def add(self, entries: Iterable[tuple[int, int, int]]) -> None:
+        """Record key-index entries: (key hash, physical offset, store timestamp ms)."""
+        current = self._current
+        oldest = self._current_oldest
+        for key_hash, _, stamp in entries:
+            mixed = (key_hash * 0x9E3779B1) >> 7 & _MASK  # spread CRC bits over the bitmap
+            current[mixed >> 3] |= 1 << (mixed & 7)
+            if oldest is None or stamp < oldest:
+                oldest = stamp
+        self._current_oldest = oldest
+        if self.floor is None and oldest is not None:
+            self.floor = oldest
+
+    def authoritative(self, since_timestamp: int) -> bool:
+        """Whether "no" answers are exact for keys stored at or after ``since_timestamp``; rotates the
+        bitmaps when the previous one can no longer matter."""
+        if self.floor is None or since_timestamp <= self.floor:
+            return False
+        if self._current_oldest is not None and since_timestamp > self._current_oldest:
+            # the dropped bitmap's keys carry stamps up to the current one's oldest: a later question about
+            # a time not after it gets "maybe" again
+            self.floor = max(self.floor, self._current_oldest)
+            self._previous, self._current = self._current, self._previous
+            self._current[:] = bytes(len(self._current))
+            self._current_oldest = None
+        return True
+
+    def maybe(self, key_hash: int) -> bool:
+        mixed = (key_hash * 0x9E3779B1) >> 7 & _MASK
+        byte, bit = mixed >> 3, 1 << (mixed & 7)
+        return bool(self._current[byte] & bit or self._previous[byte] & bit)

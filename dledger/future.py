@@ -1,0 +1,102 @@
+"""A lightweight future for appends: one per send on the leader's hot path.
+
+``concurrent.futures.Future`` builds a ``threading.Condition`` (and its ``RLock``) per instance and takes
+it on every call; with one future per send that was ~15% of the leader's CPU. :class:`AppendFuture` has
+the part of its interface that appends need (``done``, ``result``, ``exception``, ``add_done_callback``,
+``set_result``, ``set_exception``), shares one module lock for its short critical sections and creates an
+``Event`` only for a caller that actually blocks in ``result``/``exception`` before it is done.
+
+Callbacks run on the thread that completes the future (or at once, on the caller's thread, when it is
+already done), like ``concurrent.futures``; an exception from a callback is logged, never propagated.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_LOCK = threading.Lock()
+_PENDING = object()
+
+
+class InvalidStateError(RuntimeError):
+    """The future was completed twice."""
+
+
+class AppendFuture(Generic[T]):
+    __slots__ = ("_callbacks", "_error", "_event", "_value")
+
+    def __init__(self) -> None:
+        self._value: object = _PENDING
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[AppendFuture[T]], object]] | None = None
+        self._event: threading.Event | None = None
+
+    def done(self) -> bool:
+        return self._value is not _PENDING
+
+    def _wait(self, timeout: float | None) -> None:
+        if self._value is not _PENDING:
+            return
+        with _LOCK:
+            if self._value is not _PENDING:
+                return
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        if not event.wait(timeout):
+            raise TimeoutError(f"not done within {timeout} s")
+
+    def result(self, timeout: float | None = None) -> T:
+        """The result, waiting up to ``timeout`` seconds (``TimeoutError``); raises the future's error."""
+        self._wait(timeout)
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]  # set by set_result: a T
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._wait(timeout)
+        return self._error
+
+    def add_done_callback(self, callback: Callable[[AppendFuture[T]], object]) -> None:
+        if self._value is _PENDING:
+            with _LOCK:
+                if self._value is _PENDING:
+                    if self._callbacks is None:
+                        self._callbacks = [callback]
+                    else:
+                        self._callbacks.append(callback)
+                    return
+        self._run(callback)
+
+    def set_result(self, value: T) -> None:
+        self._complete(value, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._complete(None, error)
+
+    def _complete(self, value: object, error: BaseException | None) -> None:
+        with _LOCK:
+            if self._value is not _PENDING:
+                raise InvalidStateError("the future is already done")
+            self._error = error
+            self._value = value
+            callbacks, self._callbacks = self._callbacks, None
+            event = self._event
+        if event is not None:
+            event.set()
+        if callbacks is not None:
+            for callback in callbacks:
+                self._run(callback)
+
+    def _run(self, callback: Callable[[AppendFuture[T]], object]) -> None:
+        try:
+            callback(self)
+        except Exception:
+            log.exception("an append future's callback failed")

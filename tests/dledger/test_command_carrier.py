@@ -1,0 +1,65 @@
+"""Commands reach pysyncobj's log as raw bytes; entries of the older int carrier still apply.
+
+Three members in this process: one command proposed each way, both applied in order on every member (the
+leader's own entry from its remembered decoded form), and the stores byte-identical."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from commitlog.message import MessageInput, encode_host
+from dledger.apply import ApplyResult
+from dledger.command import encode_messages_command
+from dledger.config import NodeConfig
+from dledger.member import RAW_COMMAND_PREFIX, GroupMember, encode_payload
+from tests.dledger.group import SECRET
+from tests.support import free_ports, wait_for
+
+
+def message(sequence: int) -> MessageInput:
+    return MessageInput("Carrier", 0, 0, 0, sequence, encode_host("127.0.0.1", 1), 0, 0, 0, bytes([sequence]) * 300,
+                        b"UNIQ_KEY\x01carrier-%d\x02" % sequence)
+
+
+def test_raw_and_int_carried_commands_both_apply_in_order(tmp_path: Path) -> None:
+    ports = free_ports(6)
+    addresses = [(f"n{i}", f"127.0.0.1:{ports[2 * i]}", f"127.0.0.1:{ports[2 * i + 1]}") for i in range(3)]
+    members: list[GroupMember] = []
+    try:
+        for node_id, raft_address, catchup_address in addresses:
+            lines = ["[node]", f'id = "{node_id}"', f'raft_address = "{raft_address}"',
+                     f'catchup_address = "{catchup_address}"', f'data_dir = "{tmp_path / node_id}"',
+                     f'secret = "{SECRET}"']
+            for other_id, other_raft, other_catchup in addresses:
+                if other_id != node_id:
+                    lines += ["[[peers]]", f'id = "{other_id}"', f'raft_address = "{other_raft}"',
+                              f'catchup_address = "{other_catchup}"']
+            (tmp_path / f"{node_id}.toml").write_text("\n".join(lines) + "\n")
+            members.append(GroupMember(NodeConfig.from_toml(tmp_path / f"{node_id}.toml")))
+        leader = wait_for(lambda: next((m for m in members if m.is_leader), None), 60, "a leader")
+        applied: list[tuple[ApplyResult | None, int]] = []
+        done = threading.Event()
+
+        def on_result(result: ApplyResult | None, reason: int) -> None:
+            applied.append((result, reason))
+            done.set()
+
+        older = encode_messages_command([message(1)], store_timestamp=1_000)
+        leader.raft.apply_command(encode_payload(older), callback=on_result)  # as earlier versions proposed
+        assert done.wait(30)
+        (result,) = leader.append([message(2)]).result(timeout=30)  # the raw path, with the own shortcut
+        assert [reason for _, reason in applied] == [0]
+        first = applied[0][0]
+        assert first is not None and first.message_results and first.message_results[0][0].queue_offset == 0
+        assert result.queue_offset == 1
+        end = leader.store.max_physical_offset
+        wait_for(lambda: all(m.store.max_physical_offset == end for m in members), 30, "every member to apply both")
+        for member in members:  # followers decoded both carriers to the same records
+            stored = [member.store.read_message(r.physical_offset) for r in (first.message_results[0][0], result)]
+            assert [m.body for m in stored] == [bytes([1]) * 300, bytes([2]) * 300]
+            assert member.store.read_committed(0, end) == leader.store.read_committed(0, end)
+        assert RAW_COMMAND_PREFIX[0] == 0  # pysyncobj's REGULAR command type: its own checks pass it through
+    finally:
+        for member in members:
+            member.stop()
