@@ -171,6 +171,15 @@ class KeyIndex:
                 break
         return found
 
+    def newest_timestamp(self) -> int | None:
+        """The store timestamp (ms) of the newest entry, from its file's header (None: no entries). Undone
+        entries leave it as it was, so it never understates."""
+        for index_file in reversed(self.files):
+            if index_file.entry_count:
+                (timestamp,) = TAIL.unpack_from(index_file.file.map, END_POSITION + 16)
+                return int(timestamp)
+        return None
+
     def undo_from(self, physical_offset: int) -> None:
         """Remove entries pointing at or after ``physical_offset``, newest first (recovery of a cut tail)."""
         while self.files:

@@ -11,9 +11,10 @@ Two bitmaps of 2^25 bits (4 MiB each): keys go into the current one; once a ques
 the current bitmap's oldest key, nothing in the previous bitmap can matter any more, so it is
 dropped and the current one becomes the previous (strictly after: keys of the previous bitmap may carry
 that very stamp). Keys stored before the store was opened are not in the
-filter: a question about a time not after the newest of them (``floor``, the first stamp added after
-opening, which no earlier stamp exceeds: store timestamps never decrease in log order) is answered
-"maybe", and so is one about a time not after what a dropped bitmap held.
+filter: a question about a time not after the newest of them (``floor``: the store sets it to its
+index's newest entry when it opens; left unset, the first stamp added, which no earlier stamp exceeds as
+store timestamps never decrease in log order) is answered "maybe", and so is one about a time not after
+what a dropped bitmap held.
 """
 
 from __future__ import annotations

@@ -210,6 +210,9 @@ class MessageStore:
         #: end of raw bytes copied from a peer and not yet dispatched (-1: none)
         self._ingested_end = -1
         self._recover()
+        # keys indexed before now are not in the filter: it may deny only keys stored after the newest
+        newest = self.index.newest_timestamp()
+        self._recent_keys.floor = -1 if newest is None else newest
         if config.flush_policy == "async" and background_flush:
             self._flusher = threading.Thread(target=self._flush_loop, name="store-flush", daemon=True)
             self._flusher.start()

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 from commitlog.recent_keys import RecentKeys
+from commitlog.store import MessageStore
+from tests.commitlog.helpers import message, small_config
 
 
 def test_no_false_negatives_across_rotations_against_a_model() -> None:
@@ -38,3 +41,26 @@ def test_keys_from_before_the_filter_started_are_never_denied() -> None:
     assert not recent.authoritative(5_000)  # keys stored before opening may carry the first stamp
     assert recent.authoritative(5_001)
     assert recent.maybe(1)
+
+
+def test_the_store_finds_retried_sends_across_a_reopen_and_after_it(tmp_path: Path) -> None:
+    first = message(1)._replace(store_timestamp=1_000_000)
+    store = MessageStore(small_config(tmp_path))
+    store.append(1, [first])
+    assert store.index.newest_timestamp() == 1_000_000
+    store.close()
+    store = MessageStore(small_config(tmp_path))
+    try:
+        uniq = b"C0A8000A9CB3" + b"%020X" % 1
+        # stored before the reopen: not in the filter, found through the index all the same
+        found = store.find_recent_send("TopicTest", uniq, 0, 999_000)
+        assert found is not None and found.physical_offset == 0
+        # after the newest stored stamp the filter answers; a send stored after the reopen is found
+        second = message(2)._replace(store_timestamp=1_000_500)
+        store.append(2, [second])
+        uniq2 = b"C0A8000A9CB3" + b"%020X" % 2
+        assert store.find_recent_send("TopicTest", uniq2, 0, 1_000_001) is not None
+        assert store.find_recent_send("TopicTest", b"never-sent", 0, 1_000_001) is None
+        assert store.find_recent_send("TopicTest", uniq, 0, 1_000_001) is None  # older than asked
+    finally:
+        store.close()
