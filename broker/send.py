@@ -9,6 +9,7 @@ with its real topic and queue in REAL_TOPIC / REAL_QID, and delivered later by t
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 from typing import Final
@@ -261,7 +262,9 @@ class SendProcessor:
         return make_response(request, ResponseCode.SUCCESS, None, fields)
 
 
+@functools.lru_cache(maxsize=4096)
 def _born_host(remote_address: str) -> bytes:
+    """The encoded born host of a connection's peer (cached: every send of a connection asks)."""
     host, _, port = remote_address.rpartition(":")
     try:
         return encode_host(host.strip("[]"), int(port))

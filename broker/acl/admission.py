@@ -33,6 +33,15 @@ def properties_problem(request: RemotingCommand, count_max: int = PROPERTIES_COU
     anyway is left to it (it answers with the precise reason)."""
     if request.code not in _SEND_CODES:
         return None
+    if request.code != RequestCode.SEND_BATCH_MESSAGE:
+        # the common case without parsing the header (the send processor does that): pairs end with \x02,
+        # so a properties string with few of them cannot hold too many pairs
+        v2 = request.code == RequestCode.SEND_MESSAGE_V2
+        fields = request.ext_fields
+        batch = fields.get("m" if v2 else "batch")
+        raw = fields.get("i" if v2 else "properties")
+        if (batch is None or batch.lower() != "true") and (raw is None or raw.count("\x02") < count_max):
+            return None
     try:
         header = SendHeader.parse(request.ext_fields, request.code == RequestCode.SEND_MESSAGE_V2)
     except RequestError:
