@@ -87,6 +87,17 @@ def test_properties_count_limit() -> None:
     # a header the send processor would refuse is left to it (it names the field)
     assert properties_problem(make_request(RequestCode.SEND_MESSAGE, 1, {"topic": "t"})) is None
     assert properties_problem(make_request(RequestCode.PULL_MESSAGE, 1, {})) is None
+    # the same limits with SEND_MESSAGE_V2's one-letter field names (i: properties, m: batch)
+    exactly = {f"k{index}": "v" for index in range(PROPERTIES_COUNT_MAX)}
+    for properties, refused in ((many, True), (exactly, False)):
+        fields = send_fields("orders", properties=properties)
+        v2 = {"b": fields["topic"], "a": fields["producerGroup"], "i": fields["properties"], "e": "0", "f": "0",
+              "g": "0", "h": "0", "j": "0", "d": "4", "c": "TBW102"}
+        assert (properties_problem(make_request(RequestCode.SEND_MESSAGE_V2, 1, v2)) is not None) is refused
+    v2_batch = {"b": "orders", "a": "g", "i": "", "e": "0", "f": "0", "g": "0", "h": "0", "j": "0", "d": "4",
+                "c": "TBW102", "m": "true"}
+    assert "batch message 1" in (properties_problem(make_request(RequestCode.SEND_MESSAGE_V2, 1, v2_batch, batch))
+                                 or "")
 
 
 def test_admission_checks_acl_before_limits() -> None:
