@@ -49,11 +49,12 @@ class BrokerContext:
         self.member = member
         self.random = rng if rng is not None else random.Random()
         self.wall_clock_ms = wall_clock_ms or (lambda: time.time_ns() // 1_000_000)
-        #: Raft address -> listen address of each member (to name the leader to clients)
-        self.listen_by_raft = {node.raft_address: config.listen_address}
+        #: Raft address -> the address clients reach each member at (its advertised address: this member's
+        #: from its own config, the others' from ``peer_addresses``), to name the leader to clients
+        self.client_address_by_raft = {node.raft_address: config.announced_address}
         for peer in node.peers:
             if peer.id in config.peer_addresses:
-                self.listen_by_raft[peer.raft_address] = config.peer_addresses[peer.id]
+                self.client_address_by_raft[peer.raft_address] = config.peer_addresses[peer.id]
         self._topic_creations: dict[str, asyncio.Future[TopicConfig]] = {}
         self._completions = _Completions()
         #: called after a topic is created or changed here (re-register with the name servers)
@@ -71,11 +72,11 @@ class BrokerContext:
 
     def leader_address(self) -> str | None:
         raft_leader = self.member.status().leader if not self.member.is_leader else self.node.raft_address
-        return None if raft_leader is None else self.listen_by_raft.get(raft_leader)
+        return None if raft_leader is None else self.client_address_by_raft.get(raft_leader)
 
     def not_leader(self, leader: str | None = None) -> RequestError:
-        address = self.listen_by_raft.get(leader) if leader else self.leader_address()
-        remark = f"broker {self.config.listen_address} is not the leader of {self.config.broker_name}"
+        address = self.client_address_by_raft.get(leader) if leader else self.leader_address()
+        remark = f"broker {self.config.announced_address} is not the leader of {self.config.broker_name}"
         if address:
             remark += f"; the leader is {address}"
         return RequestError(ResponseCode.SERVICE_NOT_AVAILABLE, remark,
