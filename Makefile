@@ -34,7 +34,7 @@ bench: $(STAMP)
 
 # every chaos scenario for several minutes each (a soak run, not part of make test)
 CHAOS_SCENARIOS := kill-leader pause-leader partition-leader partition-random kill-all-restart wipe-follower \
-	slow-link disk-full corrupt-follower mixed
+	slow-link disk-full corrupt-follower partition-client-leader client-link-reset slow-client-link mixed
 CHAOS_DURATION ?= 300
 CHAOS_SEED ?= 1
 

@@ -113,10 +113,11 @@ class AdminProcessor:
         return {
             "nodeId": status.node_id,
             "brokerName": broker.config.broker_name,
-            "brokerAddress": broker.config.listen_address,
+            "brokerAddress": broker.config.announced_address,
+            "listenAddress": broker.config.listen_address,
             "brokerRole": "LEADER" if status.role == "leader" else status.role.upper(),
             "raftTerm": str(status.term),
-            "raftLeader": broker.listen_by_raft.get(status.leader or "", status.leader or ""),
+            "raftLeader": broker.client_address_by_raft.get(status.leader or "", status.leader or ""),
             "commitIndex": str(status.commit_index),
             "appliedIndex": str(status.applied_index),
             "commitLogMaxOffset": str(status.commit_log_max_offset),

@@ -3,15 +3,23 @@
 One TOML file per node (``raftmq broker --config node.toml``)::
 
     [broker]
-    listen_address = "127.0.0.1:10911"         # the remoting port clients use
+    listen_address = "127.0.0.1:10911"         # the remoting port this broker serves on
+    advertised_address = "10.0.0.5:10911"       # optional: the address clients are told (default: listen_address)
     broker_name = "broker-a"                    # the group's name: the same on every member
     cluster_name = "DefaultCluster"
     namesrv = ["127.0.0.1:9876"]
     broker_id = 1                               # the id this member registers with while a follower
-    peer_addresses = { n1 = "127.0.0.1:10921", n2 = "127.0.0.1:10931" }   # the others' listen addresses
+    peer_addresses = { n1 = "127.0.0.1:10921", n2 = "127.0.0.1:10931" }   # the others' advertised addresses
     acl_file = "acl.toml"                       # optional: RocketMQ plain ACL (broker.acl.config); off if unset
     tls_cert_file = "broker.pem"                # optional, with tls_key_file: TLS on the remoting port
     tls_key_file = "broker.key"
+
+``advertised_address`` is the address that names this broker to clients: it is registered with the name
+servers (brokerAddr, haServerAddr), reported by admin requests, and handed out by the other members as
+``leaderAddress`` when they refuse a write; set it when clients reach the broker through something else
+than its listen address (NAT, a load balancer, a proxy: the chaos runs put a Toxiproxy proxy in front of
+every broker). The server itself always listens on ``listen_address``. ``peer_addresses`` are therefore
+the other members' advertised addresses (their listen addresses when they advertise none).
 
 Relative file names are read from the node file's directory. The file named by ``acl_file`` must exist
 and be valid when the node starts; afterwards it is reloaded on change (broker.acl.reloader).
@@ -45,12 +53,15 @@ DEFAULT_DELAY_LEVELS_SECONDS: tuple[int, ...] = (
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
     listen_address: str
+    #: the address clients are given for this broker; empty: ``listen_address`` (see :attr:`announced_address`)
+    advertised_address: str = ""
     broker_name: str = "broker-a"
     cluster_name: str = "DefaultCluster"
     namesrv: tuple[str, ...] = ()
     #: the id this member registers under while it is a follower (the leader registers as 0)
     broker_id: int = 1
-    #: member id -> that member's listen address (so a follower can name the leader's)
+    #: member id -> the address clients reach that member at (its advertised address), so a follower
+    #: can name the leader to a client
     peer_addresses: Mapping[str, str] = field(default_factory=dict)
     #: create a topic on its first send (RocketMQ's autoCreateTopicEnable)
     auto_create_topic: bool = True
@@ -90,8 +101,18 @@ class BrokerConfig:
     #: a connection with no whole frame either way for this long is closed (slow-loris, half-open peers)
     remoting_idle_timeout_seconds: float = 120.0
 
+    @property
+    def announced_address(self) -> str:
+        """The address that names this broker to clients: ``advertised_address``, else ``listen_address``."""
+        return self.advertised_address or self.listen_address
+
     def validate(self) -> BrokerConfig:
         parse_address(self.listen_address, "broker.listen_address")
+        if self.advertised_address != "":
+            host, _ = parse_address(self.advertised_address, "broker.advertised_address")
+            if host == "0.0.0.0":
+                raise ConfigError("broker.advertised_address must be an address clients can connect to, "
+                                  f"not the wildcard {self.advertised_address!r}")
         for position, address in enumerate(self.namesrv):
             parse_address(address, f"broker.namesrv[{position}]")
         for member, address in self.peer_addresses.items():
@@ -144,6 +165,9 @@ class BrokerConfig:
             raise ConfigError(f"unknown key(s) in broker: {', '.join(unknown)}")
         if not isinstance(values.get("listen_address"), str):
             raise ConfigError("broker.listen_address is required and must be 'host:port'")
+        if "advertised_address" in values and values["advertised_address"] == "":
+            raise ConfigError("broker.advertised_address must be 'host:port' (leave it out to advertise "
+                              "listen_address)")
         arguments = dict(values)
         for name in ("namesrv", "delay_levels_seconds"):
             if name in arguments:

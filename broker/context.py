@@ -27,7 +27,7 @@ from broker.topics import (
 from commitlog.message import MessageInput
 from commitlog.store import AppendResult, MessageStore
 from dledger.apply import ApplyResult
-from dledger.command import Command, TopicConfig
+from dledger.command import Command, LeaderStamp, TopicConfig
 from dledger.config import NodeConfig
 from dledger.future import AppendFuture
 from dledger.group_commit import (
@@ -49,13 +49,20 @@ class BrokerContext:
         self.member = member
         self.random = rng if rng is not None else random.Random()
         self.wall_clock_ms = wall_clock_ms or (lambda: time.time_ns() // 1_000_000)
-        #: Raft address -> listen address of each member (to name the leader to clients)
-        self.listen_by_raft = {node.raft_address: config.listen_address}
+        #: Raft address -> the address clients reach each member at (its advertised address: this member's
+        #: from its own config, the others' from ``peer_addresses``), to name the leader to clients
+        self.client_address_by_raft = {node.raft_address: config.announced_address}
         for peer in node.peers:
             if peer.id in config.peer_addresses:
-                self.listen_by_raft[peer.raft_address] = config.peer_addresses[peer.id]
+                self.client_address_by_raft[peer.raft_address] = config.peer_addresses[peer.id]
         self._topic_creations: dict[str, asyncio.Future[TopicConfig]] = {}
         self._completions = _Completions()
+        #: barriers asked for, the asks the last applied barrier covered, and the last failed barrier (the
+        #: asks it covered, its error): see :meth:`barrier`
+        self._barrier_requests = 0
+        self._barrier_covered = 0
+        self._barrier_failed: tuple[int, RequestError] | None = None
+        self._barrier_lock = asyncio.Lock()
         #: called after a topic is created or changed here (re-register with the name servers)
         self.on_topics_changed: Callable[[], None] = lambda: None
 
@@ -71,11 +78,11 @@ class BrokerContext:
 
     def leader_address(self) -> str | None:
         raft_leader = self.member.status().leader if not self.member.is_leader else self.node.raft_address
-        return None if raft_leader is None else self.listen_by_raft.get(raft_leader)
+        return None if raft_leader is None else self.client_address_by_raft.get(raft_leader)
 
     def not_leader(self, leader: str | None = None) -> RequestError:
-        address = self.listen_by_raft.get(leader) if leader else self.leader_address()
-        remark = f"broker {self.config.listen_address} is not the leader of {self.config.broker_name}"
+        address = self.client_address_by_raft.get(leader) if leader else self.leader_address()
+        remark = f"broker {self.config.announced_address} is not the leader of {self.config.broker_name}"
         if address:
             remark += f"; the leader is {address}"
         return RequestError(ResponseCode.SERVICE_NOT_AVAILABLE, remark,
@@ -84,6 +91,31 @@ class BrokerContext:
     def require_leader(self) -> None:
         if not self.member.is_leader:
             raise self.not_leader()
+
+    async def barrier(self) -> None:
+        """Return once this leader has applied a command of its own proposed after the call began: it has
+        then applied everything any member had applied before the call. A leader's store can be behind
+        what a consumer already read elsewhere: a new leader may still be applying its predecessor's last
+        entries, and a follower may apply an entry before the leader does. Calls that overlap share one
+        proposal (at most one in flight): the next proposal covers every call made until it starts, and
+        its failure fails them all. Raises :class:`RequestError` when this member is not the leader or the
+        outcome is unknown."""
+        self._barrier_requests += 1
+        wanted = self._barrier_requests
+        async with self._barrier_lock:
+            if self._barrier_covered >= wanted:
+                return  # a barrier proposed after this call applied meanwhile
+            if self._barrier_failed is not None and self._barrier_failed[0] >= wanted:
+                error = self._barrier_failed[1]
+                raise RequestError(error.code, error.remark, error.ext_fields)
+            covering = self._barrier_requests
+            term = self.member.status().term
+            try:
+                await self.propose(Command((LeaderStamp(term, self.node.id, self.wall_clock_ms()),)))
+            except RequestError as error:
+                self._barrier_failed = (covering, error)
+                raise
+            self._barrier_covered = covering
 
     # ------------------------------------------------------------------ writes
 

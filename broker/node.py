@@ -212,7 +212,8 @@ async def serve(node: NodeConfig, config: BrokerConfig) -> None:
     stop_requested = asyncio.Event()
     for signal_number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signal_number, stop_requested.set)
-    print(json.dumps({"event": "listening", "node": node.id, "address": config.listen_address}), flush=True)
+    print(json.dumps({"event": "listening", "node": node.id, "address": config.listen_address,
+                      "advertised": config.announced_address}), flush=True)
     stopped = loop.create_task(broker_node.wait_server_stopped())
     requested = loop.create_task(stop_requested.wait())
     try:

@@ -60,6 +60,14 @@ def first_damaged(records: list[bytes]) -> int | None:
     return None
 
 
+def moves_offset(status: GetStatus, queue_offset: int) -> bool:
+    """Whether a leader answers ``status`` with PULL_OFFSET_MOVED because the offset is past what it holds
+    (an offset below the queue's minimum is moved too, but retention only ever raises the minimum)."""
+    if status is GetStatus.OFFSET_OVERFLOW_BADLY:
+        return True
+    return queue_offset != 0 and status in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE)
+
+
 class PullWaiters:
     """Pulls waiting for a queue to grow. ``notify`` runs on the event loop (after applies)."""
 
@@ -139,9 +147,20 @@ class PullProcessor:
         loop = asyncio.get_running_loop()
         suspend = header.sys_flag & PULL_SUSPEND
         deadline = loop.time() + min(header.suspend_timeout_millis, broker.config.long_polling_max_ms) / 1000
+        barrier_passed = False
         while True:
             result = broker.store.get_messages(header.topic, header.queue_id, header.queue_offset, count,
                                                broker.config.pull_bytes_max, codes)
+            if not barrier_passed and broker.member.is_leader and moves_offset(result.status, header.queue_offset):
+                # Before a leader moves a consumer (Java and C++ consumers adopt nextBeginOffset, often 0,
+                # and re-consume the queue), it makes sure it is not merely behind what the consumer read
+                # elsewhere: a new leader still applying its predecessor's entries, say.
+                try:
+                    await broker.barrier()
+                except RequestError:
+                    return self._response(request, header, result, is_leader=False)  # as a follower: retry
+                barrier_passed = True
+                continue
             waiting = result.status in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.OFFSET_OVERFLOW_ONE) or (
                 result.status is GetStatus.NO_MATCHED_LOGIC_QUEUE and header.queue_offset == 0)
             remaining = deadline - loop.time()

@@ -1,5 +1,6 @@
 """Registration with the name servers: the leader as brokerId 0 with the group's topics, followers under
-their own ids. Repeated every ``register_interval_seconds`` and at once on every role or topic change, so
+their own ids, under the address clients are to use (``advertised_address``, else the listen address).
+Repeated every ``register_interval_seconds`` and at once on every role or topic change, so
 clients see a new leader on their next route refresh (DESIGN: keep that window short on the server side).
 
 Each name server gets one long-lived connection: a name server forgets a broker whose connection closes.
@@ -68,9 +69,9 @@ class Registrar:
         body = RegisterBrokerBody(topic_configs=tuple(topics), data_version=DataVersion(0, counter)).encode()
         header = RegisterBrokerRequestHeader(
             broker_name=self.config.broker_name,
-            broker_address=self.config.listen_address,
+            broker_address=self.config.announced_address,
             cluster_name=self.config.cluster_name,
-            ha_server_address=self.config.listen_address,
+            ha_server_address=self.config.announced_address,
             broker_id=0 if is_leader else self.config.broker_id,
             body_crc32=java_crc32(body),
             raft_term=term if is_leader else None,
@@ -96,7 +97,7 @@ class Registrar:
 
     async def _unregister(self) -> None:
         is_leader, _, _, _ = self.snapshot()
-        fields = {"brokerName": self.config.broker_name, "brokerAddr": self.config.listen_address,
+        fields = {"brokerName": self.config.broker_name, "brokerAddr": self.config.announced_address,
                   "clusterName": self.config.cluster_name,
                   "brokerId": str(0 if is_leader else self.config.broker_id)}
         for address, client in list(self._clients.items()):

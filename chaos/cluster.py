@@ -1,5 +1,6 @@
-"""A local group for chaos runs: :class:`cli.cluster.LocalCluster`, optionally with every Raft link
-running through a Toxiproxy proxy, so that network faults can cut or slow any link.
+"""A local group for chaos runs: :class:`cli.cluster.LocalCluster`, optionally with every Raft link and
+every client-to-broker link running through a Toxiproxy proxy, so that network faults can cut or slow
+any link.
 
 Why one proxy per *pair* of members, and how identities stay consistent
 -----------------------------------------------------------------------
@@ -19,7 +20,18 @@ members' Raft ports the largest, in member order (``n2`` > ``n1`` > ``n0``: the 
 
 Every pair's traffic then crosses exactly one proxy (``raft_<dialer>_<acceptor>``), in both directions:
 cutting the proxies of a member's pairs isolates it, and cutting one proxy cuts one link, whatever the
-roles. Catch-up transfers (a wiped follower's raw copy) and client traffic are not proxied.
+roles. Catch-up transfers (a wiped follower's raw copy) are not proxied.
+
+Client links
+------------
+Each broker also gets a proxy in front of its remoting port (``<prefix>-client-<member>``, a
+:class:`ClientLink`): the broker keeps listening on its own address, and its ``advertised_address`` is
+the proxy's. That is what it registers with the name server and what the other members hand out as
+``leaderAddress`` (their ``peer_addresses``), so every client that finds brokers through the name server
+(the workload's producers and consumers) reaches them only through these proxies. The name server is not
+proxied, and neither are the runner's own probes (the leader monitor asks each member directly, so it
+sees the truth while a client link is cut). The group's ``store_host`` (inside every message id) is the
+first member's proxy too.
 """
 
 from __future__ import annotations
@@ -68,6 +80,19 @@ class RaftLink:
         return node_id in (self.dialer, self.acceptor)
 
 
+@dataclass(frozen=True, slots=True)
+class ClientLink:
+    """The proxy every client reaches one broker through."""
+
+    name: str
+    #: the member behind it
+    node_id: str
+    #: the proxy's address: the broker's advertised address (what the name server hands out)
+    listen: str
+    #: the broker's own listen address
+    upstream: str
+
+
 def assign_ports(ports: list[int], nodes: int) -> tuple[list[int], list[int], list[int]]:
     """(proxy ports, other ports, Raft ports): proxies first and Raft ports last in string order, so every
     proxy address compares below every member address (see the module doc)."""
@@ -92,12 +117,14 @@ def member_views(infos: list[NodeInfo], links: list[RaftLink]) -> dict[str, list
 
 
 class ChaosCluster:
-    """A started group (a :class:`LocalCluster` in ``local``) and its Raft proxies, if any."""
+    """A started group (a :class:`LocalCluster` in ``local``) and its proxies, if any: one per pair of
+    members (``links``) and one in front of each broker for its clients (``client_links``)."""
 
     def __init__(self, local: LocalCluster, links: tuple[RaftLink, ...] = (),
-                 toxiproxy: ToxiproxyHandle | None = None) -> None:
+                 toxiproxy: ToxiproxyHandle | None = None, client_links: tuple[ClientLink, ...] = ()) -> None:
         self.local = local
         self.links = links
+        self.client_links = client_links
         self.toxiproxy = toxiproxy
 
     @property
@@ -117,10 +144,21 @@ class ChaosCluster:
         return bool(self.links)
 
     def node_by_address(self, broker_address: str) -> str | None:
+        """The member at ``broker_address``: its listen address or the address its clients use."""
         for node in self.local.info.nodes:
-            if node.broker_address == broker_address:
+            if broker_address in (node.broker_address, node.client_address):
                 return node.id
         return None
+
+    def client_link(self, node_id: str) -> ClientLink:
+        """The proxy clients reach ``node_id`` through (a proxied cluster only)."""
+        for link in self.client_links:
+            if link.node_id == node_id:
+                return link
+        raise KeyError(f"no client link to {node_id!r} (proxied: {self.proxied})")
+
+    def client_links_to(self, node_ids: set[str]) -> list[ClientLink]:
+        return [link for link in self.client_links if link.node_id in node_ids]
 
     def links_between(self, group: set[str], others: set[str]) -> list[RaftLink]:
         """The links with one end in ``group`` and the other in ``others``."""
@@ -128,11 +166,16 @@ class ChaosCluster:
                 if (link.dialer in group and link.acceptor in others)
                 or (link.acceptor in group and link.dialer in others)]
 
+    @property
+    def proxy_names(self) -> list[str]:
+        return [link.name for link in self.links] + [link.name for link in self.client_links]
+
     def heal_links(self) -> None:
+        """Every proxy (Raft and client links) enabled and without toxics."""
         if self.toxiproxy is None:
             return
-        for link in self.links:
-            heal(self.toxiproxy, link.name)
+        for name in self.proxy_names:
+            heal(self.toxiproxy, name)
 
     def stop(self) -> None:
         """Stop the processes, then delete our proxies (a server we found keeps running)."""
@@ -140,9 +183,9 @@ class ChaosCluster:
             self.local.stop()
         finally:
             if self.toxiproxy is not None:
-                for link in self.links:
+                for name in self.proxy_names:
                     with contextlib.suppress(Exception):  # the server may be gone already
-                        delete_proxy(self.toxiproxy, link.name)
+                        delete_proxy(self.toxiproxy, name)
 
     def __enter__(self) -> ChaosCluster:
         return self
@@ -154,7 +197,8 @@ class ChaosCluster:
     def start(cls, data_dir: Path, nodes: int = 3, toxiproxy: ToxiproxyHandle | None = None,
               overrides: dict[str, dict[str, Any]] | None = None,
               timeout_seconds: float = START_TIMEOUT_SECONDS) -> ChaosCluster:
-        """Without ``toxiproxy``: a plain LocalCluster. With it: every Raft link through a proxy."""
+        """Without ``toxiproxy``: a plain LocalCluster. With it: every Raft link and every client link
+        through a proxy."""
         if toxiproxy is None:
             return cls(LocalCluster.start(data_dir, nodes=nodes, overrides=overrides, timeout_seconds=timeout_seconds))
         return _start_proxied(data_dir, nodes, toxiproxy, overrides or {}, timeout_seconds)
@@ -169,32 +213,38 @@ def _start_proxied(data_dir: Path, nodes: int, toxiproxy: ToxiproxyHandle, overr
         raise ClusterError(f"{data_dir} already holds a cluster; use an empty directory")
     data_dir.mkdir(parents=True, exist_ok=True)
     pairs = nodes * (nodes - 1) // 2
-    proxy_ports, other_ports, raft_ports = assign_ports(free_ports(pairs + 1 + 3 * nodes), nodes)
+    # other ports: the name server's, then each member's broker and catch-up ports, then its client proxy's
+    proxy_ports, other_ports, raft_ports = assign_ports(free_ports(pairs + 1 + 4 * nodes), nodes)
     secret_path = data_dir / "group.secret"
     secret_path.write_text(secrets.token_hex(24) + "\n")
     secret_path.chmod(0o600)
     namesrv = f"{HOST}:{other_ports[0]}"
+    client_proxy_ports = other_ports[1 + 2 * nodes:]
     infos = []
     for index in range(nodes):
         node_dir = data_dir / f"n{index}"
         node_dir.mkdir(exist_ok=True)
         broker_port, catchup_port = other_ports[1 + 2 * index: 3 + 2 * index]
         infos.append(NodeInfo(f"n{index}", f"{HOST}:{broker_port}", f"{HOST}:{raft_ports[index]}",
-                              f"{HOST}:{catchup_port}", str(node_dir / "node.toml"), str(node_dir / "broker.log")))
+                              f"{HOST}:{catchup_port}", str(node_dir / "node.toml"), str(node_dir / "broker.log"),
+                              advertised_address=f"{HOST}:{client_proxy_ports[index]}"))
     run_id = f"{os.getpid()}-{secrets.token_hex(3)}"
     links = [RaftLink(f"{PROXY_PREFIX}-{run_id}-{dialer.id}-{acceptor.id}", dialer.id, acceptor.id,
                       f"{HOST}:{port}", acceptor.raft_address)
              for (acceptor, dialer), port in zip(itertools.combinations(infos, 2), proxy_ports, strict=True)]
+    client_links = [ClientLink(f"{PROXY_PREFIX}-{run_id}-client-{node.id}", node.id, node.client_address,
+                               node.broker_address) for node in infos]
     info = ClusterInfo(str(data_dir), namesrv, 0, str(data_dir / "namesrv.log"), infos)
     views = member_views(infos, links)
     for index, node in enumerate(infos):
-        Path(node.config).write_text(node_toml(node, views[node.id], namesrv, index + 1, infos[0].broker_address,
+        Path(node.config).write_text(node_toml(node, views[node.id], namesrv, index + 1, infos[0].client_address,
                                                str(secret_path), overrides))
     local = LocalCluster(info)
-    cluster = ChaosCluster(local, tuple(links), toxiproxy)
+    cluster = ChaosCluster(local, tuple(links), toxiproxy, tuple(client_links))
     try:
-        for link in links:
-            create_proxy(toxiproxy, link.name, link.upstream, listen=link.listen)
+        proxies: list[RaftLink | ClientLink] = [*links, *client_links]
+        for proxy in proxies:
+            create_proxy(toxiproxy, proxy.name, proxy.upstream, listen=proxy.listen)
         info.namesrv_pid = _spawn_namesrv(other_ports[0], Path(info.namesrv_log), data_dir)
         info.save()
         for node in infos:

@@ -8,7 +8,10 @@ directory onto its own small tmpfs (once) and fills it for a while; ``corrupt`` 
 byte inside a committed record of its commit log and restarts it, then records what the member did about
 it (:data:`CORRUPTION_OUTCOMES`). Network faults need a proxied cluster: ``partition``
 isolates members from the rest (a black hole both ways: connections stay open, bytes vanish, as on a
-real network), ``cut-link`` cuts one pair, ``latency`` and ``bandwidth`` slow links.
+real network), ``cut-link`` cuts one pair, ``latency`` and ``bandwidth`` slow links. Client-link faults
+act on the proxies between every client and some brokers, leaving Raft alone: ``client-cut`` black-holes
+them, ``client-reset`` resets their connections (TCP RST) as data flows, ``client-latency`` and
+``client-bandwidth`` slow them.
 
 Every fault is undone at the end of its hold; :meth:`Faults.heal_everything` undoes whatever is left
 (a scenario interrupted mid-fault). Blocking work (signals with waits, process starts, the Toxiproxy
@@ -26,10 +29,18 @@ from pathlib import Path
 from typing import Final
 
 from chaos import disk
-from chaos.cluster import ChaosCluster, RaftLink
+from chaos.cluster import ChaosCluster, ClientLink, RaftLink
 from chaos.history import FaultEvent, NoteEvent
 from chaos.monitor import LeaderMonitor
-from chaos.toxiproxy_control import add_latency, heal, limit_bandwidth, partition
+from chaos.toxiproxy_control import (
+    Streams,
+    ToxiproxyHandle,
+    add_latency,
+    heal,
+    limit_bandwidth,
+    partition,
+    reset_peer,
+)
 from chaos.workload import Recorder
 from cli.cluster import is_alive
 
@@ -236,7 +247,7 @@ class Faults:
             self.cut.add(link.name)
         return chosen
 
-    async def _heal(self, links: Iterable[RaftLink]) -> None:
+    async def _heal(self, links: Iterable[RaftLink | ClientLink]) -> None:
         handle = self.cluster.toxiproxy
         assert handle is not None
         for link in links:
@@ -279,10 +290,65 @@ class Faults:
                             ",".join(f"{link.dialer}-{link.acceptor}" for link in links), start,
                             f"{detail} for {hold_seconds:.1f} s")
 
+    # --------------------------------------------------------------------------- client-link faults
+
+    def _client_links(self, node_ids: set[str]) -> tuple[ToxiproxyHandle, list[ClientLink]]:
+        handle = self.cluster.toxiproxy
+        if handle is None or not self.cluster.client_links:
+            raise RuntimeError("client-link faults need a cluster started with client proxies")
+        return handle, self.cluster.client_links_to(node_ids)
+
+    async def cut_clients(self, node_ids: set[str], hold_seconds: float) -> FaultEvent:
+        """Black-hole every client's link to the brokers ``node_ids`` (both ways: connections stay open,
+        bytes vanish; healing closes them) for ``hold_seconds``. Raft is untouched: a leader stays the
+        leader, and its clients can only wait and retry."""
+        handle, links = self._client_links(node_ids)
+        start = self.recorder.now()
+        for link in links:
+            await asyncio.to_thread(partition, handle, link.name, "timeout", "both")
+            self.cut.add(link.name)
+        await asyncio.sleep(hold_seconds)
+        await self._heal(links)
+        return self._record("client-cut", ",".join(sorted(node_ids)), start,
+                            f"clients' links black-holed for {hold_seconds:.1f} s")
+
+    async def reset_clients(self, node_ids: set[str], streams: Streams, toxicity: float, timeout_ms: int,
+                            hold_seconds: float) -> FaultEvent:
+        """For ``hold_seconds``, a connection between a client and the brokers ``node_ids`` (a share
+        ``toxicity`` of them, drawn per connection) has the next chunk on ``streams`` dropped and is reset
+        (TCP RST) ``timeout_ms`` later; reconnections meet the same. Downstream, the broker acted on a
+        request whose answer is lost: the client's retry (same UNIQ_KEY) must be deduplicated."""
+        handle, links = self._client_links(node_ids)
+        start = self.recorder.now()
+        for link in links:
+            self.cut.add(link.name)
+            await asyncio.to_thread(reset_peer, handle, link.name, timeout_ms, streams, toxicity)
+        await asyncio.sleep(hold_seconds)
+        await self._heal(links)
+        return self._record("client-reset", ",".join(sorted(node_ids)), start,
+                            f"{streams} reset after {timeout_ms} ms, toxicity {toxicity:.2f}, "
+                            f"for {hold_seconds:.1f} s")
+
+    async def slow_clients(self, node_ids: set[str], latency_ms: int, jitter_ms: int, bandwidth_kb_s: int | None,
+                           hold_seconds: float) -> FaultEvent:
+        """Delay (and optionally throttle) every client's link to the brokers ``node_ids``, both ways."""
+        handle, links = self._client_links(node_ids)
+        start = self.recorder.now()
+        for link in links:
+            self.cut.add(link.name)
+            await asyncio.to_thread(add_latency, handle, link.name, latency_ms, jitter_ms)
+            if bandwidth_kb_s is not None:
+                await asyncio.to_thread(limit_bandwidth, handle, link.name, bandwidth_kb_s)
+        await asyncio.sleep(hold_seconds)
+        await self._heal(links)
+        detail = f"{latency_ms}+-{jitter_ms} ms" + (f", {bandwidth_kb_s} KB/s" if bandwidth_kb_s else "")
+        return self._record("client-latency" if bandwidth_kb_s is None else "client-bandwidth",
+                            ",".join(sorted(node_ids)), start, f"{detail} for {hold_seconds:.1f} s")
+
     # -------------------------------------------------------------------------------------- heal
 
     async def heal_everything(self) -> None:
-        """Free filled disks, resume paused members, restart dead ones, heal every link."""
+        """Free filled disks, resume paused members, restart dead ones, heal every link (Raft and client)."""
         for node_id in self.cluster.node_ids:
             await asyncio.to_thread(disk.unfill, self.node_dir(node_id))
         for node_id in sorted(self.paused):

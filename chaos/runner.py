@@ -1,7 +1,8 @@
 """Runs one chaos scenario end to end and writes its report directory.
 
-1. Start a group (three members and a name server; with every Raft link through a Toxiproxy proxy when
-   the scenario has network faults: ours is started when no server answers at ``TOXIPROXY_URL``).
+1. Start a group (three members and a name server; with every Raft link and every client-to-broker link
+   through a Toxiproxy proxy when the scenario has network faults: ours is started when no server answers
+   at ``TOXIPROXY_URL``).
 2. Create the topic, start the leader monitor and the workload; after ``warmup_seconds`` run the
    scenario's faults for ``duration_seconds``; then heal everything (resume, restart, heal links).
 3. Keep producing for ``cooldown_seconds`` (recovery shows in the plot), stop the producers, let the
@@ -216,11 +217,14 @@ def run(options: RunOptions, out: TextIO | None = None) -> RunOutcome:
 async def _drive(options: RunOptions, scenario: Scenario, cluster: ChaosCluster, recorder: Recorder,
                  rng: random.Random, progress: _Progress, out: TextIO) -> None:
     config = options.workload
-    members = {node.id: node.broker_address for node in cluster.local.info.nodes}
+    nodes = cluster.local.info.nodes
     async with AsyncAdmin(cluster.namesrv) as admin:
         await admin.create_topic(config.topic, read_queue_nums=config.queues, write_queue_nums=config.queues)
-    monitor = LeaderMonitor(members, recorder.record, recorder.now)
-    workload = Workload(cluster.namesrv, list(members.values()), config, recorder, random.Random(rng.getrandbits(64)))
+    # the monitor asks each member directly (it must see roles while a client link is cut); the workload's
+    # clients use the addresses the name server hands out (the client proxies, in a proxied cluster)
+    monitor = LeaderMonitor({node.id: node.broker_address for node in nodes}, recorder.record, recorder.now)
+    workload = Workload(cluster.namesrv, [node.client_address for node in nodes], config, recorder,
+                        random.Random(rng.getrandbits(64)))
     faults = Faults(cluster, monitor, recorder)
     fault_rng = random.Random(rng.getrandbits(64))
     loop = asyncio.get_running_loop()

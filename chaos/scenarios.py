@@ -9,6 +9,7 @@ leader monitor's view; everything else (gaps, holds, which member, which link) c
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any, Final
 
 from chaos import disk
 from chaos.faults import Faults
+from chaos.toxiproxy_control import Streams
 
 #: seconds between the end of one fault and the start of the next (uniform in this range)
 GAP_SECONDS: Final = (2.0, 4.0)
@@ -34,7 +36,7 @@ Action = Callable[[Faults, random.Random], Awaitable[None]]
 class Scenario:
     name: str
     summary: str
-    #: network faults: every Raft link must run through a proxy
+    #: network faults: every Raft link and every client link must run through a proxy
     needs_proxies: bool
     action: Action
     #: member settings this scenario needs (under the run's own overrides)
@@ -99,14 +101,34 @@ async def wipe_follower(faults: Faults, rng: random.Random) -> None:
 async def disk_full(faults: Faults, rng: random.Random) -> None:
     """Fill a caught-up follower's disk for 4-8 s: the member whose directory is on a tmpfs already, while
     it is a follower (each member moved onto a tmpfs costs a restart)."""
+    await _fill_follower_disk(faults, rng, one_member=False)
+
+
+async def disk_full_one_member(faults: Faults, rng: random.Random) -> None:
+    """:func:`disk_full` as ``mixed`` runs it: never on a second member's tmpfs. A tmpfs only has
+    ``TMPFS_HEADROOM_BYTES`` beyond what its member held when moved there, and the other faults (a wipe
+    and catch-up, a long soak) keep writing: two of three members on small file systems could both run
+    full and stall the majority. While the member already on one leads, the fault is skipped."""
+    await _fill_follower_disk(faults, rng, one_member=True)
+
+
+async def _fill_follower_disk(faults: Faults, rng: random.Random, one_member: bool) -> None:
     if not await faults.caught_up(CATCH_UP_SECONDS) or await faults.leader() is None:
         return
     followers = sorted(faults.followers())
     if not followers:
         return
-    mounted = [node for node in followers
+    mounted = [node for node in faults.cluster.node_ids
                if faults.node_dir(node).resolve() in disk.mounted_tmpfs(faults.node_dir(node))]
-    await faults.disk_full(mounted[0] if mounted else rng.choice(followers), rng.uniform(4.0, 8.0))
+    mounted_followers = [node for node in mounted if node in followers]
+    if mounted_followers:
+        target = mounted_followers[0]
+    elif mounted and one_member:
+        faults.note("disk-full skipped", f"{mounted[0]}, the member on a tmpfs, leads")
+        return
+    else:
+        target = rng.choice(followers)
+    await faults.disk_full(target, rng.uniform(4.0, 8.0))
 
 
 async def corrupt_follower(faults: Faults, rng: random.Random) -> None:
@@ -127,12 +149,77 @@ async def slow_link(faults: Faults, rng: random.Random) -> None:
     await faults.slow(chosen, latency_ms, latency_ms // 4, bandwidth, rng.uniform(4.0, 8.0))
 
 
+# ------------------------------------------------------------------------------------- client links
+
+
+async def partition_client_leader(faults: Faults, rng: random.Random) -> None:
+    """Every client loses its link to the leader (black hole) while Raft is healthy: the leader stays the
+    leader, so sends fail or time out until healed; followers still serve reads."""
+    leader = await faults.leader()
+    if leader is not None:
+        await faults.cut_clients({leader}, rng.uniform(4.0, 7.0))
+
+
+def _client_targets(faults: Faults, rng: random.Random, leader: str) -> set[str]:
+    """The leader (half the time), every member, or one member at random."""
+    draw = rng.random()
+    if draw < 0.5:
+        return {leader}
+    if draw < 0.75:
+        return set(faults.cluster.node_ids)
+    return {rng.choice(faults.cluster.node_ids)}
+
+
+async def client_link_reset(faults: Faults, rng: random.Random) -> None:
+    """Reset clients' connections to the leader, to every member or to one (a share of them, as data
+    flows on one direction or both) for 3-6 s: answers lost after the broker acted (downstream) are
+    retried with the same UNIQ_KEY and must be stored once."""
+    leader = await faults.leader()
+    if leader is None:
+        return
+    targets = _client_targets(faults, rng, leader)
+    streams: Streams = rng.choice(("downstream", "downstream", "upstream", "both"))
+    await faults.reset_clients(targets, streams, round(rng.uniform(0.3, 1.0), 2), rng.randint(0, 200),
+                               rng.uniform(3.0, 6.0))
+
+
+async def slow_client_link(faults: Faults, rng: random.Random) -> None:
+    """50-1500 ms latency (sometimes 20 KB/s) on clients' links to the leader, every member or one, for
+    4-8 s: above the clients' 2 s request timeout, requests time out after the broker acted and are retried."""
+    leader = await faults.leader()
+    if leader is None:
+        return
+    targets = _client_targets(faults, rng, leader)
+    latency_ms = rng.randint(50, 1500)
+    bandwidth = 20 if rng.random() < 0.25 else None
+    await faults.slow_clients(targets, latency_ms, latency_ms // 4, bandwidth, rng.uniform(4.0, 8.0))
+
+
+async def client_link(faults: Faults, rng: random.Random) -> None:
+    """One of the client-link faults above."""
+    await rng.choice((partition_client_leader, client_link_reset, slow_client_link))(faults, rng)
+
+
+# -------------------------------------------------------------------------------------------- mixed
+
+
+@functools.cache
+def _tmpfs_unavailable() -> str | None:
+    return disk.tmpfs_unavailable()
+
+
 _MIXED: Final[tuple[Action, ...]] = (kill_leader, pause_leader, partition_leader, partition_random, kill_all_restart,
-                                     wipe_follower, slow_link)
+                                     wipe_follower, slow_link, disk_full_one_member, corrupt_follower, client_link)
 
 
 async def mixed(faults: Faults, rng: random.Random) -> None:
-    await rng.choice(_MIXED)(faults, rng)
+    """A random action of :data:`_MIXED`. Disk-full is skipped (with a note) where a tmpfs cannot be mounted,
+    so the seed still picks the same sequence of actions everywhere."""
+    action = rng.choice(_MIXED)
+    if action is disk_full_one_member and (reason := _tmpfs_unavailable()) is not None:
+        faults.note("disk-full skipped", f"cannot mount a tmpfs here: {reason}")
+        return
+    await action(faults, rng)
 
 
 SCENARIOS: Final[dict[str, Scenario]] = {scenario.name: scenario for scenario in (
@@ -149,5 +236,12 @@ SCENARIOS: Final[dict[str, Scenario]] = {scenario.name: scenario for scenario in
     Scenario("corrupt-follower", "stop a caught-up follower, flip a byte inside a committed record of its "
              "commit log, restart it", False, corrupt_follower),
     Scenario("slow-link", "50-250 ms latency (sometimes 500 KB/s) on random Raft links for 4-8 s", True, slow_link),
-    Scenario("mixed", "a random fault of every scenario above, one after another", True, mixed),
+    Scenario("partition-client-leader", "black-hole every client's link to the leader for 4-7 s (Raft healthy)",
+             True, partition_client_leader),
+    Scenario("client-link-reset", "reset clients' connections (TCP RST as data flows) to the leader, every member "
+             "or one, for 3-6 s", True, client_link_reset),
+    Scenario("slow-client-link", "50-1500 ms latency (sometimes 20 KB/s) on clients' links to the leader, every "
+             "member or one, for 4-8 s", True, slow_client_link),
+    Scenario("mixed", "a random fault of every scenario above, one after another (disk-full only where a tmpfs "
+             "can be mounted)", True, mixed, DISK_FULL_OVERRIDES),
 )}

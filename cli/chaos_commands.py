@@ -66,7 +66,7 @@ def run_command(scenario: str, duration: float, seed: int | None, report_dir: Pa
 
 
 run_command.help = inspect.cleandoc(run_command.help or "") + "".join(
-    f"\n  {name:<18} {scenario.summary}" for name, scenario in SCENARIOS.items()) + """
+    f"\n  {name:<24} {scenario.summary}" for name, scenario in SCENARIOS.items()) + """
 
 \b
 Example:
@@ -100,8 +100,9 @@ def check_command(history: Path) -> None:
 @chaos.command("scenarios")
 def scenarios_command() -> None:
     """List the scenarios."""
+    width = max(len(name) for name in SCENARIOS)
     for name, scenario in SCENARIOS.items():
-        click.echo(f"{name:<18} {'network' if scenario.needs_proxies else 'process'}  {scenario.summary}")
+        click.echo(f"{name:<{width}}  {'network' if scenario.needs_proxies else 'process'}  {scenario.summary}")
 
 
 COMMANDS: list[click.Command] = [chaos]

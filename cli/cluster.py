@@ -39,12 +39,20 @@ class ClusterError(Exception):
 @dataclass
 class NodeInfo:
     id: str
+    #: where the broker listens (the cluster tools and the chaos monitor talk to it here)
     broker_address: str
     raft_address: str
     catchup_address: str
     config: str
     log: str
     pid: int = 0
+    #: the address the broker gives clients (``[broker] advertised_address``); empty: ``broker_address``
+    advertised_address: str = ""
+
+    @property
+    def client_address(self) -> str:
+        """Where clients reach this broker: what it registers with the name server."""
+        return self.advertised_address or self.broker_address
 
 
 @dataclass
@@ -136,11 +144,12 @@ def node_toml(node: NodeInfo, peers: list[NodeInfo], namesrv: str, broker_id: in
         lines += ["[[peers]]", f"id = {value(peer.id)}", f"raft_address = {value(peer.raft_address)}",
                   f"catchup_address = {value(peer.catchup_address)}", ""]
     broker = {"listen_address": node.broker_address, "namesrv": [namesrv], "broker_id": broker_id,
+              **({"advertised_address": node.advertised_address} if node.advertised_address else {}),
               **overrides.get("broker", {})}
     lines.append("[broker]")
     lines += [f"{key} = {value(item)}" for key, item in broker.items()]
-    lines.append("[broker.peer_addresses]")
-    lines += [f"{peer.id} = {value(peer.broker_address)}" for peer in peers]
+    lines.append("[broker.peer_addresses]")  # what a follower names the leader by: the peers' advertised addresses
+    lines += [f"{peer.id} = {value(peer.client_address)}" for peer in peers]
     store = {"store_host": store_host, "segment_size_bytes": 64 << 20, **overrides.get("store", {})}
     lines += ["", "[store]"] + [f"{key} = {value(item)}" for key, item in store.items()]
     for section in ("raft", "group_commit"):
@@ -286,7 +295,8 @@ class LocalCluster:
         node.pid = process.pid
 
     def wait_ready(self, timeout_seconds: float = START_TIMEOUT_SECONDS) -> str:
-        """Wait until a leader is elected and the name server routes to it; return the leader's address."""
+        """Wait until a leader is elected and the name server routes to it; return the address it routes to
+        (the leader's advertised address)."""
         deadline = time.monotonic() + timeout_seconds
         while True:
             if not is_alive(self.info.namesrv_pid):
@@ -294,7 +304,7 @@ class LocalCluster:
             master = route_master(self.namesrv)
             if master is not None:
                 leader = self.leader_node()
-                if leader is not None and leader.broker_address == master:
+                if leader is not None and leader.client_address == master:
                     return master
             if time.monotonic() > deadline:
                 dead = [node.id for node in self.info.nodes if not is_alive(node.pid)]

@@ -268,7 +268,8 @@ TOML_VALUES = st.sampled_from([
     "99999999999999999999", '"' + "x" * 300 + '"', "[[1], [2]]", '"\\u0000"',
 ])
 KEYS = st.sampled_from([
-    "listen_address", "broker_name", "cluster_name", "namesrv", "broker_id", "peer_addresses", "auto_create_topic",
+    "listen_address", "advertised_address", "broker_name", "cluster_name", "namesrv", "broker_id", "peer_addresses",
+    "auto_create_topic",
     "default_topic_queue_nums", "register_interval_seconds", "long_polling_max_ms", "pull_messages_max",
     "pull_bytes_max", "max_reconsume_times", "delay_levels_seconds", "client_expiry_seconds", "queue_lock_seconds",
     "transaction_timeout_ms", "transaction_check_interval_ms", "transaction_check_max", "acl_file", "tls_cert_file",
