@@ -78,8 +78,10 @@ class RaftSettings:
     election_timeout_min_ms: int = 1000
     election_timeout_max_ms: int = 2000
     append_entries_period_ms: int = 5
-    #: compact the Raft log after this many entries (bounds journal size and member memory)
+    #: compact the Raft log after this many entries, or this many bytes of entries, or this long (pysyncobj
+    #: keeps every entry in memory until then: the bytes bound what random payloads cost, ~300 KB an entry)
     log_compaction_entries: int = 500
+    log_compaction_bytes: int = 32 << 20
     log_compaction_seconds: int = 60
 
     def validate(self) -> None:
@@ -87,6 +89,7 @@ class RaftSettings:
         _check_range(self, "election_timeout_max_ms", self.election_timeout_min_ms + 1, 120_000)
         _check_range(self, "append_entries_period_ms", 2, min(10, self.election_timeout_min_ms // 3 - 1))
         _check_range(self, "log_compaction_entries", 2, 10_000_000)
+        _check_range(self, "log_compaction_bytes", 1 << 20, 1 << 34)
         _check_range(self, "log_compaction_seconds", 1, 86_400)
 
 

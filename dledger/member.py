@@ -173,6 +173,8 @@ class GroupMember:
         self._role = RoleChange("follower", 0, None)
         self._apply_lock = threading.Lock()
         self._own_lock = threading.Lock()
+        #: bytes of entries applied since the last forced compaction (tick thread only)
+        self._uncompacted_bytes = 0
         #: id(raw command) -> (the raw command, what it encodes); the command is held, so the id stays unique
         self._own_entries: OrderedDict[int, tuple[bytes, OwnBatch]] = OrderedDict()
         self.catchup_server = CatchupServer(parse_address(config.catchup_address, "catchup_address"),
@@ -215,6 +217,10 @@ class GroupMember:
         with self._own_lock:
             entry = self._own_entries.pop(id(command), None)
         own = entry[1] if entry is not None and entry[0] is command else None
+        self._uncompacted_bytes += len(command)
+        if self._uncompacted_bytes >= self.config.raft.log_compaction_bytes:
+            self._uncompacted_bytes = 0
+            self.raft.forceLogCompaction()  # taken up by pysyncobj on its next tick (this thread)
         return self.apply(raft_index, command[len(RAW_COMMAND_PREFIX):], own)
 
     def apply(self, raft_index: int, data: bytes, own: OwnBatch | None = None) -> ApplyResult:
