@@ -24,7 +24,7 @@ import asyncio
 import random
 import shutil
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -278,14 +278,7 @@ class Faults:
         handle = self.cluster.toxiproxy
         assert handle is not None
         start = self.recorder.now()
-        for link in links:
-            self.cut.add(link.name)
-            await asyncio.to_thread(add_latency, handle, link.name, latency_ms, jitter_ms)
-            if bandwidth_kb_s is not None:
-                await asyncio.to_thread(limit_bandwidth, handle, link.name, bandwidth_kb_s)
-        await asyncio.sleep(hold_seconds)
-        await self._heal(links)
-        detail = f"{latency_ms}+-{jitter_ms} ms" + (f", {bandwidth_kb_s} KB/s" if bandwidth_kb_s else "")
+        detail = await self._slow_links(handle, links, latency_ms, jitter_ms, bandwidth_kb_s, hold_seconds)
         return self._record("latency" if bandwidth_kb_s is None else "bandwidth",
                             ",".join(f"{link.dialer}-{link.acceptor}" for link in links), start,
                             f"{detail} for {hold_seconds:.1f} s")
@@ -329,11 +322,9 @@ class Faults:
                             f"{streams} reset after {timeout_ms} ms, toxicity {toxicity:.2f}, "
                             f"for {hold_seconds:.1f} s")
 
-    async def slow_clients(self, node_ids: set[str], latency_ms: int, jitter_ms: int, bandwidth_kb_s: int | None,
-                           hold_seconds: float) -> FaultEvent:
-        """Delay (and optionally throttle) every client's link to the brokers ``node_ids``, both ways."""
-        handle, links = self._client_links(node_ids)
-        start = self.recorder.now()
+    async def _slow_links(self, handle: ToxiproxyHandle, links: Sequence[RaftLink | ClientLink], latency_ms: int,
+                          jitter_ms: int, bandwidth_kb_s: int | None, hold_seconds: float) -> str:
+        """Delay (and optionally throttle) ``links`` for ``hold_seconds``, then heal them; the fault's detail."""
         for link in links:
             self.cut.add(link.name)
             await asyncio.to_thread(add_latency, handle, link.name, latency_ms, jitter_ms)
@@ -341,7 +332,14 @@ class Faults:
                 await asyncio.to_thread(limit_bandwidth, handle, link.name, bandwidth_kb_s)
         await asyncio.sleep(hold_seconds)
         await self._heal(links)
-        detail = f"{latency_ms}+-{jitter_ms} ms" + (f", {bandwidth_kb_s} KB/s" if bandwidth_kb_s else "")
+        return f"{latency_ms}+-{jitter_ms} ms" + (f", {bandwidth_kb_s} KB/s" if bandwidth_kb_s else "")
+
+    async def slow_clients(self, node_ids: set[str], latency_ms: int, jitter_ms: int, bandwidth_kb_s: int | None,
+                           hold_seconds: float) -> FaultEvent:
+        """Delay (and optionally throttle) every client's link to the brokers ``node_ids``, both ways."""
+        handle, links = self._client_links(node_ids)
+        start = self.recorder.now()
+        detail = await self._slow_links(handle, links, latency_ms, jitter_ms, bandwidth_kb_s, hold_seconds)
         return self._record("client-latency" if bandwidth_kb_s is None else "client-bandwidth",
                             ",".join(sorted(node_ids)), start, f"{detail} for {hold_seconds:.1f} s")
 

@@ -130,3 +130,22 @@ class RawConnection:
         self.writer.close()
         with suppress(ConnectionError):
             await self.writer.wait_closed()
+
+
+#: a member's node file up to its [broker] table (two-member group n0/n1 on fixed loopback ports); tests
+#: that only load configurations append their own [broker] keys
+NODE_FILE_HEAD = """
+[node]
+id = "n0"
+raft_address = "127.0.0.1:20911"
+catchup_address = "127.0.0.1:20912"
+data_dir = "."
+secret = "a group secret of enough length"
+
+[[peers]]
+id = "n1"
+raft_address = "127.0.0.1:20921"
+catchup_address = "127.0.0.1:20922"
+
+[broker]
+"""

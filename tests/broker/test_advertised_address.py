@@ -27,25 +27,11 @@ from broker.registration import Registrar
 from broker.remoting import RemotingClient, RequestCode, ResponseCode
 from commitlog.config import ConfigError
 from dledger.member import GroupMember, MemberStatus
-from tests.broker.helpers import LOOPBACK, run
+from tests.broker.helpers import LOOPBACK, NODE_FILE_HEAD, run
 
 LISTEN, ADVERTISED = "127.0.0.1:10911", "127.0.0.1:30911"
 PEER_ADVERTISED = "127.0.0.1:30921"
-NODE = """
-[node]
-id = "n0"
-raft_address = "127.0.0.1:20911"
-catchup_address = "127.0.0.1:20912"
-data_dir = "."
-secret = "a group secret of enough length"
-
-[[peers]]
-id = "n1"
-raft_address = "127.0.0.1:20921"
-catchup_address = "127.0.0.1:20922"
-
-[broker]
-listen_address = "127.0.0.1:10911"
+NODE = NODE_FILE_HEAD + """listen_address = "127.0.0.1:10911"
 advertised_address = "127.0.0.1:30911"
 namesrv = ["127.0.0.1:9876"]
 

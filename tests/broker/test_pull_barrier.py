@@ -25,24 +25,10 @@ from dledger.apply import ApplyResult
 from dledger.command import Command, LeaderStamp, TopicConfig
 from dledger.group_commit import NotLeaderError
 from dledger.member import GroupMember, MemberStatus
-from tests.broker.helpers import run
+from tests.broker.helpers import NODE_FILE_HEAD, run
 
 TOPIC = "Orders"
-NODE = """
-[node]
-id = "n0"
-raft_address = "127.0.0.1:20911"
-catchup_address = "127.0.0.1:20912"
-data_dir = "."
-secret = "a group secret of enough length"
-
-[[peers]]
-id = "n1"
-raft_address = "127.0.0.1:20921"
-catchup_address = "127.0.0.1:20922"
-
-[broker]
-listen_address = "127.0.0.1:10911"
+NODE = NODE_FILE_HEAD + """listen_address = "127.0.0.1:10911"
 """
 
 
