@@ -140,16 +140,8 @@ _DISPATCH_PROPERTY = re.compile(rb"(?:^|\x02)(TAGS|KEYS|UNIQ_KEY)\x01([^\x02]*)"
 
 def _dispatch_fields(properties: bytes) -> tuple[bytes | None, bytes | None, bytes | None]:
     """(TAGS, KEYS, UNIQ_KEY) as raw bytes from encoded properties, in one C-level pass."""
-    tags = keys = uniq_key = None
-    for match in _DISPATCH_PROPERTY.finditer(properties):
-        name, value = match.groups()
-        if name == b"TAGS":
-            tags = value
-        elif name == b"KEYS":
-            keys = value
-        else:
-            uniq_key = value
-    return tags, keys, uniq_key
+    found = dict(_DISPATCH_PROPERTY.findall(properties))  # the last of a repeated name wins, as before
+    return found.get(b"TAGS"), found.get(b"KEYS"), found.get(b"UNIQ_KEY")
 
 
 def _index_hashes(topic_prefix_crc: int, keys: bytes | None, uniq_key: bytes | None) -> list[int]:
