@@ -245,6 +245,11 @@ class ClientInstance:
             await connection.close(1.0)
             raise ClientNotRunningError("the client was closed")
         self._connections[address] = connection
+        if address in self._heartbeated_addresses and self._heartbeat_sources and self.is_running:
+            # a reconnection: the broker knows this client's producers and consumers by connection, so it
+            # learns the new one now, not at the next periodic heartbeat (a broker's transaction check-back
+            # and consumer-change notices would otherwise miss this client for up to an interval)
+            self.spawn(self._heartbeat_addresses([address]), f"heartbeat reconnected {address}")
         return connection
 
     async def _on_server_request(self, address: str, request: RemotingCommand) -> RemotingCommand | None:

@@ -153,3 +153,24 @@ def test_a_commit_follows_the_leader_that_changed_during_the_local_transaction()
             assert [body for _, _, _, body in group.all_records("Tx")] == [b"moved"]
 
     run(scenario())
+
+
+def test_a_reconnected_producer_heartbeats_the_broker_at_once() -> None:
+    """The broker finds a producer for check-backs by its heartbeat connection: after a reconnect the new
+    connection is announced at once, not at the next periodic heartbeat (30 s here, longer than the test)."""
+
+    async def scenario() -> None:
+        async with fake_group() as group:
+            config = fast_client_config(group.namesrv, heartbeat_interval_seconds=30.0)
+            producer = AsyncTransactionProducer(config, ProducerConfig(group="TPG"), listener=Listener([
+                LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.COMMIT_MESSAGE]), rng=random.Random(5))
+            async with producer:
+                await producer.send_message_in_transaction(Message("Tx", b"one"))
+                leader = group.leader.address
+                await poll_until(lambda: any("TPG" in str(beat) for beat in group.heartbeats), "a first heartbeat")
+                before = len(group.heartbeats)
+                await producer.instance._connections[leader].close()  # the link drops (a reset, a proxy cut)
+                await producer.send_message_in_transaction(Message("Tx", b"two"))  # reconnects
+                await poll_until(lambda: len(group.heartbeats) > before, "a heartbeat on the new connection")
+
+    run(scenario())
