@@ -88,16 +88,52 @@ class ClusterInfo:
         raise ClusterError(f"no node {node_id!r} (nodes: {', '.join(n.id for n in self.nodes)})")
 
 
+#: the lowest port handed out when the kernel's ephemeral range leaves room below it
+PORT_FLOOR = 10_000
+
+
+def _ports_below_ephemeral() -> tuple[int, int] | None:
+    """[PORT_FLOOR, start of the kernel's ephemeral range), or None when that is too small or unknown."""
+    try:
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (PORT_FLOOR, ephemeral_low) if ephemeral_low - PORT_FLOOR >= 1000 else None
+
+
 def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free on HOST now, from below the kernel's ephemeral range when it leaves
+    room: the kernel never gives those to outgoing connections as source ports, so a member that was killed
+    finds its port free again when it restarts (a port from the ephemeral range could meanwhile serve as some
+    connection's source port). Falls back to ports the kernel picks."""
+    import random
     import socket
 
-    sockets = []
+    span = _ports_below_ephemeral()
+    sockets: list[socket.socket] = []
+    chosen: list[int] = []
+    rng = random.Random()  # which free ports: never part of any result
     try:
-        for _ in range(count):
+        attempts = 0
+        while span is not None and len(chosen) < count and attempts < 200 * count:
+            attempts += 1
+            port = rng.randrange(*span)
+            if port in chosen:
+                continue
+            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                probe.bind((HOST, port))
+            except OSError:
+                probe.close()
+                continue
+            sockets.append(probe)
+            chosen.append(port)
+        while len(chosen) < count:
             probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             probe.bind((HOST, 0))
             sockets.append(probe)
-        return [probe.getsockname()[1] for probe in sockets]
+            chosen.append(probe.getsockname()[1])
+        return chosen
     finally:
         for probe in sockets:
             probe.close()
