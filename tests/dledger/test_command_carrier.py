@@ -35,6 +35,10 @@ def test_raw_and_int_carried_commands_both_apply_in_order(tmp_path: Path) -> Non
                 if other_id != node_id:
                     lines += ["[[peers]]", f'id = "{other_id}"', f'raft_address = "{other_raft}"',
                               f'catchup_address = "{other_catchup}"']
+            # small files: the defaults preallocate a 1 GiB segment and large index files per member
+            lines += ["[store]", "segment_size_bytes = 2097152", "body_size_max_bytes = 1048576",
+                      "consume_queue_units_per_file = 1000",
+                      "index_slot_count = 1000", "index_entry_capacity = 4000"]
             (tmp_path / f"{node_id}.toml").write_text("\n".join(lines) + "\n")
             members.append(GroupMember(NodeConfig.from_toml(tmp_path / f"{node_id}.toml")))
         leader = wait_for(lambda: next((m for m in members if m.is_leader), None), 60, "a leader")
