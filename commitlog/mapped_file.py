@@ -113,7 +113,7 @@ class MappedFile:
                 self.on_remap(self)
         return mapped
 
-    def pwrite(self, offset: int, data: bytes | bytearray) -> None:
+    def pwrite(self, offset: int, data: bytes | bytearray | memoryview) -> None:
         """Write through the file (the page cache), not the mapping; the mapping sees the same pages."""
         invariant(offset >= 0 and offset + len(data) <= self.size_bytes, "pwrite outside the file")
         fd = self._write_fd

@@ -12,6 +12,7 @@ A segment ends with a filler record: ``totalSize i32 | BLANK_MAGIC i32`` followe
 
 from __future__ import annotations
 
+import re
 import struct
 import zlib
 from dataclasses import dataclass
@@ -350,3 +351,20 @@ def java_string_hash(text: str) -> int:
 def tags_hash_code(tags: str | None) -> int:
     """The consume-queue tag code: Java's hashCode of the TAGS property, 0 when absent."""
     return java_string_hash(tags) if tags else 0
+
+
+#: RocketMQ's topic name rule (TopicValidator): letters, digits, and %|_-
+TOPIC_PATTERN: Final = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+
+
+def topic_problem(topic: str) -> str | None:
+    """Why the store refuses ``topic`` as a topic name (RocketMQ's TopicValidator rule), or None."""
+    try:
+        length = len(topic.encode())
+    except UnicodeEncodeError:
+        return "topic is not valid unicode"
+    if not 0 < length <= TOPIC_BYTES_MAX:
+        return f"topic length {length} outside 1..{TOPIC_BYTES_MAX} bytes"
+    if not TOPIC_PATTERN.match(topic):
+        return f"topic {topic!r} has characters outside [%|a-zA-Z0-9_-]"
+    return None

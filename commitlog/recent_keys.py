@@ -68,3 +68,14 @@ class RecentKeys:
         mixed = (key_hash * 0x9E3779B1) >> 7 & _MASK
         byte, bit = mixed >> 3, 1 << (mixed & 7)
         return bool(self._current[byte] & bit or self._previous[byte] & bit)
+
+    def maybe_many(self, hashes: dict[int, int]) -> list[int]:
+        """The names in ``hashes`` (name -> key hash) whose hash is "maybe"."""
+        current, previous = self._current, self._previous
+        found = []
+        for name, key_hash in hashes.items():
+            mixed = (key_hash * 0x9E3779B1) >> 7 & _MASK
+            byte, bit = mixed >> 3, 1 << (mixed & 7)
+            if current[byte] & bit or previous[byte] & bit:
+                found.append(name)
+        return found

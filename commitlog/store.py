@@ -25,7 +25,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, NamedTuple
@@ -46,7 +46,7 @@ from commitlog.message import (
     PROPERTY_UNIQ_KEY,
     SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6,
-    TOPIC_BYTES_MAX,
+    TOPIC_PATTERN,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
@@ -57,14 +57,14 @@ from commitlog.message import (
     decode_record,
     encode_message_id,
     tags_hash_code,
+    topic_problem,
     validate_input,
 )
 from commitlog.recent_keys import RecentKeys
+from commitlog.records import OFFSETS, QUEUE_OFFSET_AT, PreparedRecords, restamp
 
 log = logging.getLogger(__name__)
 
-#: RocketMQ's topic name rule (TopicValidator): letters, digits, and %|_-
-TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 CHECKPOINT_NAME = "checkpoint"
 LOCK_NAME = "lock"
 #: bound on the tag-code and topic caches
@@ -355,7 +355,7 @@ class MessageStore:
         """(length byte + topic bytes, CRC of ``topic#``) for a valid topic, else why it is invalid."""
         entry = self._topics.get(topic)
         if entry is None:
-            reason = _topic_problem(topic)
+            reason = topic_problem(topic)
             if reason is not None:
                 return reason
             encoded = topic.encode()
@@ -502,6 +502,128 @@ class MessageStore:
         self.applied_raft_index = raft_index
         self.apply_position.write(raft_index, position)
         return AppendOutcome(raft_index, True, tuple(results))
+
+    def append_records(self, raft_index: int, batch: PreparedRecords, skip: Collection[int] = (),
+                       stamp: int | None = None, want_results: bool = True) -> AppendOutcome:
+        """Store prepared records (:mod:`commitlog.records`, checked with ``check_layout``) as the effect of
+        Raft entry ``raft_index``: the same bytes and derived entries :meth:`append` gives for the same
+        messages. ``skip`` holds positions not to store (duplicates: they get no result here), ``stamp``
+        a store timestamp that replaces the batch's (raised to the floor). Without ``want_results`` (a
+        follower: nobody waits for them) the outcome carries no per-message results."""
+        with self._lock:
+            if raft_index <= self.applied_raft_index:
+                return AppendOutcome(raft_index, False)
+            outcome = self._append_records_locked(raft_index, batch, skip, stamp, want_results)
+        if self.config.flush_policy == "sync" or (
+            self._flusher is None and self.clock() - self._last_flush >= self.config.flush_interval_ms / 1000
+        ):
+            self._flush_after_apply()
+        return outcome
+
+    def _append_records_locked(self, raft_index: int, batch: PreparedRecords, skip: Collection[int],
+                               stamp: int | None, want_results: bool) -> AppendOutcome:
+        segment_size = self.config.segment_size_bytes
+        records = bytearray(batch.records)
+        if stamp is not None and stamp != batch.stamp:
+            restamp(records, batch.metas, stamp)
+        else:
+            stamp = batch.stamp
+        topics = [self._topic_entry(topic) for topic in batch.topics]
+        store_host = batch.store_host
+        position = self.commit_log.end_offset
+        next_offsets = self.next_queue_offsets
+        results: list[AppendResult] = []
+        # (commit-log offset, start in records, end in records) of each contiguous run of stored records
+        chunks: list[list[int]] = []
+        chunk_end = chunk_source_end = -1
+        fillers: list[int] = []
+        runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]] = {}
+        index_entries: list[IndexEntry] = []
+        key_hashes = batch.key_hashes
+        topic_names = batch.topics
+        pack_offsets = OFFSETS.pack_into
+        limit = segment_size - FILLER_HEADER_BYTES
+        ok = AppendStatus.OK
+        source = 0
+        key_position = 0
+        for number, (size, topic_index, _, queue_id, tag_code, _, key_count) in enumerate(batch.metas):
+            start = source
+            source += size
+            keys_from = key_position
+            key_position += key_count
+            if skip and number in skip:
+                continue
+            topic_entry = topics[topic_index]
+            if isinstance(topic_entry, str) or size > limit:
+                if want_results:
+                    reason = topic_entry if isinstance(topic_entry, str) else f"record of {size} bytes exceeds a segment"
+                    results.append(AppendResult(AppendStatus.REJECTED, reason=reason))
+                continue
+            if position + size > position - position % segment_size + limit:
+                fillers.append(position)
+                position += segment_size - position % segment_size
+            queue_key = (topic_names[topic_index], queue_id)
+            run = runs.get(queue_key)
+            if run is None:
+                queue_offset = next_offsets.get(queue_key, 0)
+                runs[queue_key] = (queue_offset, [(position, size, tag_code)])
+            else:  # queue offsets of one queue are consecutive within an append
+                units = run[1]
+                queue_offset = run[0] + len(units)
+                units.append((position, size, tag_code))
+            pack_offsets(records, start + QUEUE_OFFSET_AT, queue_offset, position)
+            if position == chunk_end and start == chunk_source_end:
+                chunks[-1][2] = source
+            else:
+                chunks.append([position, start, source])
+            chunk_end = position + size
+            chunk_source_end = source
+            if key_count == 1:
+                index_entries.append((key_hashes[keys_from], position, stamp))
+            elif key_count:
+                index_entries.extend([(key_hashes[key_number], position, stamp)
+                                      for key_number in range(keys_from, key_position)])
+            if want_results:
+                results.append(AppendResult(ok, position, queue_offset, size, store_host))
+            position += size
+        new_offsets = {queue_key: first_offset + len(units) for queue_key, (first_offset, units) in runs.items()}
+
+        # allocate every file first: DiskFullError leaves nothing written
+        if chunks:
+            first = self.commit_log.segment_start(self.commit_log.end_offset)
+            last = self.commit_log.segment_start(chunks[-1][0])
+            for start in range(first, last + 1, segment_size):
+                self.commit_log.ensure_segment(start)
+            for (topic, queue_id), next_offset in new_offsets.items():
+                self._queue(topic, queue_id).ensure_capacity(next_offsets.get((topic, queue_id), 0), next_offset - 1)
+            self.index.prepare(index_entries)
+
+        for filler_offset in fillers:
+            self.commit_log.write_filler(filler_offset)
+        with memoryview(records) as view:
+            for offset, start, end in chunks:
+                # as bytes: pwrite from the bytearray itself measured 3-6x slower (0.5 vs 0.1 ms per 300 KB)
+                self.commit_log.write(offset, bytes(view[start:end]))
+        for queue_key, (first_offset, units) in runs.items():
+            queue = self.queues[queue_key]
+            queue.put_run(first_offset, units)
+            self._dirty_queues.add(queue)
+        self.index.insert_many(index_entries)
+        self._recent_keys.add(index_entries)
+        next_offsets.update(new_offsets)
+        self.commit_log.end_offset = position
+        self.applied_raft_index = raft_index
+        self.apply_position.write(raft_index, position)
+        return AppendOutcome(raft_index, True, tuple(results))
+
+    def recently_stored(self, hashes: dict[int, int], since_timestamp: int) -> list[int]:
+        """Of ``hashes`` (any name -> key-index hash), the names whose hash may have been indexed at or
+        after ``since_timestamp``: those worth a lookup (:mod:`commitlog.recent_keys`). All of them when
+        the filter cannot answer for that time."""
+        with self._lock:
+            if not self._recent_keys.authoritative(since_timestamp):
+                return list(hashes)
+            return self._recent_keys.maybe_many(hashes)
 
     def _flush_after_apply(self) -> None:
         """Flush once the command is applied. A failure here (no space for the checkpoint) must not undo
@@ -941,18 +1063,6 @@ def _lock_directory(root: Path) -> IO[bytes]:
         handle.close()
         raise StoreError(f"{root} is in use by another store (another process or instance)") from exc
     return handle
-
-
-def _topic_problem(topic: str) -> str | None:
-    try:
-        length = len(topic.encode())
-    except UnicodeEncodeError:
-        return "topic is not valid unicode"
-    if not 0 < length <= TOPIC_BYTES_MAX:
-        return f"topic length {length} outside 1..{TOPIC_BYTES_MAX} bytes"
-    if not TOPIC_PATTERN.match(topic):
-        return f"topic {topic!r} has characters outside [%|a-zA-Z0-9_-]"
-    return None
 
 
 def _encode(message: MessageInput, topic_segment: bytes, size: int, queue_offset: int, physical_offset: int,

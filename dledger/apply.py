@@ -14,6 +14,7 @@ Rules (shared/DESIGN.md):
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import time
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 from commitlog.errors import DiskFullError
 from commitlog.message import MessageInput, StoredMessage
+from commitlog.records import HAS_UNIQ_KEY, PreparedRecords, check_layout, uniq_key_of
 from commitlog.store import AppendOutcome, AppendResult, MessageStore
 from dledger.command import (
     AclDocument,
@@ -43,8 +45,9 @@ from dledger.timers import TIMER_PROGRESS_KEY, TIMER_TOPIC, release, timer_due_s
 
 log = logging.getLogger(__name__)
 
-#: the leader's own entry: the messages it proposed and the store timestamp it stamped them with
-OwnBatch = tuple[Sequence[MessageInput], int]
+#: the leader's own entry: the messages it proposed and the store timestamp it stamped them with, or the
+#: records it laid them out as
+OwnBatch = tuple[Sequence[MessageInput], int] | PreparedRecords
 #: how many no-op reasons are kept for status pages
 NOOP_HISTORY_MAX = 100
 DISK_FULL_RETRY_SECONDS = 1.0
@@ -104,6 +107,11 @@ class StateMachine:
             return ApplyResult(raft_index, already_applied=True)
         timer_advance: int | None = None
         timer_start: int | None = None
+        if isinstance(own, PreparedRecords):
+            problem = check_layout(own)  # as the followers check it: every replica takes the same branch
+            if problem is not None:
+                return self._noop(raft_index, f"inconsistent records: {problem}")
+            return self._apply_records(raft_index, own, want_results=True)
         if own is not None:
             messages, stamp = own
             command = None
@@ -113,6 +121,14 @@ class StateMachine:
                 command = decode_command(data)
             except CommandError as exc:
                 return self._noop(raft_index, f"undecodable command: {exc}")
+            if any(isinstance(operation, PreparedRecords) for operation in command.operations):
+                (batch, *others) = command.operations
+                if others or not isinstance(batch, PreparedRecords):
+                    return self._noop(raft_index, "records travel alone in a command")
+                problem = check_layout(batch)
+                if problem is not None:
+                    return self._noop(raft_index, f"inconsistent records: {problem}")
+                return self._apply_records(raft_index, batch, want_results=False)
             messages = []
             message_ops = []
             for operation in command.operations:
@@ -169,6 +185,85 @@ class StateMachine:
                 self.state.last_store_timestamp = max(self.state.last_store_timestamp, newest)
             self.state.applied_index = raft_index
         return ApplyResult(raft_index, results)
+
+    def _apply_records(self, raft_index: int, batch: PreparedRecords, want_results: bool) -> ApplyResult:
+        """A Records operation (plain messages laid out by the leader: no timers, no transactions). Only the
+        leader's own entries need per-message results."""
+        stamp = max(batch.stamp, self.state.last_store_timestamp)
+        results: tuple[tuple[AppendResult, ...], ...] = ()
+        if batch.metas and raft_index > self.store.applied_raft_index:
+            duplicates = self._record_duplicates(batch, stamp - UNIQ_KEY_WINDOW_MS)
+            outcome = self._append_records(raft_index, batch, duplicates, stamp, want_results)
+            if want_results:
+                results = (self._merge(outcome.results, duplicates, len(batch.metas)) if duplicates
+                           else outcome.results,)
+        if raft_index > self.state.applied_index:
+            if batch.metas:
+                if self.state.timer_progress.get(TIMER_PROGRESS_KEY) is None:
+                    # as _release_late_timers: the first messages ever start the timer progress
+                    self.state.apply_timer_progress(TIMER_PROGRESS_KEY, stamp // 1000 - 1)
+                self.state.last_store_timestamp = max(self.state.last_store_timestamp, stamp)
+            self.state.applied_index = raft_index
+        return ApplyResult(raft_index, results)
+
+    def _record_duplicates(self, batch: PreparedRecords, since_timestamp: int) -> dict[int, AppendResult | int]:
+        """:meth:`_split_duplicates` for prepared records: the same answers, found from the UNIQ_KEY hashes
+        the records carry. Keys are read from a record only when hashes alone cannot decide: a second
+        send of a hash in this command, or a hash the store may have stored lately."""
+        hashes = batch.key_hashes
+        metas = batch.metas
+        first: dict[tuple[int, int, int], int] = {}  # (topic index, UNIQ_KEY hash, reconsume count) -> position
+        again: list[tuple[int, tuple[int, int, int]]] = []
+        uniq_hashes: dict[int, int] = {}  # position of a first send -> its UNIQ_KEY hash
+        key_position = 0
+        for position, (_, topic_index, flags, _, _, reconsume_times, key_count) in enumerate(metas):
+            if flags & HAS_UNIQ_KEY:
+                hashed = hashes[key_position]
+                identity = (topic_index, hashed, reconsume_times)
+                if first.setdefault(identity, position) == position:
+                    uniq_hashes[position] = hashed
+                else:
+                    again.append((position, identity))
+            key_position += key_count
+        if not first:
+            return {}
+        starts: list[int] = []
+
+        def uniq_key(position: int) -> bytes:
+            if not starts:
+                starts.extend(itertools.accumulate((meta[0] for meta in metas), initial=0))
+            return uniq_key_of(batch.records, starts[position], metas[position][2]) or b""
+
+        duplicates: dict[int, AppendResult | int] = {}
+        if again:  # equal hashes: equal keys, or (rarely) a CRC collision of two distinct keys
+            exact: dict[tuple[int, bytes, int], int] = {}
+            for position, identity in again:
+                earlier = first[identity]
+                exact.setdefault((identity[0], uniq_key(earlier), identity[2]), earlier)
+                found = exact.setdefault((identity[0], uniq_key(position), identity[2]), position)
+                if found != position:
+                    duplicates[position] = found
+                else:
+                    uniq_hashes[position] = identity[1]
+        candidates = self.store.recently_stored(uniq_hashes, since_timestamp)
+        if candidates:
+            candidates.sort()
+            sends = [(batch.topics[metas[position][1]], uniq_key(position), metas[position][5])
+                     for position in candidates]
+            for position, stored in zip(candidates, self.store.find_recent_sends(sends, since_timestamp), strict=True):
+                if stored is not None:
+                    duplicates[position] = stored
+        return duplicates
+
+    def _append_records(self, raft_index: int, batch: PreparedRecords, duplicates: dict[int, AppendResult | int],
+                        stamp: int, want_results: bool) -> AppendOutcome:
+        while True:
+            try:
+                return self.store.append_records(raft_index, batch, duplicates, stamp, want_results)
+            except DiskFullError as exc:
+                log.error("disk full applying index %d, retrying in %.0f s: %s", raft_index,
+                          DISK_FULL_RETRY_SECONDS, exc)
+                self.sleep(DISK_FULL_RETRY_SECONDS)
 
     def _release_late_timers(self, messages: Sequence[MessageInput], stamp: int | None
                              ) -> tuple[int | None, Sequence[MessageInput]]:

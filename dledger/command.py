@@ -27,6 +27,12 @@ Payloads (all big-endian; ``str`` is ``u16 length + UTF-8``, ``bytes`` is ``u32 
 * LEADER_STAMP: term i64, node str, timestamp i64: the first command of a new leader's term.
 * ACL_DOCUMENT: document bytes: the access-control rules every member enforces (canonical JSON written
   and read by ``broker.acl``; opaque here). Proposed by the leader when its ACL file changes.
+* RECORDS: plain messages already laid out as stored records by the leader (``commitlog.records``), so
+  replicas patch two fields per record instead of encoding it: ``count u32``, stamp i64, store_host (8
+  bytes), ``topic_count u16`` then topic str per topic, then ``count`` metas (``commitlog.records.META``:
+  size u32, topic index u16, flags u8, queue_id i32, tag code i64, reconsume_times i32, key count u16),
+  ``hash_count u32`` then each key-index hash u32, then the records (the rest of the payload). Apply
+  refuses (as a no-op) a payload whose metas do not match its records.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from typing import Final
 import lz4.block
 
 from commitlog.message import MessageInput
+from commitlog.records import META, PreparedRecords
 
 COMMAND_VERSION: Final = 1
 FLAG_LZ4: Final = 0x1
@@ -70,6 +77,7 @@ class OpType(enum.IntEnum):
     RETENTION = 7
     LEADER_STAMP = 8
     ACL_DOCUMENT = 9
+    RECORDS = 10
 
 
 class CommandError(ValueError):
@@ -155,7 +163,7 @@ class AclDocument:
 
 Operation = (
     Messages | ConsumerOffsets | TopicConfig | SubscriptionGroup | TransactionOp | TimerProgress | Retention
-    | LeaderStamp | AclDocument
+    | LeaderStamp | AclDocument | PreparedRecords
 )
 
 
@@ -225,7 +233,23 @@ def _encode_operation(operation: Operation) -> tuple[OpType, bytes]:
             return OpType.LEADER_STAMP, I64.pack(operation.term) + _str(operation.node) + I64.pack(operation.timestamp)
         case AclDocument(document):
             return OpType.ACL_DOCUMENT, _bytes(document)
+        case PreparedRecords():
+            return OpType.RECORDS, _encode_records(operation)
     raise TypeError(f"not an operation: {operation!r}")  # pragma: no cover - exhaustive above
+
+
+_RECORDS_HEAD = struct.Struct(">Iq8sH")  # count, stamp, store host, topic count
+
+
+def _encode_records(batch: PreparedRecords) -> bytes:
+    parts = [_RECORDS_HEAD.pack(len(batch.metas), batch.stamp, batch.store_host, len(batch.topics))]
+    parts += (_str(topic) for topic in batch.topics)
+    pack = META.pack
+    parts += (pack(*meta) for meta in batch.metas)
+    parts.append(U32.pack(len(batch.key_hashes)))
+    parts.append(struct.pack(f">{len(batch.key_hashes)}I", *batch.key_hashes))
+    parts.append(batch.records)
+    return b"".join(parts)
 
 
 def encode_command(command: Command, compress: bool = True) -> bytes:
@@ -243,6 +267,12 @@ def encode_messages_command(messages: Sequence[MessageInput], store_timestamp: i
     stamp), without building new message objects."""
     payload = _encode_messages(Messages(tuple(messages)), store_timestamp)
     return _frame(U32.pack(1) + OP_HEAD.pack(OpType.MESSAGES, len(payload)) + payload, compress)
+
+
+def encode_records_command(batch: PreparedRecords, compress: bool = True) -> bytes:
+    """A command of one Records operation."""
+    payload = _encode_records(batch)
+    return _frame(U32.pack(1) + OP_HEAD.pack(OpType.RECORDS, len(payload)) + payload, compress)
 
 
 def _frame(body: bytes, compress: bool) -> bytes:
@@ -348,9 +378,29 @@ def _decode_messages(reader: _Reader) -> Messages:
     return Messages(tuple(messages))
 
 
+def _decode_records(reader: _Reader) -> PreparedRecords:
+    """The metas and hashes are unpacked in C; the records stay one slice. Whether they agree with each
+    other is for apply to check (``commitlog.records.check_layout``)."""
+    count, stamp, store_host, topic_count = _RECORDS_HEAD.unpack(reader.take(_RECORDS_HEAD.size))
+    topics = tuple(reader.string() for _ in range(topic_count))
+    if count * META.size > reader.end - reader.position:
+        raise CommandError(f"{count} record metas exceed the payload")
+    start = reader.skip(count * META.size)
+    with memoryview(reader.data) as view:
+        metas = list(META.iter_unpack(view[start : start + count * META.size]))
+    (hash_count,) = reader.unpack(U32)
+    if hash_count * 4 > reader.end - reader.position:
+        raise CommandError(f"{hash_count} key hashes exceed the payload")
+    hashes = list(struct.unpack_from(f">{hash_count}I", reader.data, reader.skip(hash_count * 4)))
+    records = reader.take(reader.end - reader.position)
+    return PreparedRecords(stamp, store_host, topics, metas, hashes, records)
+
+
 def _decode_operation(op_type: int, reader: _Reader) -> Operation:
     if op_type == OpType.MESSAGES:
         return _decode_messages(reader)
+    if op_type == OpType.RECORDS:
+        return _decode_records(reader)
     if op_type == OpType.CONSUMER_OFFSETS:
         (count,) = reader.unpack(U32)
         if count > reader.end:

@@ -27,9 +27,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from commitlog.message import MessageInput, validate_input
+from commitlog.records import PreparedRecords
 from commitlog.store import AppendResult
 from dledger.apply import ApplyResult, OwnBatch
-from dledger.command import COMPRESS_MIN_BYTES, FLAG_LZ4, encode_messages_command
+from dledger.command import COMPRESS_MIN_BYTES, FLAG_LZ4, encode_messages_command, encode_records_command
 from dledger.config import GroupCommitSettings
 from dledger.future import AppendFuture
 
@@ -50,8 +51,10 @@ FAIL_NOT_LEADER = 4
 FAIL_LEADER_CHANGED = 5
 FAIL_REQUEST_DENIED = 6
 
-#: propose(command bytes, callback, (messages, store timestamp) the bytes encode)
+#: propose(command bytes, callback, (messages, store timestamp) or the records the bytes encode)
 Propose = Callable[[bytes, Callable[[ApplyResult | None, int], None], OwnBatch], None]
+#: prepare(messages, store timestamp): the messages laid out as records, or None to send them as messages
+Prepare = Callable[[Sequence[MessageInput], int], PreparedRecords | None]
 
 
 class AppendError(Exception):
@@ -103,8 +106,10 @@ class GroupCommitter:
         body_size_max_bytes: int = 4 << 20,
         wall_clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         monotonic: Callable[[], float] = time.monotonic,
+        prepare: Prepare | None = None,
     ) -> None:
         self.settings = settings
+        self.prepare = prepare
         self.propose = propose
         self.leader = leader
         self.entry_bytes_max = entry_bytes_max
@@ -217,21 +222,30 @@ class GroupCommitter:
             self.proposed_entries += 1
             self.proposed_messages += len(messages)
             try:
-                data = self._encode(messages, stamp)
+                records = self.prepare(messages, stamp) if self.prepare is not None else None
+                own: OwnBatch = (messages, stamp) if records is None else records
+                data = self._encode(own)
+                if records is not None and len(data) > self.entry_bytes_max:
+                    # record heads and key hashes outgrew the size the batch was taken by: as messages
+                    own = (messages, stamp)
+                    data = self._encode(own)
             except (struct.error, ValueError, OverflowError) as exc:  # submit validated: a programmer error
                 log.error("could not encode a batch, failing it: %s", exc)
                 with self._condition:
                     self._in_flight.pop(batch_id, None)
                 self._fail(batch, InvalidMessageError(f"cannot encode: {exc}"))
                 continue
-            self.propose(data, functools.partial(self._on_applied, batch_id), (messages, stamp))
+            self.propose(data, functools.partial(self._on_applied, batch_id), own)
 
-    def _encode(self, messages: list[MessageInput], stamp: int) -> bytes:
-        if self._compress_skips:
+    def _encode(self, own: OwnBatch) -> bytes:
+        compress = not self._compress_skips
+        if isinstance(own, PreparedRecords):
+            data = encode_records_command(own, compress=compress)
+        else:
+            data = encode_messages_command(own[0], store_timestamp=own[1], compress=compress)
+        if not compress:
             self._compress_skips -= 1
-            return encode_messages_command(messages, store_timestamp=stamp, compress=False)
-        data = encode_messages_command(messages, store_timestamp=stamp)
-        if not data[1] & FLAG_LZ4 and len(data) >= COMPRESS_MIN_BYTES:
+        elif not data[1] & FLAG_LZ4 and len(data) >= COMPRESS_MIN_BYTES:
             self._compress_skips = COMPRESS_RETRY_ENTRIES
         return data
 

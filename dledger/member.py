@@ -23,6 +23,7 @@ from pysyncobj import SyncObj, replicated
 
 from commitlog.errors import StoreError
 from commitlog.message import MessageInput, RecordError
+from commitlog.records import RecordBuilder
 from commitlog.store import AppendResult, MessageStore
 from dledger.apply import ApplyResult, OwnBatch, StateMachine
 from dledger.catchup import CatchupError, CatchupServer, fetch, fetch_range
@@ -32,6 +33,7 @@ from dledger.future import AppendFuture
 from dledger.group_commit import GroupCommitter, NotLeaderError, OutcomeUnknownError, request_bytes
 from dledger.snapshot import Snapshot, read_snapshot, write_snapshot
 from dledger.state import ReplicatedState, StateError
+from dledger.timers import TIMER_TOPIC
 from dledger.transport import transport_class
 from dledger.tuning import tuned_conf
 
@@ -195,8 +197,10 @@ class GroupMember:
             extra={"onStateChanged": self._on_state_changed},
         )
         peers = [peer.raft_address for peer in config.peers]
+        builder = RecordBuilder(store_config.store_host_bytes, store_config.segment_size_bytes,
+                                store_config.body_size_max_bytes, excluded_topics=(TIMER_TOPIC,))
         self.committer = GroupCommitter(config.group_commit, self._propose, self._leadership, self.entry_bytes_max,
-                                        store_config.body_size_max_bytes)
+                                        store_config.body_size_max_bytes, prepare=builder.build)
         self._transfer: tuple[str, float] | None = None  # (target address or "" for any, deadline)
         self._next_transfer_attempt = 0.0
         self._next_preference_check = 0.0

@@ -64,3 +64,30 @@ def test_the_store_finds_retried_sends_across_a_reopen_and_after_it(tmp_path: Pa
         assert store.find_recent_send("TopicTest", uniq, 0, 1_000_001) is None  # older than asked
     finally:
         store.close()
+
+
+def test_many_answers_at_once_equal_single_answers() -> None:
+    rng = random.Random(5)
+    recent = RecentKeys()
+    recent.add([(rng.getrandbits(32), 0, 1_000 + n) for n in range(20_000)])
+    asked = {name: rng.getrandbits(32) for name in range(5_000)}
+    asked.update({5_000 + n: key_hash for n, (key_hash, _, _) in enumerate([(7, 0, 0)])})
+    recent.add([(7, 0, 30_000)])
+    assert recent.maybe_many(asked) == [name for name, key_hash in asked.items() if recent.maybe(key_hash)]
+    assert 5_000 in recent.maybe_many(asked)
+
+
+def test_the_store_names_every_key_when_the_filter_cannot_answer(tmp_path: Path) -> None:
+    store = MessageStore(small_config(tmp_path))
+    store.append(1, [message(1)._replace(store_timestamp=1_000_000)])
+    uniq_hash = store.index.files[0].entry(0)[0]
+    assert store.recently_stored({4: uniq_hash, 2: uniq_hash ^ 1}, 1_000_000) == [4]  # the filter answers
+    store.close()
+    store = MessageStore(small_config(tmp_path))
+    try:
+        # reopened: keys stored up to the index's newest stamp are not in the filter, so asking about a
+        # time not after it names every key (each must be looked up)
+        assert store.recently_stored({3: 11, 1: 12}, 1_000_000) == [3, 1]
+        assert store.recently_stored({3: 11, 1: 12}, 1_000_001) == []
+    finally:
+        store.close()

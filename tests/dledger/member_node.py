@@ -33,6 +33,8 @@ QUEUES = 4
 IN_FLIGHT_MAX = int(os.environ.get("RAFTMQ_TEST_IN_FLIGHT", "256"))
 #: messages per request (a batch send); 1 = one send per message
 REQUEST_MESSAGES = int(os.environ.get("RAFTMQ_TEST_REQUEST_MESSAGES", "1"))
+#: requests the load submits in a row once there is room for them
+BURST_MAX = 64
 #: messages per second the load submits (0: as fast as the in-flight bound allows)
 RATE = float(os.environ.get("RAFTMQ_TEST_RATE", "0"))
 #: random 1 KiB bodies (fixed seed), each entry's worth distinct: a batch does not compress (lz4's window is
@@ -59,8 +61,10 @@ class Load:
         # never ones that were not acknowledged. Flushed on every status request and at stop.
         self.log = open(log_path, "a", buffering=1 << 16)  # noqa: SIM115 - lives as long as the process
         self.enabled = threading.Event()
-        self.slots = threading.BoundedSemaphore(IN_FLIGHT_MAX)
         self.lock = threading.Lock()
+        self.room = threading.Condition(self.lock)  # notified when the load waits for in-flight room
+        self.waiting = False
+        self.in_flight = 0  # requests submitted and not answered
         self.sequence = 0
         self.next_send = time.monotonic()
         self.acked = 0
@@ -74,39 +78,58 @@ class Load:
             if not self.member.is_leader:
                 time.sleep(0.005)  # a load generator polling for leadership, not a test waiting
                 continue
-            self.slots.acquire()
-            if RATE:
-                time.sleep(max(0.0, self.next_send - time.monotonic()))  # pacing the offered load
-                self.next_send = max(self.next_send, time.monotonic() - 1) + REQUEST_MESSAGES / RATE
-            sequence = self.sequence
-            self.sequence += REQUEST_MESSAGES
-            started = time.monotonic()
-            try:
-                future = self.member.append([message(self.node, sequence + i) for i in range(REQUEST_MESSAGES)])
-            except AppendError:
-                self.slots.release()
-                with self.lock:
-                    self.failed += 1
-                time.sleep(0.005)
-                continue
-            future.add_done_callback(functools.partial(self.done, sequence, started))
+            with self.room:
+                while self.in_flight >= IN_FLIGHT_MAX:
+                    self.waiting = True
+                    self.room.wait()
+                # Room for several requests: taken at once, so the lock is not taken per request. Each
+                # request is still its own append with its own future, as concurrent callers make them.
+                burst = 1 if RATE else min(IN_FLIGHT_MAX - self.in_flight, BURST_MAX)
+                self.in_flight += burst
+            for submitted in range(burst):
+                if RATE:
+                    time.sleep(max(0.0, self.next_send - time.monotonic()))  # pacing the offered load
+                    self.next_send = max(self.next_send, time.monotonic() - 1) + REQUEST_MESSAGES / RATE
+                if not self.enabled.is_set() or not self.submit():
+                    with self.room:
+                        self.in_flight -= burst - submitted  # this one and the rest were not submitted
+                    time.sleep(0.005)
+                    break
+
+    def submit(self) -> bool:
+        sequence = self.sequence
+        self.sequence += REQUEST_MESSAGES
+        started = time.monotonic()
+        try:
+            future = self.member.append([message(self.node, sequence + i) for i in range(REQUEST_MESSAGES)])
+        except AppendError:
+            with self.lock:
+                self.failed += 1
+            return False
+        future.add_done_callback(functools.partial(self.done, sequence, started))
+        return True
 
     def done(self, sequence: int, started: float, future: AppendFuture[tuple[AppendResult, ...]]) -> None:
-        self.slots.release()
         latency = time.monotonic() - started
         try:
             results = future.result()
         except AppendError:
-            with self.lock:
-                self.failed += REQUEST_MESSAGES
-            return
+            results = ()
         assert all(result.status is AppendStatus.OK for result in results)
+        lines = "".join([f"{self.node} {number} {number % QUEUES} {result.queue_offset} {result.physical_offset}\n"
+                         for number, result in enumerate(results, start=sequence)])
         with self.lock:
+            self.in_flight -= 1
+            if self.waiting:
+                self.waiting = False
+                self.room.notify()
+            if not results:
+                self.failed += REQUEST_MESSAGES
+                return
             if len(self.latencies) < 1_000_000:
                 self.latencies.append(latency)
             self.acked += len(results)
-            for number, result in enumerate(results, start=sequence):
-                self.log.write(f"{self.node} {number} {number % QUEUES} {result.queue_offset} {result.physical_offset}\n")
+            self.log.write(lines)
 
 
 def main() -> None:
@@ -129,7 +152,7 @@ def main() -> None:
             reply = {"role": status.role, "term": status.term, "leader": status.leader,
                      "commit_index": status.commit_index, "applied_index": status.applied_index,
                      "end": status.commit_log_max_offset, "acked": load.acked, "failed": load.failed,
-                     "in_flight": load.sequence - load.acked - load.failed,
+                     "in_flight": load.in_flight,
                      "proposed_entries": member.committer.proposed_entries,
                      "proposed_messages": member.committer.proposed_messages,
                      "raft_applied": member.raft.raftLastApplied}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 from commitlog.message import MessageInput, decode_record
+from commitlog.records import PreparedRecords, RecordBuilder
 from commitlog.store import AppendStatus, MessageStore
 from dledger.apply import (
     TIMER_CURSOR_SCALE,
@@ -27,9 +29,11 @@ from dledger.command import (
     TransactionAction,
     TransactionOp,
     encode_command,
+    encode_messages_command,
+    encode_records_command,
 )
 from dledger.state import ReplicatedState, StateError
-from dledger.timers import schedule
+from dledger.timers import TIMER_PROGRESS_KEY, TIMER_TOPIC, schedule
 from tests.commitlog.helpers import data_bytes, message, small_config, tree_bytes
 
 
@@ -147,8 +151,6 @@ def test_state_snapshot_round_trip_and_damage() -> None:
 
 
 def test_the_leaders_own_batches_apply_exactly_like_decoded_ones(tmp_path: Path) -> None:
-    from dledger.command import encode_messages_command
-
     leader, follower = machine(tmp_path / "leader"), machine(tmp_path / "follower")
     stamps = [1_700_000_000_500, 1_700_000_000_400, 1_700_000_000_900]  # the second is below the floor
     for index, stamp in enumerate(stamps, start=1):
@@ -298,3 +300,117 @@ def test_incompressible_entries_stop_lz4_attempts_for_a_while_then_try_again() -
     finally:
         committer.stop()
     assert [data[1] & FLAG_LZ4 for data in proposed] == [0] * (COMPRESS_RETRY_ENTRIES + 1) + [FLAG_LZ4]
+
+
+# ---------------------------------------------------------------------------------------------- records
+
+
+def record_builder(directory: Path) -> RecordBuilder:
+    config = small_config(directory)
+    return RecordBuilder(config.store_host_bytes, config.segment_size_bytes, config.body_size_max_bytes,
+                         excluded_topics=(TIMER_TOPIC,))
+
+
+def test_records_apply_like_messages_on_leader_and_followers(tmp_path: Path) -> None:
+    """The same batches as Messages commands, as Records decoded (a follower) and as the leader's own
+    records: equal results, equal files; a stamp below the floor is raised alike."""
+    replicas = {name: machine(tmp_path / name) for name in ("messages", "follower", "leader")}
+    build = record_builder(tmp_path)
+    stamps = [1_700_000_000_500, 1_700_000_000_400, 1_700_000_000_900, 1_700_000_000_900]
+    for index, stamp in enumerate(stamps, start=1):
+        batch = [message(index * 100 + j, queue_id=j % 3, keys=f"k{index} x{j}") for j in range(10)]
+        batch[4] = batch[1]  # a retry inside the command
+        if index == 4:
+            batch[7] = message(101)  # a retry of a message stored by the first command
+        records = build.build(batch, stamp)
+        assert records is not None
+        data = encode_records_command(records)
+        plain = replicas["messages"].apply(index, encode_messages_command(batch, store_timestamp=stamp))
+        theirs = replicas["follower"].apply(index, data)
+        mine = replicas["leader"].apply(index, data, own=records)
+        assert mine.message_results == plain.message_results
+        assert theirs.message_results == ()  # nobody waits for a follower's results
+        assert mine.message_results[0][4] == mine.message_results[0][1]
+    assert mine.message_results[0][7] == plain.message_results[0][7]
+    assert {replica.state.last_store_timestamp for replica in replicas.values()} == {stamps[2]}
+    assert {replica.state.timer_progress.get(TIMER_PROGRESS_KEY) for replica in replicas.values()} == {
+        stamps[0] // 1000 - 1}
+    for replica in replicas.values():
+        replica.store.close()
+    assert (data_bytes(tmp_path / "messages") == data_bytes(tmp_path / "follower")
+            == data_bytes(tmp_path / "leader"))
+
+
+#: two distinct UNIQ_KEYs whose key-index hashes (CRC32 of "TopicTest#" + key) are equal (found by a
+#: birthday search over random keys)
+COLLIDING_UNIQ_KEYS = ("522F02D3B9759D7422C46EDDF11D4CA4", "8D87076E8209C53D1D9D31AE50E6BE9E")
+
+
+def test_records_deduplicate_by_key_not_by_hash(tmp_path: Path) -> None:
+    """Equal hashes of distinct keys (a CRC collision) are distinct sends, in one command and across
+    commands; equal keys are one send."""
+    first_key, second_key = COLLIDING_UNIQ_KEYS
+    assert zlib.crc32(f"TopicTest#{first_key}".encode()) == zlib.crc32(f"TopicTest#{second_key}".encode())
+    build = record_builder(tmp_path)
+    one, two = message(1, UNIQ_KEY=first_key), message(2, UNIQ_KEY=second_key)
+    replicas = [machine(tmp_path / "plain"), machine(tmp_path / "records")]
+    batches = [[one, two, one, two], [two, message(3), one]]
+    outcomes = []
+    for index, batch in enumerate(batches, start=1):
+        stamp = 1_700_000_000_000 + index
+        records = build.build(batch, stamp)
+        assert records is not None
+        outcomes.append((replicas[0].apply(index, encode_messages_command(batch, store_timestamp=stamp)),
+                         replicas[1].apply(index, encode_records_command(records), own=records)))
+    for plain, prepared in outcomes:
+        assert plain.message_results == prepared.message_results
+    first, second = outcomes[0][1].message_results[0], outcomes[1][1].message_results[0]
+    assert first[0] != first[1] and first[2] == first[0] and first[3] == first[1]
+    assert second[0] == first[1] and second[2] == first[0]
+    assert replicas[1].store.max_queue_offset("TopicTest", 0) == 3
+    for replica in replicas:
+        replica.store.close()
+    assert data_bytes(tmp_path / "plain") == data_bytes(tmp_path / "records")
+
+
+def test_bad_records_commands_are_noops_on_every_replica(tmp_path: Path) -> None:
+    sm = machine(tmp_path / "a")
+    records = record_builder(tmp_path).build([message(1), message(2)], 1_700_000_000_000)
+    assert records is not None
+    mixed = encode_command(Command((records, LeaderStamp(1, "n1", 5))))
+    assert "alone" in (sm.apply(1, mixed).noop_reason or "")
+    broken = records._replace(key_hashes=[])
+    assert "inconsistent records" in (sm.apply(2, encode_records_command(broken)).noop_reason or "")
+    assert "inconsistent records" in (sm.apply(3, b"", own=broken).noop_reason or "")
+    assert sm.store.commit_log.end_offset == 0 and sm.applied_index == 3
+    assert sm.state.leader_stamp is None  # the mixed command did nothing at all
+
+
+def test_group_commit_sends_records_and_falls_back_to_messages(tmp_path: Path) -> None:
+    import threading
+    from collections.abc import Callable
+
+    from dledger.command import decode_command
+    from dledger.config import GroupCommitSettings
+    from dledger.group_commit import GroupCommitter
+
+    proposed: list[tuple[bytes, object]] = []
+    arrived = threading.Semaphore(0)
+
+    def propose(data: bytes, callback: Callable[[ApplyResult | None, int], None], own: object) -> None:
+        proposed.append((data, own))
+        callback(None, 5)
+        arrived.release()
+
+    committer = GroupCommitter(GroupCommitSettings(linger_ms=0), propose, lambda: (True, None), entry_bytes_max=1 << 20,
+                               prepare=record_builder(tmp_path).build)
+    try:
+        for batch in ([message(1), message(2)], [message(3), message(4, topic=TIMER_TOPIC)]):
+            committer.submit(batch)
+            assert arrived.acquire(timeout=30)
+    finally:
+        committer.stop()
+    (records_data, records_own), (messages_data, messages_own) = proposed
+    assert isinstance(records_own, PreparedRecords) and decode_command(records_data).operations == (records_own,)
+    assert isinstance(decode_command(messages_data).operations[0], Messages)
+    assert isinstance(messages_own, tuple)

@@ -1,0 +1,237 @@
+"""Prepared records: a batch of messages already laid out as stored records, so replicas do not encode them.
+
+The leader builds the records once (:class:`RecordBuilder`): every field of the stored record is filled in
+except the two that depend on where apply puts it, the queue offset and the physical offset, which are
+zero. Next to the records travels what dispatch needs per record (its size, topic, queue, tag code,
+reconsume count and key-index hashes), so a replica's apply patches two fields per record, writes the
+records as one chunk and dispatches from these figures: no decoding of properties, no CRC of bodies,
+no record encoding (:meth:`commitlog.store.MessageStore.append_records`).
+
+Only plain messages are prepared. A batch with anything the store treats specially (a prepared or
+rolled-back transaction message, an excluded topic such as the timer topic, a property name given twice,
+a message the store would refuse) is not prepared, and goes as plain messages instead. The stored bytes
+are the same either way (tested).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import zlib
+from collections.abc import Collection, Sequence
+from typing import Final, NamedTuple
+
+from commitlog.errors import invariant
+from commitlog.message import (
+    FILLER_HEADER_BYTES,
+    MESSAGE_MAGIC,
+    PROPERTIES_BYTES_MAX,
+    SYSFLAG_BORNHOST_V6,
+    SYSFLAG_STOREHOST_V6,
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+    MessageInput,
+    tags_hash_code,
+    topic_problem,
+)
+
+#: per record: size, topic (index into the batch's topics), flags, queue id, tag code, reconsume count,
+#: number of key-index hashes
+META: Final = struct.Struct(">IHBiqiH")
+#: meta flags
+HAS_UNIQ_KEY: Final = 0x1  # the record's first key-index hash is its UNIQ_KEY's
+BORN_HOST_V6: Final = 0x2  # the record's head is the 100-byte IPv6 form
+FLAGS_KNOWN: Final = HAS_UNIQ_KEY | BORN_HOST_V6
+#: the queue offset and physical offset of a record, adjacent at QUEUE_OFFSET_AT
+OFFSETS: Final = struct.Struct(">qq")
+QUEUE_OFFSET_AT: Final = 20
+#: where the store timestamp sits for an IPv4 / IPv6 born host
+STORE_TIMESTAMP_AT: Final = (56, 68)
+_I64: Final = struct.Struct(">q")
+_SIZE_MAGIC: Final = struct.Struct(">iI")
+_HEAD_V4: Final = struct.Struct(">iIIiiqqiq8sq8siqi")
+_HEAD_V6: Final = struct.Struct(">iIIiiqqiq20sq8siqi")
+_INT16: Final = struct.Struct(">h")
+_BODY_LENGTH: Final = struct.Struct(">i")
+#: bounds the topic and tag-code caches of a builder
+CACHE_ENTRIES_MAX: Final = 100_000
+
+_DISPATCH_PROPERTY = re.compile(rb"(?:^|\x02)(TAGS|KEYS|UNIQ_KEY)\x01([^\x02]*)")
+_UNIQ_KEY_PROPERTY = re.compile(rb"(?:^|\x02)UNIQ_KEY\x01([^\x02]+)")
+
+Meta = tuple[int, int, int, int, int, int, int]
+
+#: prepared (0x4) and rolled-back (0xC) transaction messages are the ones with this sys_flag bit
+_SPECIAL_TRANSACTION_BIT: Final = TRANSACTION_PREPARED_TYPE
+invariant(bool(TRANSACTION_ROLLBACK_TYPE & _SPECIAL_TRANSACTION_BIT)
+          and not TRANSACTION_COMMIT_TYPE & _SPECIAL_TRANSACTION_BIT, "prepared and rollback share a bit commit lacks")
+
+
+class PreparedRecords(NamedTuple):
+    """Records laid out by the leader, with queue and physical offsets still zero."""
+
+    #: the store timestamp every record carries
+    stamp: int
+    #: the store host every record carries (8 bytes: IPv4 + port)
+    store_host: bytes
+    topics: tuple[str, ...]
+    #: one :data:`META` tuple per record, in order
+    metas: Sequence[Meta]
+    #: the key-index hashes of all records, in order (each record's count is in its meta)
+    key_hashes: Sequence[int]
+    #: the records, back to back
+    records: bytes
+
+
+def uniq_key_of(records: bytes | bytearray | memoryview, start: int, flags: int) -> bytes | None:
+    """The UNIQ_KEY of the record at ``start`` (None when it has none): read from its properties."""
+    head = 100 if flags & BORN_HOST_V6 else 88
+    (body_length,) = _BODY_LENGTH.unpack_from(records, start + head - 4)
+    topic_at = start + head + body_length
+    properties_at = topic_at + 1 + records[topic_at]
+    (properties_length,) = _INT16.unpack_from(records, properties_at)
+    properties = bytes(records[properties_at + 2 : properties_at + 2 + properties_length])
+    match = _UNIQ_KEY_PROPERTY.search(properties)
+    return match.group(1) if match is not None else None
+
+
+def check_layout(batch: PreparedRecords) -> str | None:
+    """Why ``batch`` is not consistent (record sizes against the records, key counts against the hashes,
+    topic indexes, flags), or None. One pass over the metas: apply refuses an inconsistent batch whole."""
+    records = batch.records
+    position = 0
+    keys = 0
+    topics = len(batch.topics)
+    unpack = _SIZE_MAGIC.unpack_from
+    end = len(records)
+    for size, topic_index, flags, _, _, _, key_count in batch.metas:
+        if size < 88 or position + size > end:
+            return f"record of {size} bytes at {position} runs past the {end} bytes of records"
+        total, magic = unpack(records, position)
+        if total != size or magic != MESSAGE_MAGIC:
+            return f"the record at {position} does not match its meta (size {total}, magic {magic:#x})"
+        if topic_index >= topics or flags & ~FLAGS_KNOWN:
+            return f"the record at {position} names topic {topic_index} of {topics} with flags {flags:#x}"
+        position += size
+        keys += key_count
+    if position != end:
+        return f"{end - position} bytes of records past the last one"
+    if keys != len(batch.key_hashes):
+        return f"metas count {keys} key hashes, {len(batch.key_hashes)} travel"
+    if len(batch.store_host) != 8:
+        return f"store host of {len(batch.store_host)} bytes"
+    return None
+
+
+def restamp(records: bytearray, metas: Sequence[Meta], stamp: int) -> None:
+    """Set every record's store timestamp to ``stamp`` (apply raised the batch's stamp to the floor)."""
+    position = 0
+    for size, _, flags, _, _, _, _ in metas:
+        _I64.pack_into(records, position + STORE_TIMESTAMP_AT[flags & BORN_HOST_V6 and 1], stamp)
+        position += size
+
+
+class RecordBuilder:
+    """Lays out batches of plain messages as records (the leader, before proposing). Not thread-safe."""
+
+    def __init__(self, store_host: bytes, segment_size_bytes: int, body_size_max_bytes: int,
+                 excluded_topics: Collection[str] = ()) -> None:
+        self.store_host = store_host
+        self.segment_size_bytes = segment_size_bytes
+        self.body_size_max_bytes = body_size_max_bytes
+        self.excluded_topics = frozenset(excluded_topics)
+        # topic -> (length byte + bytes, CRC of "topic#"), or None when the store would refuse it
+        self._topics: dict[str, tuple[bytes, int] | None] = {}
+        self._tag_codes: dict[bytes, int] = {}
+
+    def _topic(self, topic: str) -> tuple[bytes, int] | None:
+        if topic in self._topics:
+            return self._topics[topic]
+        entry: tuple[bytes, int] | None = None
+        if topic not in self.excluded_topics and topic_problem(topic) is None:
+            encoded = topic.encode()
+            entry = (bytes((len(encoded),)) + encoded, zlib.crc32(encoded + b"#"))
+        if len(self._topics) < CACHE_ENTRIES_MAX:
+            self._topics[topic] = entry
+        return entry
+
+    def _tag_code(self, tags: bytes | None) -> int:
+        if not tags:
+            return 0
+        code = self._tag_codes.get(tags)
+        if code is None:
+            code = tags_hash_code(tags.decode("utf-8", "replace"))
+            if len(self._tag_codes) < CACHE_ENTRIES_MAX:
+                self._tag_codes[tags] = code
+        return code
+
+    def build(self, messages: Sequence[MessageInput], stamp: int) -> PreparedRecords | None:
+        """The records of ``messages``, all stamped ``stamp``; None when the batch must go as messages."""
+        batch_topics: dict[str, tuple[int, bytes, int]] = {}  # topic -> (index, segment, prefix CRC)
+        topics: list[str] = []
+        metas: list[Meta] = []
+        key_hashes: list[int] = []
+        parts: list[bytes] = []
+        store_host = self.store_host
+        body_max = self.body_size_max_bytes
+        segment_max = self.segment_size_bytes - FILLER_HEADER_BYTES
+        findall = _DISPATCH_PROPERTY.findall
+        crc32 = zlib.crc32
+        tag_codes = self._tag_codes
+        pack_v4 = _HEAD_V4.pack
+        pack_length = _INT16.pack
+        special_transaction = _SPECIAL_TRANSACTION_BIT
+        try:
+            for (topic, queue_id, flag, sys_flag, born_timestamp, born_host, _, reconsume_times, prepared_offset,
+                 body, properties) in messages:
+                known = batch_topics.get(topic)
+                if known is None:
+                    entry = self._topic(topic)
+                    if entry is None:
+                        return None
+                    known = batch_topics[topic] = (len(topics), *entry)
+                    topics.append(topic)
+                topic_index, topic_segment, prefix_crc = known
+                body_length = len(body)
+                properties_length = len(properties)
+                if (body_length > body_max or properties_length > PROPERTIES_BYTES_MAX
+                        or sys_flag & special_transaction or not 0 <= queue_id < 2**31):
+                    return None
+                size = 82 + len(born_host) + body_length + len(topic_segment) + properties_length
+                if size > segment_max:
+                    return None
+                found = findall(properties)
+                fields = dict(found)
+                if len(fields) != len(found):
+                    return None  # a property named twice: the plain path decides which counts
+                sys_flag &= ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
+                if len(born_host) == 8:
+                    parts.append(pack_v4(size, MESSAGE_MAGIC, crc32(body) & 0x7FFFFFFF, queue_id, flag, 0, 0, sys_flag,
+                                         born_timestamp, born_host, stamp, store_host, reconsume_times,
+                                         prepared_offset, body_length))
+                    flags = 0
+                elif len(born_host) == 20:
+                    parts.append(_HEAD_V6.pack(size, MESSAGE_MAGIC, crc32(body) & 0x7FFFFFFF, queue_id, flag, 0, 0,
+                                               sys_flag | SYSFLAG_BORNHOST_V6, born_timestamp, born_host, stamp,
+                                               store_host, reconsume_times, prepared_offset, body_length))
+                    flags = BORN_HOST_V6
+                else:
+                    return None
+                parts += (body, topic_segment, pack_length(properties_length), properties)
+                count = len(key_hashes)
+                uniq_key = fields.get(b"UNIQ_KEY")
+                if uniq_key:
+                    key_hashes.append(crc32(uniq_key, prefix_crc))
+                    flags |= HAS_UNIQ_KEY
+                keys = fields.get(b"KEYS")
+                if keys:
+                    key_hashes.extend([crc32(key, prefix_crc) for key in keys.split(b" ") if key])
+                tags = fields.get(b"TAGS")
+                tag_code = tag_codes.get(tags, None) if tags else 0
+                if tag_code is None:
+                    tag_code = self._tag_code(tags)
+                metas.append((size, topic_index, flags, queue_id, tag_code, reconsume_times, len(key_hashes) - count))
+        except (struct.error, OverflowError, ValueError):
+            return None  # a field that does not fit, or not a message: the plain path says why
+        return PreparedRecords(stamp, store_host, tuple(topics), metas, key_hashes, b"".join(parts))
