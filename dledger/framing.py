@@ -34,7 +34,7 @@ import hashlib
 import hmac
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from commitlog.errors import fail, invariant
@@ -236,17 +236,22 @@ class SecureChannel:
 
         Each call consumes one sequence number, so headers must be sent in the order they were made.
         """
+        return self.encode_frame_parts((payload,))
+
+    def encode_frame_parts(self, parts: Sequence[bytes | memoryview]) -> bytes:
+        """:meth:`encode_frame` for a payload given as parts sent back to back (not joined first)."""
         send_mac = self._send_mac
         if self._state is not ChannelState.ESTABLISHED or send_mac is None:
             fail("frames can only be sent on an established channel")
-        length = len(payload)
+        length = sum(len(part) for part in parts)
         if length > self._frame_size_max_bytes:
             raise FrameTooLargeError(
                 f"frame of {length} bytes exceeds the limit of {self._frame_size_max_bytes}"
             )
         mac = send_mac.copy()
         mac.update(TAG_PREFIX.pack(self._send_sequence, length))
-        mac.update(payload)
+        for part in parts:
+            mac.update(part)
         self._send_sequence += 1
         return FRAME_HEADER.pack(length, mac.digest()[:TAG_BYTES])
 

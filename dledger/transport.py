@@ -79,6 +79,7 @@ import logging
 import os
 import pickle
 import socket
+import struct
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -103,6 +104,14 @@ logger = logging.getLogger(__name__)
 #: pickle protocol for frame payloads: 5 keeps bytes as raw bytes (protocol 2 turns bytes >= 0x80 into
 #: two bytes) and is the fastest the standard library has
 PAYLOAD_PICKLE_PROTOCOL: Final = 5
+#: a frame payload starting with this byte is a pickle whose large byte strings travel after it, out of
+#: band (protocol 5 buffers): ``mark u8 | buffer count u16 | pickle length u32 | buffer lengths u32* |
+#: pickle | buffers``. Any other first byte is a plain pickle (protocol 5 starts with 0x80).
+OUT_OF_BAND_MARK: Final = 0
+_OUT_OF_BAND_HEAD: Final = struct.Struct(">BHI")
+#: command bytes of at least this size in append-entries messages are sent out of band: pickling copied
+#: each entry once per follower (~0.2 ms per 300 KB entry on the leader's GIL)
+OUT_OF_BAND_MIN_BYTES: Final = 16 * 1024
 #: buffers handed to one ``sendmsg``; Linux' IOV_MAX is 1024, fewer keep the list building cheap
 SEND_BUFFERS_PER_CALL_MAX: Final = 64
 #: payloads below this are joined with their header (one small copy) instead of taking a second iovec
@@ -221,12 +230,58 @@ class _NoGlobalsUnpickler(pickle.Unpickler):
 
 
 def encode_message(message: object) -> bytes:
-    return pickle.dumps(message, protocol=PAYLOAD_PICKLE_PROTOCOL)
+    return b"".join(encode_message_parts(message))
+
+
+def encode_message_parts(message: object) -> list[bytes | memoryview]:
+    """The frame payload for ``message``, as parts to send back to back. The commands of an append-entries
+    message travel out of band, as views of the entries' own bytes: nothing copies them before the
+    socket does."""
+    buffers: list[pickle.PickleBuffer] = []
+    skeleton = pickle.dumps(_commands_out_of_band(message), protocol=PAYLOAD_PICKLE_PROTOCOL,
+                            buffer_callback=buffers.append)
+    if not buffers:
+        return [skeleton]
+    views = [buffer.raw() for buffer in buffers]
+    head = _OUT_OF_BAND_HEAD.pack(OUT_OF_BAND_MARK, len(views), len(skeleton)) + struct.pack(
+        f">{len(views)}I", *(view.nbytes for view in views))
+    return [head, skeleton, *views]
+
+
+def _commands_out_of_band(message: object) -> object:
+    """pysyncobj's append-entries message with its large commands wrapped for out-of-band pickling."""
+    if not isinstance(message, dict) or message.get("type") != "append_entries":
+        return message
+    entries = message.get("entries")
+    if not isinstance(entries, list) or not any(
+            isinstance(entry, tuple) and len(entry) == 3 and isinstance(entry[0], bytes)
+            and len(entry[0]) >= OUT_OF_BAND_MIN_BYTES for entry in entries):
+        return message
+    wrapped = [(pickle.PickleBuffer(entry[0]), entry[1], entry[2])
+               if isinstance(entry, tuple) and len(entry) == 3 and isinstance(entry[0], bytes)
+               and len(entry[0]) >= OUT_OF_BAND_MIN_BYTES else entry for entry in entries]
+    return {**message, "entries": wrapped}
 
 
 def decode_message(payload: bytes) -> object:
-    """Unpickle an authenticated frame payload, refusing globals (defence in depth, see module doc)."""
-    return _NoGlobalsUnpickler(io.BytesIO(payload)).load()
+    """Unpickle an authenticated frame payload, refusing globals (defence in depth, see module doc).
+    Out-of-band buffers come back as ``bytes``."""
+    if payload[:1] != bytes((OUT_OF_BAND_MARK,)):
+        return _NoGlobalsUnpickler(io.BytesIO(payload)).load()
+    _, count, skeleton_length = _OUT_OF_BAND_HEAD.unpack_from(payload)
+    position = _OUT_OF_BAND_HEAD.size
+    lengths = struct.unpack_from(f">{count}I", payload, position)
+    position += 4 * count
+    skeleton_end = position + skeleton_length
+    buffers = []
+    start = skeleton_end
+    for length in lengths:
+        buffers.append(payload[start : start + length])
+        start += length
+    if start != len(payload):
+        raise ValueError(f"out-of-band frame: parts end at {start} of {len(payload)} bytes")
+    with memoryview(payload) as view:
+        return _NoGlobalsUnpickler(io.BytesIO(view[position:skeleton_end]), buffers=buffers).load()
 
 
 def _address_family(host: str) -> socket.AddressFamily:
@@ -451,19 +506,23 @@ class FramedConnection:
             self._output_bytes += len(data)
 
     def _queue_frame(self, payload: bytes) -> None:
+        self._queue_frame_parts([payload])
+
+    def _queue_frame_parts(self, parts: list[bytes | memoryview]) -> None:
         channel = self._channel
         if channel is None:
             return
-        header = channel.encode_frame(payload)
-        if len(payload) < JOIN_PAYLOAD_BELOW_BYTES:
-            self._queue_raw(header + payload)
+        header = channel.encode_frame_parts(parts)
+        if sum(len(part) for part in parts) < JOIN_PAYLOAD_BELOW_BYTES:
+            self._queue_raw(b"".join([header, *parts]))
         else:
             self._queue_raw(header)
-            self._queue_raw(payload)
+            for part in parts:
+                self._queue_raw(part)
         self._last_enqueue_time = self._clock()
 
     def _encode_and_queue(self, message: object) -> None:
-        self._queue_frame(encode_message(message))
+        self._queue_frame_parts(encode_message_parts(message))
 
     def _refill_from_deferred(self) -> None:
         while self._deferred and self._output_bytes < self._options.output_buffer_max_bytes:

@@ -37,10 +37,13 @@ from dledger.framing import (
     SecureChannel,
 )
 from dledger.transport import (
+    OUT_OF_BAND_MARK,
+    OUT_OF_BAND_MIN_BYTES,
     AuthenticatedTcpTransport,
     TransportSettings,
     decode_message,
     encode_message,
+    encode_message_parts,
     transport_class,
 )
 from dledger.tuning import entry_size_max_bytes, tuned_conf
@@ -282,6 +285,43 @@ def test_the_malicious_pickle_is_live_and_authenticated_frames_still_cannot_run_
     assert not marker.exists()
     message = {"type": "append_entries", "entries": [(b"\x00\xff" * 10, 5, 2)], "term": 2, "flag": True}
     assert decode_message(encode_message(message)) == message
+
+
+def test_large_commands_travel_out_of_band_and_come_back_as_bytes() -> None:
+    big = random.Random(2).randbytes(OUT_OF_BAND_MIN_BYTES + 7)
+    message = {"type": "append_entries", "term": 3, "commit_index": 9, "prevLogIdx": 4, "prevLogTerm": 3,
+               "entries": [(big, 5, 3), (b"small", 6, 3), (big[::-1], 7, 3)]}
+    parts = encode_message_parts(message)
+    assert parts[0][0] == OUT_OF_BAND_MARK and len(parts) == 4  # head, pickle, two buffers
+    assert isinstance(parts[2], memoryview) and parts[2].obj is big  # a view of the entry's own bytes: not copied before the socket
+    decoded = decode_message(b"".join(parts))
+    assert decoded == message
+    assert isinstance(decoded, dict) and all(type(entry[0]) is bytes for entry in decoded["entries"])
+    # anything else stays one plain pickle, as before
+    for plain in ({"type": "append_entries", "entries": [(b"x" * 10, 1, 1)]}, {"type": "request_vote"}, 7):
+        (only,) = encode_message_parts(plain)
+        assert only[:1] == b"\x80" and decode_message(bytes(only)) == plain
+
+
+def test_out_of_band_frames_with_wrong_lengths_or_globals_are_refused(tmp_path: Path) -> None:
+    big = b"b" * OUT_OF_BAND_MIN_BYTES
+    payload = b"".join(encode_message_parts({"type": "append_entries", "entries": [(big, 1, 1)]}))
+    for broken in (payload + b"x", payload[:-1], payload[:5]):
+        with pytest.raises((ValueError, struct.error, pickle.UnpicklingError, EOFError)):
+            decode_message(broken)
+    evil = pickle.dumps({"type": "append_entries", "evil": CreatesMarkerFile(tmp_path / "marker")}, protocol=5)
+    head = struct.pack(">BHI", OUT_OF_BAND_MARK, 0, len(evil))
+    with pytest.raises(pickle.UnpicklingError, match="refused"):
+        decode_message(head + evil)
+    assert not (tmp_path / "marker").exists()
+
+
+def test_a_frame_in_parts_carries_the_tag_of_the_joined_payload() -> None:
+    initiator, acceptor = established_pair()
+    parts: list[bytes | memoryview] = [b"head", memoryview(b"middle part"), b"tail"]
+    header = initiator.encode_frame_parts(parts)
+    acceptor.receive_data(header + b"".join(parts))
+    assert acceptor.next_frame() == b"headmiddle parttail"
 
 
 # -- dledger.tuning ------------------------------------------------------------------------------------
