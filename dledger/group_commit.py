@@ -24,7 +24,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from commitlog.message import MessageInput, validate_input
 from commitlog.records import PreparedRecords
@@ -89,11 +88,15 @@ def request_bytes(messages: Sequence[MessageInput]) -> int:
     return sum(len(m.body) + len(m.properties) + len(m.topic) + MESSAGE_OVERHEAD_BYTES for m in messages)
 
 
-@dataclass(slots=True)
-class _Request:
-    messages: Sequence[MessageInput]
-    size: int
-    future: AppendFuture[tuple[AppendResult, ...]] = field(default_factory=AppendFuture)
+class _Request(AppendFuture[tuple[AppendResult, ...]]):
+    """One caller's messages, and the future the caller holds: one object per send, not two."""
+
+    __slots__ = ("messages", "size")
+
+    def __init__(self, messages: Sequence[MessageInput], size: int) -> None:
+        super().__init__()
+        self.messages = messages
+        self.size = size
 
 
 class GroupCommitter:
@@ -147,11 +150,13 @@ class GroupCommitter:
         is_leader, leader = self.leader()
         if not is_leader:
             raise NotLeaderError(leader)
+        size = 0
+        body_max = self.body_size_max_bytes
         for message in messages:  # anything that could not even be encoded is refused here, per caller
-            reason = validate_input(message, self.body_size_max_bytes)
+            reason = validate_input(message, body_max)
             if reason is not None:
                 raise InvalidMessageError(reason)
-        size = request_bytes(messages)
+            size += len(message.body) + len(message.properties) + len(message.topic) + MESSAGE_OVERHEAD_BYTES
         if size > self.entry_bytes_max:
             raise EntryTooLargeError(f"{size} bytes of messages exceed one entry ({self.entry_bytes_max} bytes)")
         request = _Request(messages, size)
@@ -168,7 +173,7 @@ class GroupCommitter:
             # it on every submit cut its linger short and sent entries of a few messages each.
             if was_empty or self._batch_is_full():
                 self._condition.notify_all()
-        return request.future
+        return request
 
     def _take_batch(self) -> list[_Request]:
         """Called with the condition held and something waiting."""
@@ -280,7 +285,7 @@ class GroupCommitter:
             position = 0
             for request in batch:
                 count = len(request.messages)
-                request.future.set_result(tuple(results[position : position + count]))
+                request.set_result(tuple(results[position : position + count]))
                 position += count
         elif reason in (FAIL_QUEUE_FULL, FAIL_NOT_LEADER, FAIL_MISSING_LEADER, FAIL_REQUEST_DENIED):
             self._fail(batch, NotLeaderError(None) if reason != FAIL_QUEUE_FULL else BusyError("Raft queue full"))
@@ -290,8 +295,8 @@ class GroupCommitter:
     @staticmethod
     def _fail(batch: list[_Request], error: AppendError) -> None:
         for request in batch:
-            if not request.future.done():
-                request.future.set_exception(error)
+            if not request.done():
+                request.set_exception(error)
 
     def pause(self) -> None:
         """Hold new entries back (a leadership transfer lets the target catch up); submits still queue."""

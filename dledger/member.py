@@ -174,6 +174,7 @@ class GroupMember:
         self._role = RoleChange("follower", 0, None)
         self._apply_lock = threading.Lock()
         self._own_lock = threading.Lock()
+        self._leader_name: tuple[object, str] = (None, "")  # (pysyncobj's leader node, its name)
         #: bytes of entries applied since the last forced compaction (tick thread only)
         self._uncompacted_bytes = 0
         #: id(raw command) -> (the raw command, what it encodes); the command is held, so the id stays unique
@@ -302,7 +303,12 @@ class GroupMember:
     def _leadership(self) -> tuple[bool, str | None]:
         leader = self.raft._getLeader()
         is_leader = self.raft._isLeader()
-        return bool(is_leader), (str(leader) if leader is not None else None)
+        if leader is None:
+            return bool(is_leader), None
+        named = self._leader_name
+        if named[0] is not leader:  # the name is built once per leader, not on every send
+            named = self._leader_name = (leader, str(leader))
+        return bool(is_leader), named[1]
 
     @property
     def is_leader(self) -> bool:
