@@ -36,7 +36,7 @@ from tests.acl.helpers import (
     write_acl,
 )
 from tests.interop.harness import DriverPool
-from tests.support import wait_for
+from tests.support import small_store, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +49,8 @@ PROCESS_SECONDS: Final = 60.0
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     directory = tmp_path_factory.mktemp("acl-group")
     write_acl(directory, BASE_ACL)
-    with probed_cluster(ADMIN).start(directory, nodes=3, overrides={"broker": {"acl_file": "acl.toml"}},
+    overrides = small_store({"broker": {"acl_file": "acl.toml"}})
+    with probed_cluster(ADMIN).start(directory, nodes=3, overrides=overrides,
                                      timeout_seconds=START_SECONDS) as started:
         create = request(leader(started), RequestCode.UPDATE_AND_CREATE_TOPIC, create_topic_fields("orders"),
                          credentials=ADMIN)

@@ -14,14 +14,14 @@ from broker.remoting.codes import RequestCode, ResponseCode
 from cli.cluster import LocalCluster, route_master
 from commitlog.message import StoredMessage, decode_message_id
 from tests.broker import wire
-from tests.support import wait_for
+from tests.support import small_store, wait_for
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster.start(tmp_path_factory.mktemp("group")) as started:
+    with LocalCluster.start(tmp_path_factory.mktemp("group"), overrides=small_store()) as started:
         yield started
 
 

@@ -12,7 +12,7 @@ from broker.remoting.codes import RequestCode, ResponseCode
 from cli.cluster import LocalCluster
 from commitlog.message import decode_message_id
 from tests.broker import wire
-from tests.support import wait_for
+from tests.support import small_store, wait_for
 
 pytestmark = pytest.mark.slow
 SEGMENT = 1 << 20
@@ -21,8 +21,8 @@ BODY = b"r" * (100 << 10)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    overrides: dict[str, dict[str, object]] = {"store": {"segment_size_bytes": SEGMENT, "body_size_max_bytes": 256 << 10},
-                 "broker": {"file_reserved_seconds": 1, "retention_check_seconds": 0.3}}
+    overrides = small_store({"store": {"segment_size_bytes": SEGMENT, "body_size_max_bytes": 256 << 10},
+                             "broker": {"file_reserved_seconds": 1, "retention_check_seconds": 0.3}})
     with LocalCluster.start(tmp_path_factory.mktemp("retention"), overrides=overrides) as started:
         yield started
 

@@ -16,7 +16,7 @@ from broker.remoting.command import RemotingCommand
 from cli.cluster import LocalCluster, route_master
 from commitlog.message import decode_message_id
 from tests.broker import wire
-from tests.support import wait_for
+from tests.support import small_store, wait_for
 
 pytestmark = pytest.mark.slow
 GROUP = "tx-producer"
@@ -24,8 +24,8 @@ GROUP = "tx-producer"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    overrides = {"broker": {"transaction_timeout_ms": 300, "transaction_check_interval_ms": 300,
-                            "transaction_check_max": 3}}
+    overrides = small_store({"broker": {"transaction_timeout_ms": 300, "transaction_check_interval_ms": 300,
+                                        "transaction_check_max": 3}})
     with LocalCluster.start(tmp_path_factory.mktemp("tx"), overrides=overrides) as started:
         yield started
 

@@ -21,6 +21,7 @@ from chaos.toxiproxy_control import ToxiproxyHandle, get_proxy, heal, partition
 from chaos.toxiproxy_server import ToxiproxyServer
 from cli.cluster import node_status, request
 from client import ClientConfig, Message, MQClientError, Producer, ProducerConfig
+from tests.support import small_store
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +51,7 @@ def route_addresses(namesrv: str, topic: str) -> dict[int, str]:
 @pytest.fixture
 def cluster(tmp_path: Path, toxiproxy_server: ToxiproxyServer, toxiproxy: object) -> Iterator[ChaosCluster]:
     handle = ToxiproxyHandle(toxiproxy_server.host, toxiproxy_server.port)
-    with ChaosCluster.start(tmp_path / "cluster", 3, handle) as started:
+    with ChaosCluster.start(tmp_path / "cluster", 3, handle, overrides=small_store()) as started:
         yield started
 
 

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from chaos.runner import RunOptions, RunOutcome, run
+from chaos.scenarios import SCENARIOS
 from chaos.workload import WorkloadConfig
 from cli.cluster import ClusterInfo, is_alive
+from tests.support import small_store
 
 pytestmark = pytest.mark.slow
 
@@ -28,9 +30,10 @@ WORKLOAD = dataclasses.replace(WorkloadConfig(), producers=2, rate_per_producer=
 def run_short(scenario: str, report_dir: Path, seed: int) -> tuple[RunOutcome, str]:
     """Six seconds of faults: exactly one fault (the first comes 2-4 s in, and lasts past the end)."""
     out = io.StringIO()
+    # small store files, under the sizes the scenario sets itself (the run's overrides come last)
     outcome = run(RunOptions(scenario, report_dir, duration_seconds=6.0, seed=seed, workload=WORKLOAD,
                              warmup_seconds=2.0, cooldown_seconds=3.0, drain_timeout_seconds=60.0, verify=False,
-                             keep_data=True), out)
+                             keep_data=True, overrides=small_store(SCENARIOS[scenario].overrides)), out)
     info = ClusterInfo.load(report_dir / "cluster")
     left = [pid for pid in (info.namesrv_pid, *(node.pid for node in info.nodes)) if is_alive(pid)]
     assert left == [], f"processes left running: {left}"

@@ -16,7 +16,7 @@ from cli.cluster import LocalCluster
 from cli.main import main
 from client.loop import EventLoopThread
 from tests.client.fake_broker import FakeGroup
-from tests.support import free_ports
+from tests.support import free_ports, small_store
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +191,7 @@ def test_deliver_at_parsing_and_percentiles() -> None:
 
 @pytest.fixture(scope="module")
 def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster.start(tmp_path_factory.mktemp("cli-cluster")) as started:
+    with LocalCluster.start(tmp_path_factory.mktemp("cli-cluster"), overrides=small_store()) as started:
         yield started
 
 

@@ -29,6 +29,7 @@ from client import (
     TransactionProducer,
     select_by_sharding_key,
 )
+from tests.support import small_store
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +37,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     # transaction check-backs a second after a half message, not RocketMQ's 6 s / 60 s
-    overrides = {"broker": {"transaction_timeout_ms": 1000, "transaction_check_interval_ms": 500}}
+    overrides = small_store({"broker": {"transaction_timeout_ms": 1000,
+                                        "transaction_check_interval_ms": 500}})
     with LocalCluster.start(tmp_path_factory.mktemp("client-cluster"), overrides=overrides) as started:
         yield started
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support import free_ports, wait_for
+from tests.support import SMALL_STORE, free_ports, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "replication-test-secret-0123456789"
@@ -47,7 +47,8 @@ class Node:
 class Group:
     root: Path
     size: int = 3
-    store: dict[str, Any] = field(default_factory=dict)
+    #: [store] settings; small files unless a test sizes them (the defaults preallocate 1 GiB per member)
+    store: dict[str, Any] = field(default_factory=lambda: dict(SMALL_STORE))
     group_commit: dict[str, Any] = field(default_factory=dict)
     raft: dict[str, Any] = field(default_factory=dict)
     #: extra environment for the member processes (the load's RAFTMQ_TEST_* knobs)

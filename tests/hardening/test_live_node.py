@@ -31,7 +31,7 @@ from client import (
 )
 from tests.acl.helpers import runtime_info
 from tests.hardening.garbage import KINDS, GarbageSender
-from tests.support import wait_for
+from tests.support import small_store, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -47,8 +47,8 @@ TOPIC: Final = "hardening-workload"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    overrides = {"broker": {"remoting_idle_timeout_seconds": IDLE_TIMEOUT_SECONDS,
-                            "remoting_connections_max": CONNECTIONS_MAX}}
+    overrides = small_store({"broker": {"remoting_idle_timeout_seconds": IDLE_TIMEOUT_SECONDS,
+                                        "remoting_connections_max": CONNECTIONS_MAX}})
     with LocalCluster.start(tmp_path_factory.mktemp("hardening-group"), nodes=3, overrides=overrides) as started:
         yield started
 

@@ -36,7 +36,7 @@ from dledger.transport import transport_class
 from tests.acl.helpers import runtime_info
 from tests.broker import wire
 from tests.dledger.test_transport import malicious_pickle, read_until_closed
-from tests.support import free_ports, wait_for
+from tests.support import free_ports, small_store, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,8 @@ HUGE_TERM: Final = 10**6
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster.start(tmp_path_factory.mktemp("outsider-group"), nodes=3) as started:
+    directory = tmp_path_factory.mktemp("outsider-group")
+    with LocalCluster.start(directory, nodes=3, overrides=small_store()) as started:
         yield started
 
 

@@ -27,7 +27,7 @@ from client import ClientConfig, Message, Producer, ProducerConfig, SendStatus
 from client.errors import MQClientError
 from commitlog.message import decode_record
 from tests.acl.helpers import probed_cluster, pull_fields, request
-from tests.support import wait_for
+from tests.support import small_store, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -62,8 +62,8 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsGroup]:
     directory = tmp_path_factory.mktemp("tls-group")
     certificate, key = make_certificate(directory, "broker")
     other, _ = make_certificate(directory, "other")
-    overrides = {"broker": {"tls_cert_file": str(certificate), "tls_key_file": str(key),
-                            "remoting_idle_timeout_seconds": IDLE_TIMEOUT_SECONDS}}
+    overrides = small_store({"broker": {"tls_cert_file": str(certificate), "tls_key_file": str(key),
+                                        "remoting_idle_timeout_seconds": IDLE_TIMEOUT_SECONDS}})
     context = ssl.create_default_context(cafile=str(certificate))
     with probed_cluster(ssl_context=context).start(directory, nodes=3, overrides=overrides) as started:
         yield TlsGroup(started, certificate, other)

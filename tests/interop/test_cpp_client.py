@@ -1,10 +1,11 @@
 """The stock C++ client (PyPI ``rocketmq==0.4.4``, librocketmq 1.2.x) against a three-node raftmq group.
 
-One group for the module, started as users start it (``cli.cluster.LocalCluster``), and a fresh
-topic of four queues per test, created with UPDATE_AND_CREATE_TOPIC as ``mqadmin updateTopic`` does.
-The client runs only in :mod:`tests.interop.cpp_driver` subprocesses. Every test checks that each
-acknowledged message is consumed exactly once per consumer group, with what was sent (tags, keys,
-message id, queue offset), in queue order; orderly tests also check the order of each sharding key.
+One group for the module, started as users start it (``cli.cluster.LocalCluster``; small store files
+save the disk), and a fresh topic of four queues per test, created with UPDATE_AND_CREATE_TOPIC as
+``mqadmin updateTopic`` does. The client runs only in :mod:`tests.interop.cpp_driver` subprocesses.
+Every test checks that each acknowledged message is consumed exactly once per consumer group, with
+what was sent (tags, keys, message id, queue offset), in queue order; orderly tests also check the order
+of each sharding key.
 
 Nothing here sleeps to wait: consumers report which queues they pull (from the native client's log)
 and the tests poll for that, for deliveries and for offsets, each with a deadline.
@@ -43,7 +44,7 @@ from tests.interop.harness import (
     max_offset,
     route,
 )
-from tests.support import wait_for
+from tests.support import small_store, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +91,8 @@ class Group:
 
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
-    with LocalCluster.start(tmp_path_factory.mktemp("cpp-group"), nodes=3) as cluster:
+    directory = tmp_path_factory.mktemp("cpp-group")
+    with LocalCluster.start(directory, nodes=3, overrides=small_store()) as cluster:
         yield Group(cluster)
 
 
