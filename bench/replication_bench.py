@@ -8,7 +8,9 @@
 * ``baseline``: plain pysyncobj with its default settings and transport, one message per entry, measured
   in the same run (bench/raft_transport_bench.py's stock scenario).
 
-The callers run inside the leader's process (there is no broker yet), so their cost counts against it.
+The callers run inside the leader's process, so their cost counts against it: each message (single) or
+batch (batch32) is its own append with its own future and acknowledgement callback. They do not write the
+acknowledgement log the replication tests check (``RAFTMQ_TEST_ACK_LOG=0``): no real caller pays for that.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from tests.support import wait_for
 STORE = {"segment_size_bytes": 256 << 20}
 GROUP_COMMIT = {"in_flight_entries_max": 8, "batch_messages_max": 256}
 MESSAGE_BYTES = 1024 + 130  # body plus stored-record overhead in this workload
+NO_ACK_LOG = {"RAFTMQ_TEST_ACK_LOG": "0"}
 
 
 def rss_mb(pid: int, field: str = "VmRSS:") -> float:
@@ -73,7 +76,7 @@ def throughput(root: Path, duration: float, env: dict[str, str]) -> dict[str, An
 
 
 def latency(root: Path, duration: float) -> dict[str, float]:
-    env = {"RAFTMQ_TEST_RATE": "1000", "RAFTMQ_TEST_IN_FLIGHT": "1000"}
+    env = {"RAFTMQ_TEST_RATE": "1000", "RAFTMQ_TEST_IN_FLIGHT": "1000", **NO_ACK_LOG}
     with running_group(root, store=STORE, group_commit=GROUP_COMMIT, env=env) as group:
         leader = group.wait_leader(60)
         group.load(True)
@@ -86,7 +89,7 @@ def latency(root: Path, duration: float) -> dict[str, float]:
 
 
 def memory(root: Path, volume_mb: int) -> dict[str, Any]:
-    env = {"RAFTMQ_TEST_REQUEST_MESSAGES": "32", "RAFTMQ_TEST_IN_FLIGHT": "256"}
+    env = {"RAFTMQ_TEST_REQUEST_MESSAGES": "32", "RAFTMQ_TEST_IN_FLIGHT": "256", **NO_ACK_LOG}
     samples: dict[str, list[float]] = {}
     anonymous: dict[str, list[float]] = {}
     with running_group(root, store=STORE, group_commit=GROUP_COMMIT, env=env) as group:
@@ -134,9 +137,9 @@ def main() -> None:
 
 
 def run(root: Path, arguments: argparse.Namespace) -> None:
-    single = throughput(root / "single", arguments.duration, {"RAFTMQ_TEST_IN_FLIGHT": "4096"})
+    single = throughput(root / "single", arguments.duration, {"RAFTMQ_TEST_IN_FLIGHT": "4096", **NO_ACK_LOG})
     batch = throughput(root / "batch", arguments.duration,
-                       {"RAFTMQ_TEST_REQUEST_MESSAGES": "32", "RAFTMQ_TEST_IN_FLIGHT": "256"})
+                       {"RAFTMQ_TEST_REQUEST_MESSAGES": "32", "RAFTMQ_TEST_IN_FLIGHT": "256", **NO_ACK_LOG})
     low_load = latency(root / "latency", arguments.duration)
     rss = memory(root / "memory", arguments.volume_mb)
     result: dict[str, Any] = {

@@ -166,12 +166,14 @@ class GroupCommitter:
             if self._waiting_bytes + size > self.settings.pending_bytes_max:
                 raise BusyError(f"{self._waiting_bytes} bytes are waiting for replication")
             was_empty = not self._waiting
+            was_full = self._batch_is_full()
             self._waiting.append(request)
             self._waiting_bytes += size
             self._waiting_messages += len(messages)
-            # Wake the batcher only when it may act: work appeared, or a lingering batch is full. Waking
-            # it on every submit cut its linger short and sent entries of a few messages each.
-            if was_empty or self._batch_is_full():
+            # Wake the batcher only when it may act: work appeared, or a lingering batch just became full.
+            # Waking it on every submit cut its linger short and sent entries of a few messages each; and
+            # while it waits for an in-flight slot, every submit woke it for nothing (~6% of the leader).
+            if was_empty or (not was_full and self._batch_is_full()):
                 self._condition.notify_all()
         return request
 
