@@ -353,6 +353,22 @@ def tags_hash_code(tags: str | None) -> int:
     return java_string_hash(tags) if tags else 0
 
 
+#: bound on a tag-code cache
+TAG_CODE_CACHE_MAX: Final = 100_000
+
+
+def cached_tag_code(cache: dict[bytes, int], tags: bytes | None) -> int:
+    """:func:`tags_hash_code` of raw TAGS bytes, remembered in ``cache`` (up to TAG_CODE_CACHE_MAX)."""
+    if not tags:
+        return 0
+    code = cache.get(tags)
+    if code is None:
+        code = tags_hash_code(tags.decode("utf-8", "replace"))
+        if len(cache) < TAG_CODE_CACHE_MAX:
+            cache[tags] = code
+    return code
+
+
 #: RocketMQ's topic name rule (TopicValidator): letters, digits, and %|_-
 TOPIC_PATTERN: Final = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 

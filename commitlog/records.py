@@ -32,7 +32,7 @@ from commitlog.message import (
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
     MessageInput,
-    tags_hash_code,
+    cached_tag_code,
     topic_problem,
 )
 
@@ -156,16 +156,6 @@ class RecordBuilder:
             self._topics[topic] = entry
         return entry
 
-    def _tag_code(self, tags: bytes | None) -> int:
-        if not tags:
-            return 0
-        code = self._tag_codes.get(tags)
-        if code is None:
-            code = tags_hash_code(tags.decode("utf-8", "replace"))
-            if len(self._tag_codes) < CACHE_ENTRIES_MAX:
-                self._tag_codes[tags] = code
-        return code
-
     def build(self, messages: Sequence[MessageInput], stamp: int) -> PreparedRecords | None:
         """The records of ``messages``, all stamped ``stamp``; None when the batch must go as messages."""
         batch_topics: dict[str, tuple[int, bytes, int]] = {}  # topic -> (index, segment, prefix CRC)
@@ -230,7 +220,7 @@ class RecordBuilder:
                 tags = fields.get(b"TAGS")
                 tag_code = tag_codes.get(tags, None) if tags else 0
                 if tag_code is None:
-                    tag_code = self._tag_code(tags)
+                    tag_code = cached_tag_code(tag_codes, tags)
                 metas.append((size, topic_index, flags, queue_id, tag_code, reconsume_times, len(key_hashes) - count))
         except (struct.error, OverflowError, ValueError):
             return None  # a field that does not fit, or not a message: the plain path says why
