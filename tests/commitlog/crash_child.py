@@ -28,7 +28,7 @@ def main() -> None:
     if crash_point == "after-write":
         original_write = store.commit_log.write
 
-        def write_then_maybe_die(offset: int, data: bytes | bytearray) -> None:
+        def write_then_maybe_die(offset: int, data: bytes | bytearray | memoryview) -> None:
             original_write(offset, data)
             if appended == crash_after:
                 die()
