@@ -7,7 +7,7 @@ store is in the filter, so a "no" skips a key-index lookup whose answer would ha
 a lookup returns, only how often the index is read, and replicas stay deterministic whatever their filters
 hold.
 
-Two bitmaps of 2^25 bits (4 MiB each): keys go into the current one; once a question asks about a time after
+Two bitmaps of 2^27 bits (16 MiB each): keys go into the current one; once a question asks about a time after
 the current bitmap's oldest key, nothing in the previous bitmap can matter any more, so it is
 dropped and the current one becomes the previous (strictly after: keys of the previous bitmap may carry
 that very stamp). Keys stored before the store was opened are not in the
@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-BITS_LOG2 = 25
+#: A bitmap holds up to a dedupe window's keys (120 s): at 50k keys/s, 6M keys in 2^27 bits answer "maybe"
+#: for ~4% of new keys per bitmap (2^25 bits: ~16%), and each "maybe" costs a key-index lookup.
+BITS_LOG2 = 27
 _MASK = (1 << BITS_LOG2) - 1
 
 
