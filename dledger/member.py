@@ -31,7 +31,15 @@ from dledger.command import Command, encode_command
 from dledger.config import NodeConfig, parse_address
 from dledger.future import AppendFuture
 from dledger.group_commit import GroupCommitter, NotLeaderError, OutcomeUnknownError, request_bytes
-from dledger.snapshot import Snapshot, read_snapshot, write_snapshot
+from dledger.log_matching import plan_append
+from dledger.snapshot import (
+    SNAPSHOT_HEAD_BYTES,
+    Snapshot,
+    SnapshotError,
+    peek_last_entry,
+    read_snapshot,
+    write_snapshot,
+)
 from dledger.state import ReplicatedState, StateError
 from dledger.timers import TIMER_TOPIC
 from dledger.transport import transport_class
@@ -114,7 +122,7 @@ class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
             return self._member.apply_raw(self.raftLastApplied + 1, command)
         return SyncObj._SyncObj__doApplyCommand(self, command)
 
-    # Two safety fixes to pysyncobj 0.3.17's follower side, made by overriding its name-mangled private
+    # Safety fixes to pysyncobj 0.3.17's follower side, made by overriding its name-mangled private
     # methods (the transport callback is looked up on the instance, so these are the ones called):
     #
     # 1. An append_entries without ``prevLogIdx`` (a snapshot chunk, or the "no snapshot ready yet"
@@ -125,11 +133,90 @@ class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
     # 2. After a snapshot that failed to load (our deserializer raised: catch-up could not finish),
     #    pysyncobj still answers success with its own log end, so the leader counted entries this member
     #    does not have towards a majority. A failed load now answers failure and asks for the snapshot again.
+    # 3. pysyncobj deletes every entry after ``prevLogIdx`` when the log is longer, even entries identical
+    #    to the leader's, and installs any snapshot it receives, even one older than what it has applied
+    #    (the leader rewinds a follower's next index on stale replies and sends its snapshot when that
+    #    falls below its log start). A restarted follower cut applied entries, went back to an older
+    #    snapshot, and a compaction finished just before then deleted up to its index on the shortened
+    #    log: the log was empty and every tick raised IndexError. Now the log is truncated only from the
+    #    first conflicting entry (dledger.log_matching), a snapshot whose last entry we already hold is not
+    #    installed (nor written over ours), and a success reply claims no more than the message proved.
+
+    #: the highest next index a success reply to the message being handled may claim (None: no cap)
+    _reply_index_max: int | None = None
+    #: the last index of the leader's snapshot now arriving that we are not installing (fix 3)
+    _ignored_snapshot_index: int | None = None
 
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
-        if isinstance(message, dict) and message.get("type") == "append_entries" and "prevLogIdx" not in message:
-            message = {**message, "commit_index": min(int(message.get("commit_index", 0)), self.raftCommitIndex)}
-        SyncObj._SyncObj__onMessageReceived(self, node, message)
+        held_snapshot_index = None
+        if isinstance(message, dict) and message.get("type") == "append_entries":
+            message, held_snapshot_index = self._checked_append(message)
+        try:
+            SyncObj._SyncObj__onMessageReceived(self, node, message)
+        finally:
+            self._reply_index_max = None
+        if held_snapshot_index is not None:  # as pysyncobj answers an installed one, claiming only its index
+            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=held_snapshot_index + 1, success=True)
+
+    def _checked_append(self, message: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+        """The message pysyncobj is given instead, and the index of a held snapshot whose last chunk it is."""
+        if message["term"] < self.raftCurrentTerm:
+            return message, None  # ignored by pysyncobj
+        if "prevLogIdx" not in message:
+            message, held_snapshot_index = self._checked_snapshot_chunk(message)
+            return {**message, "commit_index": min(int(message.get("commit_index", 0)), self.raftCommitIndex)}, \
+                held_snapshot_index
+        if message.get("transmission") is not None:
+            # a chunked entry: never sent here, as tuned_conf keeps every entry below half the batch size
+            # (and pysyncobj's chunking is broken anyway, see DESIGN.md)
+            return message, None
+        raft_log = self._SyncObj__raftLog
+        plan = plan_append(self._term_at, (raft_log[-1][1], raft_log[-1][2]), message["prevLogIdx"],
+                           message["prevLogTerm"], message.get("entries", []), message["commit_index"])
+        if plan is None:
+            return message, None  # the previous entry does not match: pysyncobj's failure reply is right
+        self._reply_index_max = plan.reply_index_max
+        return {**message, "prevLogIdx": plan.prev_index, "prevLogTerm": plan.prev_term, "entries": plan.entries,
+                "commit_index": plan.commit_index}, None
+
+    def _checked_snapshot_chunk(self, message: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+        """A chunk of the leader's snapshot, unless that snapshot is not newer than what we hold: then its
+        chunks are dropped before pysyncobj writes them over our own snapshot file (which must go on
+        matching our log) and its last chunk is answered for it. Decided on the first chunk, which holds
+        the snapshot's last entry."""
+        serialized = message.get("serialized")
+        if serialized is None:
+            return message, None
+        data, is_first, is_last = serialized
+        if is_first:
+            self._ignored_snapshot_index = self._held_snapshot_index(bytes(data[:SNAPSHOT_HEAD_BYTES]))
+        held_index = self._ignored_snapshot_index
+        if held_index is None:
+            return message, None
+        if is_last:
+            self._ignored_snapshot_index = None
+        return {key: value for key, value in message.items() if key != "serialized"}, held_index if is_last else None
+
+    def _held_snapshot_index(self, head: bytes) -> int | None:
+        """The index of a snapshot (from its first bytes) whose last entry is applied here (so committed,
+        the same on every member) or in our log with the same term; None for a newer one. Installing an
+        older one would clear our log and take our applied index back (Raft §7 keeps the log then)."""
+        try:
+            index, term = peek_last_entry(head)
+        except SnapshotError:
+            return None  # pysyncobj receives it, the load fails, and that is answered as a failure (fix 2)
+        if index > self.raftLastApplied and self._term_at(index) != term:
+            return None
+        log.info("the leader's snapshot at index %d is not newer than our log (applied %d): not installed",
+                 index, self.raftLastApplied)
+        return index
+
+    def _term_at(self, index: int) -> int | None:
+        raft_log = self._SyncObj__raftLog
+        first = raft_log[0][1]
+        if not first <= index < first + len(raft_log):
+            return None
+        return int(raft_log[index - first][2])
 
     def _checkCommandsToApply(self) -> None:
         """Commit latency: in batch mode pysyncobj sends new entries only every ``appendEntriesPeriod``, so
@@ -150,6 +237,10 @@ class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
             self._member.snapshot_load_failed = False
             SyncObj._SyncObj__sendNextNodeIdx(self, node, reset=True, nextNodeIdx=1, success=False)
             return
+        if success and self._reply_index_max is not None:
+            if nextNodeIdx is None:
+                nextNodeIdx = self._SyncObj__getCurrentLogIndex() + 1
+            nextNodeIdx = min(nextNodeIdx, self._reply_index_max)
         SyncObj._SyncObj__sendNextNodeIdx(self, node, reset=reset, nextNodeIdx=nextNodeIdx, success=success)
 
 

@@ -28,6 +28,8 @@ U16 = struct.Struct(">H")
 U32 = struct.Struct(">I")
 #: a snapshot holds two log entries and small state; anything larger is damage
 SNAPSHOT_BYTES_MAX: Final = 256 << 20
+#: a snapshot's first bytes, up to its last entry's index and term (see peek_last_entry)
+SNAPSHOT_HEAD_BYTES: Final = HEAD.size + ENTRY.size
 
 LogEntry = tuple[bytes, int, int]  # pysyncobj's (command, index, term)
 
@@ -99,6 +101,18 @@ def decode_snapshot(data: bytes) -> Snapshot:
     if position != len(body):
         raise SnapshotError("snapshot has trailing or missing bytes")
     return Snapshot(entries[0], entries[1], commit_log_min, commit_log_end, tuple(members), state)
+
+
+def peek_last_entry(head: bytes) -> tuple[int, int]:
+    """(index, term) of a snapshot's last entry from its first SNAPSHOT_HEAD_BYTES bytes: a snapshot still
+    arriving from the leader, not yet checked by its CRC."""
+    if len(head) < SNAPSHOT_HEAD_BYTES:
+        raise SnapshotError("snapshot too short")
+    magic, version = HEAD.unpack_from(head)
+    if magic != SNAPSHOT_MAGIC or version != SNAPSHOT_VERSION:
+        raise SnapshotError(f"not a raftmq snapshot (magic {magic:#x}, version {version})")
+    index, term = ENTRY.unpack_from(head, HEAD.size)
+    return index, term
 
 
 def write_snapshot(path: Path, snapshot: Snapshot) -> None:
