@@ -149,7 +149,14 @@ class KeyIndex:
                end_timestamp: int = 2**63 - 1) -> list[int]:
         """Physical offsets of entries with ``hash_value``, newest first, at most ``max_count``."""
         found: list[int] = []
+        newer_begin_seconds: int | None = None  # the begin of the file after this one
         for index_file in reversed(self.files):
+            if newer_begin_seconds is not None and newer_begin_seconds < begin_timestamp // 1000:
+                # This file's entries are no newer than the next file's first (entries go in store-time
+                # order), so all are before the window: the walk below would stop at each one's first
+                # entry. So would it in every older file: a lookup of recent keys reads only recent files.
+                break
+            newer_begin_seconds = index_file.begin_timestamp // 1000
             if index_file.begin_timestamp > end_timestamp:
                 continue
             mapped = index_file.file.map

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from commitlog.consume_queue import CQ_UNIT, ConsumeQueue
-from commitlog.key_index import KeyIndex, key_hash
+from commitlog.key_index import IndexFile, KeyIndex, key_hash
 
 units = st.tuples(st.integers(0, 2**63 - 1), st.integers(1, 2**31 - 1), st.integers(-(2**63), 2**63 - 1))
 
@@ -60,3 +60,38 @@ def test_key_index_undo_restores_every_chain(tmp_path: Path) -> None:
     index.prune_below(80)
     assert all(f.begin_physical >= 0 for f in index.files)
     assert index.lookup(key_hash("T", "k0"), 100)[-1] >= 80 or len(index.files) == 1
+
+
+def test_key_index_lookups_of_a_recent_window_read_only_recent_files(tmp_path: Path) -> None:
+    """Same answers as walking every file (a model), without reading files wholly before the window."""
+    import random
+
+    rng = random.Random(11)
+    index = KeyIndex(tmp_path, slot_count=8, entry_capacity=16)
+    entries = [(key_hash("T", f"k{rng.randrange(12)}"), n * 10, 1_000_000 + n * 700) for n in range(400)]
+    for start in range(0, len(entries), 37):
+        index.prepare(entries[start : start + 37])
+        index.insert_many(entries[start : start + 37])
+    assert len(index.files) == 25
+    for key in range(12):
+        wanted = key_hash("T", f"k{key}")
+        for begin in (0, 1_050_000, 1_140_000, 1_200_000, 1_279_300, 1_400_000):
+            expected = [physical for hashed, physical, stamp in reversed(entries)
+                        if hashed == wanted and stamp // 1000 >= begin // 1000][:100]
+            assert index.lookup(wanted, 100, begin) == expected, (key, begin)
+    read: set[int] = set()
+    original = IndexFile.entry
+
+    def recording_entry(self: IndexFile, number: int) -> tuple[int, int, int, int]:
+        read.add(self.begin_physical)
+        return original(self, number)
+
+    IndexFile.entry = recording_entry  # type: ignore[method-assign]
+    try:
+        for key in range(12):
+            index.lookup(key_hash("T", f"k{key}"), 100, 1_275_000)
+    finally:
+        IndexFile.entry = original  # type: ignore[method-assign]
+    window_files = {f.begin_physical for n, f in enumerate(index.files)
+                    if n + 1 == len(index.files) or index.files[n + 1].begin_timestamp // 1000 >= 1_275}
+    assert read and read <= window_files and len(window_files) <= 3
