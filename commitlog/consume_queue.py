@@ -112,17 +112,22 @@ class ConsumeQueue:
 
     def put_run(self, first_offset: int, units: list[Unit]) -> None:
         """Write consecutive units starting at ``first_offset`` (files ensured), one write per file."""
+        self.put_packed(first_offset, b"".join([CQ_UNIT.pack(*unit) for unit in units]))
+
+    def put_packed(self, first_offset: int, packed: bytes) -> None:
+        """:meth:`put_run` for units already packed back to back."""
+        count = len(packed) // UNIT_BYTES
         position = 0
-        while position < len(units):
+        while position < count:
             offset = first_offset + position
             start = self.file_start(offset)
-            take = min(len(units) - position, start + self.units_per_file - offset)
-            blob = b"".join([CQ_UNIT.pack(*unit) for unit in units[position : position + take]])
+            take = min(count - position, start + self.units_per_file - offset)
             local = (offset - start) * UNIT_BYTES
-            self.files[start].map[local : local + len(blob)] = blob
+            self.files[start].map[local : local + take * UNIT_BYTES] = (
+                packed[position * UNIT_BYTES : (position + take) * UNIT_BYTES])
             position += take
-        if first_offset + len(units) > self.max_offset:
-            self.max_offset = first_offset + len(units)
+        if first_offset + count > self.max_offset:
+            self.max_offset = first_offset + count
 
     def units(self, queue_offset: int, max_count: int) -> list[Unit]:
         """Up to ``max_count`` units from ``queue_offset`` (clamped to the queue's range)."""

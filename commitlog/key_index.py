@@ -20,9 +20,13 @@ from __future__ import annotations
 import re
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+import numpy as np
+import numpy.typing as npt
 
 from commitlog.errors import CorruptionError, invariant
 from commitlog.mapped_file import MappedFile, ensure_directory
@@ -41,6 +45,32 @@ TAIL: Final = struct.Struct(">q")
 FILE_NAME = re.compile(r"^\d{20}$")
 
 IndexEntry = tuple[int, int, int]  # (key hash, physical offset, store timestamp ms)
+#: :data:`ENTRY` and :data:`SLOT` as numpy types: a batch of entries is inserted column-wise
+ENTRY_DTYPE: Final = np.dtype([("hash", ">u4"), ("physical", ">i8"), ("seconds", ">i4"), ("previous", ">i4")])
+SLOT_DTYPE: Final = np.dtype(">u4")
+invariant(ENTRY_DTYPE.itemsize == ENTRY.size, "the entry dtype is the entry struct")
+
+Column = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexColumns:
+    """Index entries as columns (key hash, physical offset, store timestamp ms), in insertion order."""
+
+    hashes: Column
+    physicals: Column
+    timestamps: Column
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def since(self, start: int, end: int) -> IndexColumns:
+        return IndexColumns(self.hashes[start:end], self.physicals[start:end], self.timestamps[start:end])
+
+
+def index_columns(entries: Sequence[IndexEntry]) -> IndexColumns:
+    table = np.array(entries, dtype=np.int64).reshape(-1, 3)
+    return IndexColumns(table[:, 0], table[:, 1], table[:, 2])
 
 
 def key_hash(topic: str, key: str) -> int:
@@ -96,54 +126,65 @@ class KeyIndex:
         self.files.append(index_file)
         return index_file
 
-    def prepare(self, entries: list[IndexEntry]) -> None:
+    def prepare(self, entries: IndexColumns | Sequence[IndexEntry]) -> None:
         """Create the files ``entries`` will need. May raise DiskFullError; writes no entry."""
+        if not isinstance(entries, IndexColumns):
+            entries = index_columns(entries)
         free = (self.entry_capacity - self.files[-1].entry_count) if self.files else 0
         position = free
         while position < len(entries):
-            _, physical, timestamp = entries[position]
-            self._create(physical, timestamp)
+            self._create(int(entries.physicals[position]), int(entries.timestamps[position]))
             position += self.entry_capacity
 
-    def insert_many(self, entries: list[IndexEntry]) -> None:
+    def insert_many(self, entries: IndexColumns | Sequence[IndexEntry]) -> None:
         """Append ``entries`` (files prepared). Per file: all entries as one write, then the header count
         and tail, then the slots; a crash between leaves either unreachable entries past the count or
         entries whose slot still holds the previous value, both of which :meth:`undo_from` handles."""
+        if not isinstance(entries, IndexColumns):
+            entries = index_columns(entries)
         position = 0
         while position < len(entries):
             index_file = next((f for f in self.files if f.entry_count < self.entry_capacity), None)
             invariant(index_file is not None, "prepare must run before insert")
             assert index_file is not None
             take = min(len(entries) - position, self.entry_capacity - index_file.entry_count)
-            self._insert_into(index_file, entries[position : position + take])
+            self._insert_into(index_file, entries.since(position, position + take))
             position += take
 
-    def _insert_into(self, index_file: IndexFile, entries: list[IndexEntry]) -> None:
+    def _insert_into(self, index_file: IndexFile, entries: IndexColumns) -> None:
+        """Column-wise: an entry's previous is the newest earlier entry of its slot in this batch, else what
+        the slot held; each slot written ends at the newest entry of its bucket."""
         mapped = index_file.file.map
-        slot_count = self.slot_count
-        begin_seconds = index_file.begin_timestamp // 1000
         count = index_file.entry_count
-        new_slots: dict[int, int] = {}
-        packed = []
-        pack = ENTRY.pack
-        for hash_value, physical, timestamp in entries:
-            slot_position = HEADER_BYTES + (hash_value % slot_count) * 4
-            previous = new_slots.get(slot_position)
-            if previous is None:
-                (previous,) = SLOT.unpack_from(mapped, slot_position)
-            packed.append(pack(hash_value, physical, timestamp // 1000 - begin_seconds, previous))
-            count += 1
-            new_slots[slot_position] = count
-        base = index_file.entries_base + index_file.entry_count * ENTRY.size
-        blob = b"".join(packed)
-        mapped[base : base + len(blob)] = blob
-        _, last_physical, last_timestamp = entries[-1]
-        TAIL.pack_into(mapped, END_POSITION, last_physical)
-        TAIL.pack_into(mapped, END_POSITION + 16, last_timestamp)
-        SLOT.pack_into(mapped, COUNT_POSITION, count)
-        for slot_position, number in new_slots.items():
-            SLOT.pack_into(mapped, slot_position, number)
-        index_file.entry_count = count
+        taken = len(entries)
+        slots = entries.hashes % self.slot_count
+        order = np.argsort(slots, kind="stable")  # within a slot, still in insertion order
+        ordered = slots[order]
+        numbers = count + 1 + np.arange(taken, dtype=np.int64)  # each entry's number + 1, as slots hold
+        starts_run = np.ones(taken, dtype=bool)
+        starts_run[1:] = ordered[1:] != ordered[:-1]
+        ends_run = np.ones(taken, dtype=bool)
+        ends_run[:-1] = starts_run[1:]
+        slot_table = np.frombuffer(mapped, SLOT_DTYPE, count=self.slot_count, offset=HEADER_BYTES)
+        try:
+            previous_ordered = np.where(starts_run, slot_table[ordered], numbers[order[np.maximum(
+                np.arange(taken) - 1, 0)]])
+            previous = np.empty(taken, dtype=np.int64)
+            previous[order] = previous_ordered
+            packed = np.empty(taken, dtype=ENTRY_DTYPE)
+            packed["hash"] = entries.hashes
+            packed["physical"] = entries.physicals
+            packed["seconds"] = entries.timestamps // 1000 - index_file.begin_timestamp // 1000
+            packed["previous"] = previous
+            base = index_file.entries_base + count * ENTRY.size
+            mapped[base : base + taken * ENTRY.size] = packed.tobytes()
+            TAIL.pack_into(mapped, END_POSITION, int(entries.physicals[-1]))
+            TAIL.pack_into(mapped, END_POSITION + 16, int(entries.timestamps[-1]))
+            SLOT.pack_into(mapped, COUNT_POSITION, count + taken)
+            slot_table[ordered[ends_run]] = numbers[order[ends_run]]
+        finally:
+            del slot_table  # a live export would stop the file from being unmapped
+        index_file.entry_count = count + taken
 
     def lookup(self, hash_value: int, max_count: int, begin_timestamp: int = 0,
                end_timestamp: int = 2**63 - 1) -> list[int]:

@@ -19,38 +19,51 @@ what a dropped bitmap held.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from commitlog.key_index import IndexColumns, IndexEntry, index_columns
 
 #: A bitmap holds up to a dedupe window's keys (120 s): at 50k keys/s, 6M keys in 2^27 bits answer "maybe"
 #: for ~4% of new keys per bitmap (2^25 bits: ~16%), and each "maybe" costs a key-index lookup.
 BITS_LOG2 = 27
 _MASK = (1 << BITS_LOG2) - 1
+_SPREAD = 0x9E3779B1  # spreads CRC bits over the bitmap
+
+
+def _bits(hashes: npt.NDArray[np.int64] | npt.NDArray[np.uint32]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
+    """Each hash's byte in a bitmap and its bit in that byte (hashes are CRC32s: the product fits 64 bits)."""
+    mixed = ((hashes.astype(np.uint64) * np.uint64(_SPREAD)) >> np.uint64(7) & np.uint64(_MASK)).astype(np.int64)
+    return mixed >> 3, np.left_shift(1, mixed & 7).astype(np.uint8)
 
 
 class RecentKeys:
     __slots__ = ("_current", "_current_oldest", "_previous", "floor")
 
     def __init__(self) -> None:
-        self._current = bytearray(1 << (BITS_LOG2 - 3))
-        self._previous = bytearray(1 << (BITS_LOG2 - 3))
+        self._current = np.zeros(1 << (BITS_LOG2 - 3), dtype=np.uint8)
+        self._previous = np.zeros(1 << (BITS_LOG2 - 3), dtype=np.uint8)
         #: the smallest stamp added to the current bitmap (None: empty)
         self._current_oldest: int | None = None
         #: keys stored at or before this stamp may be missing (stored before the filter started, or dropped
         #: with a previous bitmap)
         self.floor: int | None = None
 
-    def add(self, entries: Iterable[tuple[int, int, int]]) -> None:
+    def add(self, entries: IndexColumns | Sequence[IndexEntry]) -> None:
         """Record key-index entries: (key hash, physical offset, store timestamp ms)."""
-        current = self._current
-        oldest = self._current_oldest
-        for key_hash, _, stamp in entries:
-            mixed = (key_hash * 0x9E3779B1) >> 7 & _MASK  # spread CRC bits over the bitmap
-            current[mixed >> 3] |= 1 << (mixed & 7)
-            if oldest is None or stamp < oldest:
-                oldest = stamp
-        self._current_oldest = oldest
-        if self.floor is None and oldest is not None:
-            self.floor = oldest
+        if not isinstance(entries, IndexColumns):
+            entries = index_columns(entries)
+        if not len(entries):
+            return
+        byte, bit = _bits(entries.hashes)
+        np.bitwise_or.at(self._current, byte, bit)
+        oldest = int(entries.timestamps.min())
+        if self._current_oldest is None or oldest < self._current_oldest:
+            self._current_oldest = oldest
+        if self.floor is None:
+            self.floor = self._current_oldest
 
     def authoritative(self, since_timestamp: int) -> bool:
         """Whether "no" answers are exact for keys stored at or after ``since_timestamp``; rotates the
@@ -62,22 +75,23 @@ class RecentKeys:
             # a time not after it gets "maybe" again
             self.floor = max(self.floor, self._current_oldest)
             self._previous, self._current = self._current, self._previous
-            self._current[:] = bytes(len(self._current))
+            self._current.fill(0)
             self._current_oldest = None
         return True
 
     def maybe(self, key_hash: int) -> bool:
-        mixed = (key_hash * 0x9E3779B1) >> 7 & _MASK
+        mixed = (key_hash * _SPREAD) >> 7 & _MASK
         byte, bit = mixed >> 3, 1 << (mixed & 7)
         return bool(self._current[byte] & bit or self._previous[byte] & bit)
 
+    def maybe_mask(self, hashes: npt.NDArray[np.int64] | npt.NDArray[np.uint32]) -> npt.NDArray[np.bool_]:
+        """For each hash, whether it is "maybe"."""
+        byte, bit = _bits(hashes)
+        mask: npt.NDArray[np.bool_] = ((self._current[byte] | self._previous[byte]) & bit) != 0
+        return mask
+
     def maybe_many(self, hashes: dict[int, int]) -> list[int]:
         """The names in ``hashes`` (name -> key hash) whose hash is "maybe"."""
-        current, previous = self._current, self._previous
-        found = []
-        for name, key_hash in hashes.items():
-            mixed = (key_hash * 0x9E3779B1) >> 7 & _MASK
-            byte, bit = mixed >> 3, 1 << (mixed & 7)
-            if current[byte] & bit or previous[byte] & bit:
-                found.append(name)
-        return found
+        names = list(hashes)
+        mask = self.maybe_mask(np.fromiter(hashes.values(), dtype=np.int64, count=len(names)))
+        return [name for name, maybe in zip(names, mask.tolist(), strict=True) if maybe]

@@ -28,14 +28,17 @@ import zlib
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import IO, Final, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
 
 from commitlog.checkpoint import ApplyPositionFile, Checkpoint, read_checkpoint, write_checkpoint
 from commitlog.commit_log import CommitLog
 from commitlog.config import StoreConfig
 from commitlog.consume_queue import CQ_UNIT, UNIT_BYTES, ConsumeQueue
 from commitlog.errors import CorruptionError, StoreError, invariant
-from commitlog.key_index import IndexEntry, KeyIndex, key_hash
+from commitlog.key_index import IndexColumns, IndexEntry, KeyIndex, index_columns, key_hash
 from commitlog.message import (
     FILLER_HEADER_BYTES,
     HEAD_A,
@@ -61,7 +64,18 @@ from commitlog.message import (
     validate_input,
 )
 from commitlog.recent_keys import RecentKeys
-from commitlog.records import OFFSETS, QUEUE_OFFSET_AT, PreparedRecords, restamp
+from commitlog.records import (
+    HASH_DTYPE,
+    OFFSETS,
+    QUEUE_OFFSET_AT,
+    Layout,
+    PreparedRecords,
+    hash_list,
+    layout_of,
+    meta_list,
+    restamp,
+    scatter,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +84,16 @@ LOCK_NAME = "lock"
 #: bound on the tag-code and topic caches
 CACHE_ENTRIES_MAX = 100_000
 APPLY_POSITION_NAME = "apply.pos"
+#: :data:`CQ_UNIT` as a numpy record
+CQ_UNIT_DTYPE: Final = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tag", ">i8")])
+invariant(CQ_UNIT_DTYPE.itemsize == UNIT_BYTES, "the unit dtype is the unit struct")
+#: (queue, its first offset in this append, the append's units of it packed back to back)
+PackedRun = tuple[tuple[str, int], int, bytes]
+
+
+def _packed_runs(runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]]) -> list[PackedRun]:
+    return [(queue_key, first_offset, b"".join([CQ_UNIT.pack(*unit) for unit in units]))
+            for queue_key, (first_offset, units) in runs.items()]
 
 
 class AppendStatus(enum.Enum):
@@ -345,7 +369,7 @@ class MessageStore:
         return cached_tag_code(self._tag_codes, tags)
 
     def _allocate(self, last_record_offset: int, new_offsets: dict[tuple[str, int], int],
-                  index_entries: list[IndexEntry]) -> None:
+                  index_entries: IndexColumns | list[IndexEntry]) -> None:
         """Create every file an append will write, before it writes anything: a DiskFullError (raised
         here) leaves nothing written."""
         segment_size = self.config.segment_size_bytes
@@ -490,7 +514,7 @@ class MessageStore:
                     runs[queue_key] = (queue_offset, [(offset, size, tag_code)])
                 else:  # queue offsets of one queue are consecutive within an append
                     run[1].append((offset, size, tag_code))
-        return self._dispatch_and_mark(raft_index, position, runs, new_offsets, index_entries, results)
+        return self._dispatch_and_mark(raft_index, position, _packed_runs(runs), new_offsets, index_entries, results)
 
     def append_records(self, raft_index: int, batch: PreparedRecords, skip: Collection[int] = (),
                        stamp: int | None = None, want_results: bool = True) -> AppendOutcome:
@@ -511,13 +535,75 @@ class MessageStore:
 
     def _append_records_locked(self, raft_index: int, batch: PreparedRecords, skip: Collection[int],
                                stamp: int | None, want_results: bool) -> AppendOutcome:
-        segment_size = self.config.segment_size_bytes
+        layout = layout_of(batch)
         records = bytearray(batch.records)
         if stamp is not None and stamp != batch.stamp:
-            restamp(records, batch.metas, stamp)
+            restamp(records, layout, stamp)
         else:
             stamp = batch.stamp
         topics = [self._topic_entry(topic) for topic in batch.topics]
+        segment_size = self.config.segment_size_bytes
+        position = self.commit_log.end_offset
+        if (records and not skip and len(set(batch.topics)) == len(topics)
+                and not any(isinstance(topic_entry, str) for topic_entry in topics)
+                and position + len(records) <= position - position % segment_size + segment_size - FILLER_HEADER_BYTES):
+            return self._append_whole_records(raft_index, batch, layout, records, stamp, want_results)
+        return self._append_records_each(raft_index, batch, records, topics, skip, stamp, want_results)
+
+    def _append_whole_records(self, raft_index: int, batch: PreparedRecords, layout: Layout, records: bytearray,
+                              stamp: int, want_results: bool) -> AppendOutcome:
+        """The usual case, column-wise: every record is stored, back to back in the current segment, and
+        their topics are distinct and valid. The same bytes and entries as :meth:`_append_records_each`."""
+        metas = layout.metas
+        count = len(metas)
+        position = self.commit_log.end_offset
+        positions = position + layout.starts
+        # queue offsets: each record's rank among the batch's records of its queue, after the queue's end
+        queue_ids = metas["queue"].astype(np.int64)
+        queue_codes = metas["topic"].astype(np.int64) << 32 | (queue_ids & 0xFFFFFFFF)
+        _, firsts, inverse, counts = np.unique(queue_codes, return_index=True, return_inverse=True,
+                                               return_counts=True)
+        by_queue = np.argsort(inverse, kind="stable")
+        run_starts = np.cumsum(counts) - counts
+        ranks = np.empty(count, dtype=np.int64)
+        ranks[by_queue] = np.arange(count, dtype=np.int64) - np.repeat(run_starts, counts)
+        queue_keys = [(batch.topics[topic_index], queue_id) for topic_index, queue_id
+                      in zip(metas["topic"][firsts].tolist(), queue_ids[firsts].tolist(), strict=True)]
+        next_offsets = self.next_queue_offsets
+        bases = np.array([next_offsets.get(queue_key, 0) for queue_key in queue_keys], dtype=np.int64)
+        queue_offsets = bases[inverse] + ranks
+        offsets = np.empty((count, 2), dtype=">i8")
+        offsets[:, 0] = queue_offsets
+        offsets[:, 1] = positions
+        scatter(np.frombuffer(records, np.uint8), layout.starts + QUEUE_OFFSET_AT, offsets.view(np.uint8))
+        new_offsets = {queue_key: base + run_count for queue_key, base, run_count
+                       in zip(queue_keys, bases.tolist(), counts.tolist(), strict=True)}
+        hashes = np.frombuffer(batch.key_hashes, HASH_DTYPE).astype(np.int64)
+        index_entries = IndexColumns(hashes, np.repeat(positions, metas["keys"]),
+                                     np.full(len(hashes), stamp, dtype=np.int64))
+        end = position + len(records)
+        self._allocate(int(positions[-1]), new_offsets, index_entries)
+        self.commit_log.write(position, bytes(records))
+        units = np.empty(count, dtype=CQ_UNIT_DTYPE)
+        units["offset"] = positions
+        units["size"] = layout.sizes
+        units["tag"] = metas["tag"]
+        packed = units[by_queue].tobytes()
+        runs = [(queue_key, base, packed[start * UNIT_BYTES : (start + run_count) * UNIT_BYTES])
+                for queue_key, base, start, run_count
+                in zip(queue_keys, bases.tolist(), run_starts.tolist(), counts.tolist(), strict=True)]
+        results: list[AppendResult] = []
+        if want_results:
+            ok, store_host = AppendStatus.OK, batch.store_host
+            results = [AppendResult(ok, offset, queue_offset, size, store_host) for offset, queue_offset, size
+                       in zip(positions.tolist(), queue_offsets.tolist(), layout.sizes.tolist(), strict=True)]
+        return self._dispatch_and_mark(raft_index, end, runs, new_offsets, index_entries, results)
+
+    def _append_records_each(self, raft_index: int, batch: PreparedRecords, records: bytearray,
+                             topics: list[tuple[bytes, int] | str], skip: Collection[int], stamp: int,
+                             want_results: bool) -> AppendOutcome:
+        """Record by record: skipped and refused records, fillers at a segment's end."""
+        segment_size = self.config.segment_size_bytes
         store_host = batch.store_host
         position = self.commit_log.end_offset
         next_offsets = self.next_queue_offsets
@@ -528,14 +614,14 @@ class MessageStore:
         fillers: list[int] = []
         runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]] = {}
         index_entries: list[IndexEntry] = []
-        key_hashes = batch.key_hashes
+        key_hashes = hash_list(batch)
         topic_names = batch.topics
         pack_offsets = OFFSETS.pack_into
         limit = segment_size - FILLER_HEADER_BYTES
         ok = AppendStatus.OK
         source = 0
         key_position = 0
-        for number, (size, topic_index, _, queue_id, tag_code, _, key_count) in enumerate(batch.metas):
+        for number, (size, topic_index, _, queue_id, tag_code, _, key_count) in enumerate(meta_list(batch)):
             start = source
             source += size
             keys_from = key_position
@@ -586,18 +672,19 @@ class MessageStore:
             for offset, start, end in chunks:
                 # as bytes: pwrite from the bytearray itself measured 3-6x slower (0.5 vs 0.1 ms per 300 KB)
                 self.commit_log.write(offset, bytes(view[start:end]))
-        return self._dispatch_and_mark(raft_index, position, runs, new_offsets, index_entries, results)
+        return self._dispatch_and_mark(raft_index, position, _packed_runs(runs), new_offsets, index_entries, results)
 
-    def _dispatch_and_mark(self, raft_index: int, end: int,
-                           runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]],
-                           new_offsets: dict[tuple[str, int], int], index_entries: list[IndexEntry],
+    def _dispatch_and_mark(self, raft_index: int, end: int, runs: list[PackedRun],
+                           new_offsets: dict[tuple[str, int], int], index_entries: IndexColumns | list[IndexEntry],
                            results: list[AppendResult]) -> AppendOutcome:
         """The end of an append, once its records are written: consume-queue runs, key index, the new
         ends, and last the apply marker that vouches for all of it."""
-        for queue_key, (first_offset, units) in runs.items():
+        for queue_key, first_offset, packed in runs:
             queue = self.queues[queue_key]
-            queue.put_run(first_offset, units)
+            queue.put_packed(first_offset, packed)
             self._dirty_queues.add(queue)
+        if not isinstance(index_entries, IndexColumns):
+            index_entries = index_columns(index_entries)
         self.index.insert_many(index_entries)
         self._recent_keys.add(index_entries)
         self.next_queue_offsets.update(new_offsets)
@@ -606,14 +693,13 @@ class MessageStore:
         self.apply_position.write(raft_index, end)
         return AppendOutcome(raft_index, True, tuple(results))
 
-    def recently_stored(self, hashes: dict[int, int], since_timestamp: int) -> list[int]:
-        """Of ``hashes`` (any name -> key-index hash), the names whose hash may have been indexed at or
-        after ``since_timestamp``: those worth a lookup (:mod:`commitlog.recent_keys`). All of them when
-        the filter cannot answer for that time."""
+    def recently_stored(self, hashes: npt.NDArray[np.uint32], since_timestamp: int) -> npt.NDArray[np.bool_]:
+        """For each key-index hash, whether it may have been indexed at or after ``since_timestamp``: those
+        worth a lookup (:mod:`commitlog.recent_keys`). All of them when the filter cannot answer for that time."""
         with self._lock:
             if not self._recent_keys.authoritative(since_timestamp):
-                return list(hashes)
-            return self._recent_keys.maybe_many(hashes)
+                return np.ones(len(hashes), dtype=np.bool_)
+            return self._recent_keys.maybe_mask(hashes)
 
     def _flush_after_apply(self) -> None:
         """Flush once the command is applied. A failure here (no space for the checkpoint) must not undo

@@ -14,7 +14,6 @@ Rules (shared/DESIGN.md):
 
 from __future__ import annotations
 
-import itertools
 import logging
 import re
 import time
@@ -22,9 +21,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from commitlog.errors import DiskFullError
 from commitlog.message import MessageInput, StoredMessage
-from commitlog.records import HAS_UNIQ_KEY, PreparedRecords, check_layout, uniq_key_of
+from commitlog.records import HAS_UNIQ_KEY, HASH_DTYPE, PreparedRecords, check_layout, layout_of, uniq_key_of
 from commitlog.store import AppendOutcome, AppendResult, MessageStore
 from dledger.command import (
     AclDocument,
@@ -191,14 +192,14 @@ class StateMachine:
         leader's own entries need per-message results."""
         stamp = max(batch.stamp, self.state.last_store_timestamp)
         results: tuple[tuple[AppendResult, ...], ...] = ()
-        if batch.metas and raft_index > self.store.applied_raft_index:
+        if batch.record_count and raft_index > self.store.applied_raft_index:
             duplicates = self._record_duplicates(batch, stamp - UNIQ_KEY_WINDOW_MS)
             outcome = self._append_records(raft_index, batch, duplicates, stamp, want_results)
             if want_results:
-                results = (self._merge(outcome.results, duplicates, len(batch.metas)) if duplicates
+                results = (self._merge(outcome.results, duplicates, batch.record_count) if duplicates
                            else outcome.results,)
         if raft_index > self.state.applied_index:
-            if batch.metas:
+            if batch.record_count:
                 if self.state.timer_progress.get(TIMER_PROGRESS_KEY) is None:
                     # as _release_late_timers: the first messages ever start the timer progress
                     self.state.apply_timer_progress(TIMER_PROGRESS_KEY, stamp // 1000 - 1)
@@ -210,32 +211,26 @@ class StateMachine:
         """:meth:`_split_duplicates` for prepared records: the same answers, found from the UNIQ_KEY hashes
         the records carry. Keys are read from a record only when hashes alone cannot decide: a second
         send of a hash in this command, or a hash the store may have stored lately."""
-        hashes = batch.key_hashes
-        metas = batch.metas
-        first: dict[tuple[int, int, int], int] = {}  # (topic index, UNIQ_KEY hash, reconsume count) -> position
-        again: list[tuple[int, tuple[int, int, int]]] = []
-        uniq_hashes: dict[int, int] = {}  # position of a first send -> its UNIQ_KEY hash
-        key_position = 0
-        for position, (_, topic_index, flags, _, _, reconsume_times, key_count) in enumerate(metas):
-            if flags & HAS_UNIQ_KEY:
-                hashed = hashes[key_position]
-                identity = (topic_index, hashed, reconsume_times)
-                if first.setdefault(identity, position) == position:
-                    uniq_hashes[position] = hashed
-                else:
-                    again.append((position, identity))
-            key_position += key_count
-        if not first:
+        layout = layout_of(batch)
+        metas = layout.metas
+        positions = np.flatnonzero(metas["flags"] & HAS_UNIQ_KEY)
+        if not len(positions):
             return {}
-        starts: list[int] = []
+        hashes = np.frombuffer(batch.key_hashes, HASH_DTYPE)[layout.key_starts[positions]]
 
         def uniq_key(position: int) -> bytes:
-            if not starts:
-                starts.extend(itertools.accumulate((meta[0] for meta in metas), initial=0))
-            return uniq_key_of(batch.records, starts[position], metas[position][2]) or b""
+            return uniq_key_of(batch.records, int(layout.starts[position]), int(metas["flags"][position])) or b""
 
         duplicates: dict[int, AppendResult | int] = {}
-        if again:  # equal hashes: equal keys, or (rarely) a CRC collision of two distinct keys
+        if len(np.unique(hashes)) < len(hashes):
+            # equal hashes: equal keys, or (rarely) a CRC collision of two distinct keys
+            first: dict[tuple[int, int, int], int] = {}  # (topic index, UNIQ_KEY hash, reconsume count)
+            again: list[tuple[int, tuple[int, int, int]]] = []
+            identities = zip(metas["topic"][positions].tolist(), hashes.tolist(),
+                             metas["reconsume"][positions].tolist(), strict=True)
+            for position, identity in zip(positions.tolist(), identities, strict=True):
+                if first.setdefault(identity, position) != position:
+                    again.append((position, identity))
             exact: dict[tuple[int, bytes, int], int] = {}
             for position, identity in again:
                 earlier = first[identity]
@@ -243,12 +238,11 @@ class StateMachine:
                 found = exact.setdefault((identity[0], uniq_key(position), identity[2]), position)
                 if found != position:
                     duplicates[position] = found
-                else:
-                    uniq_hashes[position] = identity[1]
-        candidates = self.store.recently_stored(uniq_hashes, since_timestamp)
+            sent_first = np.array([position not in duplicates for position in positions.tolist()], dtype=np.bool_)
+            positions, hashes = positions[sent_first], hashes[sent_first]
+        candidates = positions[self.store.recently_stored(hashes, since_timestamp)].tolist()
         if candidates:
-            candidates.sort()
-            sends = [(batch.topics[metas[position][1]], uniq_key(position), metas[position][5])
+            sends = [(batch.topics[int(metas["topic"][position])], uniq_key(position), int(metas["reconsume"][position]))
                      for position in candidates]
             for position, stored in zip(candidates, self.store.find_recent_sends(sends, since_timestamp), strict=True):
                 if stored is not None:

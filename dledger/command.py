@@ -46,7 +46,7 @@ from typing import Final
 import lz4.block
 
 from commitlog.message import MessageInput
-from commitlog.records import META, PreparedRecords
+from commitlog.records import HASH, META, PreparedRecords
 
 COMMAND_VERSION: Final = 1
 FLAG_LZ4: Final = 0x1
@@ -242,13 +242,9 @@ _RECORDS_HEAD = struct.Struct(">Iq8sH")  # count, stamp, store host, topic count
 
 
 def _encode_records(batch: PreparedRecords) -> bytes:
-    parts = [_RECORDS_HEAD.pack(len(batch.metas), batch.stamp, batch.store_host, len(batch.topics))]
+    parts = [_RECORDS_HEAD.pack(batch.record_count, batch.stamp, batch.store_host, len(batch.topics))]
     parts += (_str(topic) for topic in batch.topics)
-    pack = META.pack
-    parts += (pack(*meta) for meta in batch.metas)
-    parts.append(U32.pack(len(batch.key_hashes)))
-    parts.append(struct.pack(f">{len(batch.key_hashes)}I", *batch.key_hashes))
-    parts.append(batch.records)
+    parts += (batch.metas, U32.pack(len(batch.key_hashes) // HASH.size), batch.key_hashes, batch.records)
     return b"".join(parts)
 
 
@@ -379,19 +375,17 @@ def _decode_messages(reader: _Reader) -> Messages:
 
 
 def _decode_records(reader: _Reader) -> PreparedRecords:
-    """The metas and hashes are unpacked in C; the records stay one slice. Whether they agree with each
-    other is for apply to check (``commitlog.records.check_layout``)."""
+    """The metas, hashes and records stay packed slices (apply reads them as columns). Whether they agree
+    with each other is for apply to check (``commitlog.records.check_layout``)."""
     count, stamp, store_host, topic_count = _RECORDS_HEAD.unpack(reader.take(_RECORDS_HEAD.size))
     topics = tuple(reader.string() for _ in range(topic_count))
     if count * META.size > reader.end - reader.position:
         raise CommandError(f"{count} record metas exceed the payload")
-    start = reader.skip(count * META.size)
-    with memoryview(reader.data) as view:
-        metas = list(META.iter_unpack(view[start : start + count * META.size]))
+    metas = reader.take(count * META.size)
     (hash_count,) = reader.unpack(U32)
-    if hash_count * 4 > reader.end - reader.position:
+    if hash_count * HASH.size > reader.end - reader.position:
         raise CommandError(f"{hash_count} key hashes exceed the payload")
-    hashes = list(struct.unpack_from(f">{hash_count}I", reader.data, reader.skip(hash_count * 4)))
+    hashes = reader.take(hash_count * HASH.size)
     records = reader.take(reader.end - reader.position)
     return PreparedRecords(stamp, store_host, topics, metas, hashes, records)
 

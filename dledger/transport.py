@@ -599,25 +599,23 @@ class FramedConnection:
         chunk = self._options.receive_chunk_bytes
         while budget > 0:
             try:
-                data = sock.recv(chunk)
+                received = channel.receive_into(sock.recv_into, chunk)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as error:
                 logger.info("closing %s: receive failed: %s", self.peer_description, error)
                 self.disconnect()
                 return
-            if not data:
-                self.disconnect()
-                return
-            self._last_read_time = self._clock()
-            try:
-                channel.receive_data(data)
             except ProtocolError as error:
                 logger.warning("closing %s: %s", self.peer_description, error)
                 self.disconnect()
                 return
-            budget -= len(data)
-            if len(data) < chunk:
+            if not received:
+                self.disconnect()
+                return
+            self._last_read_time = self._clock()
+            budget -= received
+            if received < chunk:
                 break  # drained: skip the syscall that would only say EAGAIN
         handshake_bytes = channel.data_to_send()
         if handshake_bytes:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import numpy as np
+
 from commitlog.recent_keys import RecentKeys
 from commitlog.store import MessageStore
 from tests.commitlog.helpers import message, small_config
@@ -81,13 +83,14 @@ def test_the_store_names_every_key_when_the_filter_cannot_answer(tmp_path: Path)
     store = MessageStore(small_config(tmp_path))
     store.append(1, [message(1)._replace(store_timestamp=1_000_000)])
     uniq_hash = store.index.files[0].entry(0)[0]
-    assert store.recently_stored({4: uniq_hash, 2: uniq_hash ^ 1}, 1_000_000) == [4]  # the filter answers
+    # the filter answers
+    assert store.recently_stored(np.array([uniq_hash, uniq_hash ^ 1], dtype=np.uint32), 1_000_000).tolist() == [True, False]
     store.close()
     store = MessageStore(small_config(tmp_path))
     try:
         # reopened: keys stored up to the index's newest stamp are not in the filter, so asking about a
         # time not after it names every key (each must be looked up)
-        assert store.recently_stored({3: 11, 1: 12}, 1_000_000) == [3, 1]
-        assert store.recently_stored({3: 11, 1: 12}, 1_000_001) == []
+        assert store.recently_stored(np.array([11, 12], dtype=np.uint32), 1_000_000).tolist() == [True, True]
+        assert store.recently_stored(np.array([11, 12], dtype=np.uint32), 1_000_001).tolist() == [False, False]
     finally:
         store.close()

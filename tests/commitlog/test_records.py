@@ -13,7 +13,15 @@ from commitlog.message import (
     TRANSACTION_ROLLBACK_TYPE,
     MessageInput,
 )
-from commitlog.records import META, PreparedRecords, RecordBuilder, check_layout, uniq_key_of
+from commitlog.records import (
+    META,
+    PreparedRecords,
+    RecordBuilder,
+    check_layout,
+    meta_list,
+    pack_metas,
+    uniq_key_of,
+)
 from commitlog.store import AppendStatus, MessageStore
 from tests.commitlog.helpers import data_bytes, message, small_config
 
@@ -110,7 +118,7 @@ def test_uniq_key_of_reads_the_key_back(tmp_path: Path) -> None:
     assert records is not None
     start = 0
     keys = []
-    for meta in records.metas:
+    for meta in meta_list(records):
         keys.append(uniq_key_of(records.records, start, meta[2]))
         start += meta[0]
     assert keys == [b"C0A8000A9CB3" + f"{1:020X}".encode(), b"C0A8000A9CB3" + f"{2:020X}".encode(), None]
@@ -119,20 +127,25 @@ def test_uniq_key_of_reads_the_key_back(tmp_path: Path) -> None:
 def test_inconsistent_layouts_are_named(tmp_path: Path) -> None:
     records = builder(tmp_path).build([message(1), message(2)], STAMP)
     assert records is not None and check_layout(records) is None
-    (size, topic, flags, queue, tag, reconsume, keys), second = records.metas
+    first, second = meta_list(records)
+    (size, topic, flags, queue, tag, reconsume, keys) = first
     cases = {
-        "runs past": records._replace(metas=[records.metas[0], (second[0] + 10, *second[1:])]),
-        "does not match": records._replace(metas=[(size - 4, topic, flags, queue, tag, reconsume, keys), second]),
-        "names topic": records._replace(metas=[(size, 9, flags, queue, tag, reconsume, keys), second]),
-        "flags": records._replace(metas=[(size, topic, 0x80, queue, tag, reconsume, keys), second]),
-        "key hashes": records._replace(key_hashes=list(records.key_hashes)[:-1]),
+        "runs past": records._replace(metas=pack_metas([first, (second[0] + 10, *second[1:])])),
+        "does not match": records._replace(metas=pack_metas([(size - 4, topic, flags, queue, tag, reconsume, keys),
+                                                             second])),
+        "names topic": records._replace(metas=pack_metas([(size, 9, flags, queue, tag, reconsume, keys), second])),
+        "flags": records._replace(metas=pack_metas([(size, topic, 0x80, queue, tag, reconsume, keys), second])),
+        "key hashes": records._replace(key_hashes=records.key_hashes[:-4]),
+        "not whole": records._replace(key_hashes=records.key_hashes[:-1]),
+        "too small": records._replace(metas=pack_metas([(40, topic, flags, queue, tag, reconsume, keys), second])),
         "past the last": records._replace(records=records.records + b"\x00" * 8),
         "store host": records._replace(store_host=b"\x00" * 4),
         "magic": records._replace(records=records.records[:4] + b"\x00\x00\x00\x00" + records.records[8:]),
     }
     for words, broken in cases.items():
         problem = check_layout(broken)
-        assert problem is not None and (words in problem or words == "magic"), (words, problem)
+        expected = {"magic": "does not match", "too small": "runs past"}.get(words, words)
+        assert problem is not None and expected in problem, (words, problem)
 
 
 def test_a_topic_the_store_refuses_is_rejected_per_record(tmp_path: Path) -> None:
@@ -146,12 +159,12 @@ def test_a_topic_the_store_refuses_is_rejected_per_record(tmp_path: Path) -> Non
     outcome = store.append_records(1, broken)
     assert [r.status for r in outcome.results] == [AppendStatus.OK, AppendStatus.REJECTED]
     assert outcome.results[1].reason is not None and "characters" in outcome.results[1].reason
-    assert store.commit_log.end_offset == records.metas[0][0]
+    assert store.commit_log.end_offset == meta_list(records)[0][0]
     store.close()
 
 
 @pytest.mark.parametrize("count", [0, 1, 300])
 def test_meta_layout_is_fixed(count: int, tmp_path: Path) -> None:
     records = builder(tmp_path).build([message(n, body=b"b") for n in range(count)], STAMP)
-    assert records is not None and len(records.metas) == count
-    assert META.size == 25 and all(len(meta) == 7 for meta in records.metas)
+    assert records is not None and records.record_count == count == len(meta_list(records))
+    assert META.size == 25 and len(records.metas) == 25 * count

@@ -379,7 +379,7 @@ def test_bad_records_commands_are_noops_on_every_replica(tmp_path: Path) -> None
     assert records is not None
     mixed = encode_command(Command((records, LeaderStamp(1, "n1", 5))))
     assert "alone" in (sm.apply(1, mixed).noop_reason or "")
-    broken = records._replace(key_hashes=[])
+    broken = records._replace(key_hashes=b"")
     assert "inconsistent records" in (sm.apply(2, encode_records_command(broken)).noop_reason or "")
     assert "inconsistent records" in (sm.apply(3, b"", own=broken).noop_reason or "")
     assert sm.store.commit_log.end_offset == 0 and sm.applied_index == 3

@@ -239,10 +239,18 @@ def test_the_secret_must_be_non_empty_bytes(secret: object) -> None:
 @settings(max_examples=100, deadline=None)
 @given(operations=st.lists(st.tuples(st.binary(max_size=5000), st.integers(min_value=0, max_value=6000))))
 def test_receive_buffer_returns_bytes_in_order(operations: list[tuple[bytes, int]]) -> None:
+    """Appended and received-into bytes come out in order, whatever the reads and takes."""
     buffer = ReceiveBuffer()
     model = bytearray()
     for data, take in operations:
-        buffer.append(data)
+        if take % 2:
+            buffer.append(data)
+        else:  # as socket.recv_into: write what there is, up to the room offered
+            def receive(view: memoryview, data: bytes = data) -> int:
+                view[: len(data)] = data
+                return len(data)
+
+            assert buffer.receive_into(receive, len(data) + take % 7) == len(data)
         model += data
         size = min(take, len(model))
         assert buffer.take(size) == bytes(model[:size])
@@ -258,6 +266,19 @@ def test_receive_buffer_compacts_without_losing_bytes() -> None:
     assert buffer.take(len(chunk) + 10) == chunk + chunk[:10]
     buffer.append(b"tail")  # compacts: the consumed 1 MiB + 10 bytes are at least half the buffer
     assert buffer.take(len(buffer)) == chunk[10:] + b"tail"
+
+
+def test_receive_buffer_reuses_its_storage_and_drops_a_large_one() -> None:
+    buffer = ReceiveBuffer()
+    frame = bytes(range(256)) * 1024
+    for _ in range(50):  # steady traffic: one frame in, one frame out
+        buffer.append(frame)
+        assert buffer.take(len(frame)) == frame
+    assert len(buffer._buffer) == len(frame)  # reused, never grown past a frame
+    buffer.append(bytes(9 << 20))  # a snapshot-sized frame
+    buffer.take(9 << 20)
+    buffer.append(b"next")
+    assert len(buffer._buffer) < 9 << 20 and buffer.take(4) == b"next"
 
 
 class CreatesMarkerFile:
