@@ -561,12 +561,20 @@ class MessageStore:
         # queue offsets: each record's rank among the batch's records of its queue, after the queue's end
         queue_ids = metas["queue"].astype(np.int64)
         queue_codes = metas["topic"].astype(np.int64) << 32 | (queue_ids & 0xFFFFFFFF)
-        _, firsts, inverse, counts = np.unique(queue_codes, return_index=True, return_inverse=True,
-                                               return_counts=True)
-        by_queue = np.argsort(inverse, kind="stable")
-        run_starts = np.cumsum(counts) - counts
+        # grouped by queue, in batch order within a queue (not np.unique: it lets go of the GIL, and the
+        # Raft thread then waits to get it back behind the other threads)
+        by_queue = np.argsort(queue_codes, kind="stable")
+        grouped = queue_codes[by_queue]
+        run_start = np.ones(count, dtype=np.bool_)
+        np.not_equal(grouped[1:], grouped[:-1], out=run_start[1:])
+        run_starts = np.flatnonzero(run_start)
+        counts = np.diff(run_starts, append=count)
+        groups = np.cumsum(run_start) - 1  # the group of each record in queue order
+        inverse = np.empty(count, dtype=np.int64)
+        inverse[by_queue] = groups
         ranks = np.empty(count, dtype=np.int64)
-        ranks[by_queue] = np.arange(count, dtype=np.int64) - np.repeat(run_starts, counts)
+        ranks[by_queue] = np.arange(count, dtype=np.int64) - run_starts[groups]
+        firsts = by_queue[run_starts]
         queue_keys = [(batch.topics[topic_index], queue_id) for topic_index, queue_id
                       in zip(metas["topic"][firsts].tolist(), queue_ids[firsts].tolist(), strict=True)]
         next_offsets = self.next_queue_offsets

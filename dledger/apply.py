@@ -222,7 +222,8 @@ class StateMachine:
             return uniq_key_of(batch.records, int(layout.starts[position]), int(metas["flags"][position])) or b""
 
         duplicates: dict[int, AppendResult | int] = {}
-        if len(np.unique(hashes)) < len(hashes):
+        ordered = np.sort(hashes)
+        if (ordered[1:] == ordered[:-1]).any():
             # equal hashes: equal keys, or (rarely) a CRC collision of two distinct keys
             first: dict[tuple[int, int, int], int] = {}  # (topic index, UNIQ_KEY hash, reconsume count)
             again: list[tuple[int, tuple[int, int, int]]] = []
