@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -43,6 +43,8 @@ COUNT_POSITION: Final = HEADER.size - 4
 END_POSITION: Final = 16  # end_physical, end_timestamp (two i64) at bytes 16..31 and 32..39
 TAIL: Final = struct.Struct(">q")
 FILE_NAME = re.compile(r"^\d{20}$")
+#: entries a column-wise read of a file converts at once (about 40 MiB of int64 columns and temporaries)
+READ_CHUNK_ENTRIES: Final = 1 << 20
 
 IndexEntry = tuple[int, int, int]  # (key hash, physical offset, store timestamp ms)
 #: :data:`ENTRY` and :data:`SLOT` as numpy types: a batch of entries is inserted column-wise
@@ -218,6 +220,34 @@ class KeyIndex:
             if len(found) >= max_count:
                 break
         return found
+
+    def entries_from_second(self, begin_second: int, chunk_entries: int = READ_CHUNK_ENTRIES) -> Iterator[IndexColumns]:
+        """The entries stamped in second ``begin_second`` or later, newest file first, each file read
+        column-wise in chunks of ``chunk_entries`` (memory stays bounded whatever a file holds). An entry
+        keeps its stamp in whole seconds, so the timestamps are truncated to the second (``second * 1000``,
+        at or before the stamp stored).
+
+        It reads the files :meth:`lookup` reads for any time in ``begin_second`` or later, and stops where
+        every such lookup stops: after the first file that begins before ``begin_second`` (entries go in
+        store-time order, so older files hold only older entries). Whatever a lookup from that second can
+        return is therefore among the entries yielded."""
+        invariant(chunk_entries > 0, "chunks hold entries")
+        for index_file in reversed(self.files):
+            file_begin_second = index_file.begin_timestamp // 1000
+            for start in range(0, index_file.entry_count, chunk_entries):
+                count = min(chunk_entries, index_file.entry_count - start)
+                table = np.frombuffer(index_file.file.map, ENTRY_DTYPE, count=count,
+                                      offset=index_file.entries_base + start * ENTRY.size)
+                try:
+                    seconds = table["seconds"].astype(np.int64) + file_begin_second
+                    chosen = np.flatnonzero(seconds >= begin_second)
+                    columns = IndexColumns(table["hash"][chosen].astype(np.int64),
+                                           table["physical"][chosen].astype(np.int64), seconds[chosen] * 1000)
+                finally:
+                    del table  # a live export would stop the file from being unmapped
+                yield columns
+            if file_begin_second < begin_second:
+                break
 
     def newest_timestamp(self) -> int | None:
         """The store timestamp (ms) of the newest entry, from its file's header (None: no entries). Undone

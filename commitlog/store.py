@@ -63,7 +63,7 @@ from commitlog.message import (
     topic_problem,
     validate_input,
 )
-from commitlog.recent_keys import RecentKeys
+from commitlog.recent_keys import SEED_SPAN_MS, RecentKeys
 from commitlog.records import (
     HASH_DTYPE,
     OFFSETS,
@@ -191,11 +191,14 @@ class MessageStore:
         clock: Callable[[], float] = time.monotonic,
         extension_provider: Callable[[], bytes] | None = None,
         background_flush: bool = True,
+        recent_keys_seed_span_ms: int = SEED_SPAN_MS,
     ) -> None:
         """Open (and recover) the store. ``extension_provider`` is called under the store lock at every
         flush; its bytes are written atomically with the checkpoint and read back as :attr:`extension`.
         With the async policy a background thread flushes every ``flush_interval_ms``; without it
-        (``background_flush=False``, for deterministic tests) appends flush once the interval passed."""
+        (``background_flush=False``, for deterministic tests) appends flush once the interval passed.
+        The recent-keys filter starts with the keys indexed within ``recent_keys_seed_span_ms`` before the
+        newest (:meth:`RecentKeys.seed`); the span changes how often the index is read, never an answer."""
         self.config = config.validate()
         self.clock = clock
         self.extension_provider = extension_provider
@@ -226,9 +229,9 @@ class MessageStore:
         #: end of raw bytes copied from a peer and not yet dispatched (-1: none)
         self._ingested_end = -1
         self._recover()
-        # keys indexed before now are not in the filter: it may deny only keys stored after the newest
-        newest = self.index.newest_timestamp()
-        self._recent_keys.floor = -1 if newest is None else newest
+        # after recovery, so the filter holds whatever the undone, re-dispatched or rebuilt index holds:
+        # "no" is exact from the first dedupe window after opening on
+        self._recent_keys.seed(self.index, recent_keys_seed_span_ms)
         if config.flush_policy == "async" and background_flush:
             self._flusher = threading.Thread(target=self._flush_loop, name="store-flush", daemon=True)
             self._flusher.start()

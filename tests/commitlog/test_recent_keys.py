@@ -88,9 +88,11 @@ def test_the_store_names_every_key_when_the_filter_cannot_answer(tmp_path: Path)
     store.close()
     store = MessageStore(small_config(tmp_path))
     try:
-        # reopened: keys stored up to the index's newest stamp are not in the filter, so asking about a
-        # time not after it names every key (each must be looked up)
-        assert store.recently_stored(np.array([11, 12], dtype=np.uint32), 1_000_000).tolist() == [True, True]
-        assert store.recently_stored(np.array([11, 12], dtype=np.uint32), 1_000_001).tolist() == [False, False]
+        # reopened: the filter is seeded with the keys of the last dedupe window before the index's newest
+        # stamp (from second 880 on); asking about a time not after that names every key (each must be
+        # looked up), and asking about a later one answers without the index
+        assert store.recently_stored(np.array([11, 12], dtype=np.uint32), 879_999).tolist() == [True, True]
+        assert store.recently_stored(np.array([11, 12], dtype=np.uint32), 880_000).tolist() == [False, False]
+        assert store.recently_stored(np.array([uniq_hash, 12], dtype=np.uint32), 1_000_000).tolist() == [True, False]
     finally:
         store.close()

@@ -6,6 +6,7 @@ import zlib
 from pathlib import Path
 
 from commitlog.message import MessageInput, decode_record
+from commitlog.recent_keys import SEED_SPAN_MS
 from commitlog.records import PreparedRecords, RecordBuilder
 from commitlog.store import AppendStatus, MessageStore
 from dledger.apply import (
@@ -414,3 +415,9 @@ def test_group_commit_sends_records_and_falls_back_to_messages(tmp_path: Path) -
     assert isinstance(records_own, PreparedRecords) and decode_command(records_data).operations == (records_own,)
     assert isinstance(decode_command(messages_data).operations[0], Messages)
     assert isinstance(messages_own, tuple)
+
+
+def test_the_store_seeds_its_recent_keys_with_the_dedupe_window() -> None:
+    # the store cannot import dledger: its constant must follow the window apply asks about, or the first
+    # questions after a restart are answered by key-index lookups again
+    assert SEED_SPAN_MS == UNIQ_KEY_WINDOW_MS
