@@ -28,7 +28,7 @@ import zlib
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Final, NamedTuple
+from typing import IO, Final, NamedTuple, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -118,13 +118,58 @@ class AppendResult(NamedTuple):
         return encode_message_id(self.store_host, self.physical_offset)
 
 
+class StoredRecords(Sequence[AppendResult]):
+    """The results of records stored back to back, all OK: each :class:`AppendResult` is made when it is
+    read. The leader's Raft thread stores a batch; its completion thread reads the results (one object per
+    message, ~15% of the Raft thread's time when it made them)."""
+
+    __slots__ = ("_offsets", "_queue_offsets", "_sizes", "_store_host")
+
+    def __init__(self, offsets: npt.NDArray[np.int64], queue_offsets: npt.NDArray[np.int64],
+                 sizes: npt.NDArray[np.int64], store_host: bytes) -> None:
+        self._offsets = offsets
+        self._queue_offsets = queue_offsets
+        self._sizes = sizes
+        self._store_host = store_host
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    @overload
+    def __getitem__(self, index: int) -> AppendResult: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[AppendResult, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> AppendResult | tuple[AppendResult, ...]:
+        ok, store_host = AppendStatus.OK, self._store_host
+        if isinstance(index, slice):
+            return tuple([AppendResult(ok, offset, queue_offset, size, store_host) for offset, queue_offset, size
+                          in zip(self._offsets[index].tolist(), self._queue_offsets[index].tolist(),
+                                 self._sizes[index].tolist(), strict=True)])
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        return AppendResult(ok, int(self._offsets[index]), int(self._queue_offsets[index]), int(self._sizes[index]),
+                            store_host)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return self[:] == tuple(other)
+
+    __hash__ = None  # type: ignore[assignment]  # equal to tuples, which hash differently
+
+    def __repr__(self) -> str:
+        return f"StoredRecords({self[:]!r})"
+
+
 @dataclass(frozen=True, slots=True)
 class AppendOutcome:
     """``applied`` is False when ``raft_index`` had already been applied (nothing changed)."""
 
     raft_index: int
     applied: bool
-    results: tuple[AppendResult, ...] = ()
+    results: Sequence[AppendResult] = ()
 
 
 class GetStatus(enum.Enum):
@@ -603,11 +648,7 @@ class MessageStore:
         runs = [(queue_key, base, packed[start * UNIT_BYTES : (start + run_count) * UNIT_BYTES])
                 for queue_key, base, start, run_count
                 in zip(queue_keys, bases.tolist(), run_starts.tolist(), counts.tolist(), strict=True)]
-        results: list[AppendResult] = []
-        if want_results:
-            ok, store_host = AppendStatus.OK, batch.store_host
-            results = [AppendResult(ok, offset, queue_offset, size, store_host) for offset, queue_offset, size
-                       in zip(positions.tolist(), queue_offsets.tolist(), layout.sizes.tolist(), strict=True)]
+        results = StoredRecords(positions, queue_offsets, layout.sizes, batch.store_host) if want_results else ()
         return self._dispatch_and_mark(raft_index, end, runs, new_offsets, index_entries, results)
 
     def _append_records_each(self, raft_index: int, batch: PreparedRecords, records: bytearray,
@@ -687,7 +728,7 @@ class MessageStore:
 
     def _dispatch_and_mark(self, raft_index: int, end: int, runs: list[PackedRun],
                            new_offsets: dict[tuple[str, int], int], index_entries: IndexColumns | list[IndexEntry],
-                           results: list[AppendResult]) -> AppendOutcome:
+                           results: Sequence[AppendResult]) -> AppendOutcome:
         """The end of an append, once its records are written: consume-queue runs, key index, the new
         ends, and last the apply marker that vouches for all of it."""
         for queue_key, first_offset, packed in runs:
@@ -702,7 +743,7 @@ class MessageStore:
         self.commit_log.end_offset = end
         self.applied_raft_index = raft_index
         self.apply_position.write(raft_index, end)
-        return AppendOutcome(raft_index, True, tuple(results))
+        return AppendOutcome(raft_index, True, results if isinstance(results, StoredRecords) else tuple(results))
 
     def recently_stored(self, hashes: npt.NDArray[np.uint32], since_timestamp: int) -> npt.NDArray[np.bool_]:
         """For each key-index hash, whether it may have been indexed at or after ``since_timestamp``: those

@@ -75,7 +75,7 @@ class ApplyResult:
 
     raft_index: int
     #: one tuple of results per Messages operation, in order (empty when already applied)
-    message_results: tuple[tuple[AppendResult, ...], ...] = ()
+    message_results: tuple[Sequence[AppendResult], ...] = ()
     #: why the command was a no-op, if it was
     noop_reason: str | None = None
     already_applied: bool = False
@@ -158,13 +158,13 @@ class StateMachine:
             messages = [m if m.store_timestamp >= floor else m._replace(store_timestamp=floor) for m in messages]
         if messages and raft_index > self.state.applied_index:
             timer_start, messages = self._release_late_timers(messages, stamp)
-        results: tuple[tuple[AppendResult, ...], ...] = ()
+        results: tuple[Sequence[AppendResult], ...] = ()
         if messages and raft_index > self.store.applied_raft_index:
             window_end = stamp if stamp is not None else max(message.store_timestamp for message in messages)
             fresh, duplicates = self._split_duplicates(messages, window_end - UNIQ_KEY_WINDOW_MS)
             if duplicates:
                 outcome = self._append(raft_index, fresh, stamp)
-                flat = self._merge(outcome.results, duplicates, len(messages))
+                flat: Sequence[AppendResult] = self._merge(outcome.results, duplicates, len(messages))
             else:
                 flat = self._append(raft_index, messages, stamp).results
             split = []
@@ -191,7 +191,7 @@ class StateMachine:
         """A Records operation (plain messages laid out by the leader: no timers, no transactions). Only the
         leader's own entries need per-message results."""
         stamp = max(batch.stamp, self.state.last_store_timestamp)
-        results: tuple[tuple[AppendResult, ...], ...] = ()
+        results: tuple[Sequence[AppendResult], ...] = ()
         if batch.record_count and raft_index > self.store.applied_raft_index:
             duplicates = self._record_duplicates(batch, stamp - UNIQ_KEY_WINDOW_MS)
             outcome = self._append_records(raft_index, batch, duplicates, stamp, want_results)
@@ -331,7 +331,7 @@ class StateMachine:
         return [message for position, message in enumerate(messages) if position not in duplicates], duplicates
 
     @staticmethod
-    def _merge(stored: tuple[AppendResult, ...], duplicates: dict[int, AppendResult | int],
+    def _merge(stored: Sequence[AppendResult], duplicates: dict[int, AppendResult | int],
                count: int) -> tuple[AppendResult, ...]:
         merged: list[AppendResult] = []
         fresh = iter(stored)
