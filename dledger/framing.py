@@ -14,6 +14,16 @@ Wire format (all integers big-endian)::
     tag    = HMAC-SHA256(direction key, sequence u64 | payload length u32 | payload)[:16]
     direction key = HMAC-SHA256(secret, direction label | HELLO_initiator | HELLO_acceptor)
 
+    PARTED FRAME = (payload length | 2^31) u32 | tag (16) | count u32 | part length u32 * count | parts
+    tag    = HMAC-SHA256(direction key, sequence u64 | (payload length | 2^31) u32 | count | part lengths |
+                         each part, or its SHA-256 when it is at least DIGEST_MIN_BYTES long)[:16]
+
+A parted frame carries large parts (the Raft log entries of an append-entries message) beside a small one.
+Its tag covers each large part through the part's SHA-256 (hash-then-MAC: as strong as SHA-256's collision
+resistance), so a sender that sends one entry to several peers hashes it once, not once per peer, and
+may hash it ahead of time (:class:`DigestCache`). Whether a part is hashed follows from its length, which
+the tag covers like everything else.
+
 Ordering: both sides send HELLO at once (a nonce reveals nothing). The initiator (the side that called
 ``connect``) sends its PROOF when it has the acceptor's HELLO. The acceptor verifies that PROOF before it
 sends its own, so a peer that does not know the secret never obtains a keyed value computed over a nonce
@@ -23,7 +33,8 @@ on another connection or moved to the other direction. Frame tags cover an impli
 number, so frames cannot be dropped, reordered or replayed inside a connection without detection.
 Tags are compared in constant time (:func:`hmac.compare_digest`).
 
-Nothing here deserializes anything: a frame payload is opaque bytes, returned only after its tag verified.
+Nothing here deserializes anything: a frame payload is opaque bytes (a list of them for a parted frame),
+returned only after its tag verified.
 An empty payload is a keepalive; the socket shell sends one on idle connections and discards it on receipt.
 """
 
@@ -34,13 +45,16 @@ import hashlib
 import hmac
 import os
 import struct
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from hashlib import sha256
 from typing import Any, Final
 
 from commitlog.errors import fail, invariant
 
 PROTOCOL_MAGIC: Final = b"RMQDLG"
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2  # 2: parted frames
 NONCE_BYTES: Final = 32
 HELLO: Final = struct.Struct(">6sH32s")
 invariant(HELLO.size == 40, "HELLO must be 40 bytes")
@@ -49,8 +63,12 @@ TAG_BYTES: Final = 16
 FRAME_HEADER: Final = struct.Struct(">I16s")
 invariant(FRAME_HEADER.size == 4 + TAG_BYTES, "frame header must be 20 bytes")
 TAG_PREFIX: Final = struct.Struct(">QI")  # sequence number, payload length
-#: the u32 length field's own limit; a configured frame limit above it is a programmer error
-FRAME_SIZE_LIMIT_BYTES: Final = 2**32 - 1
+#: the length field's top bit marks a parted frame; a configured frame limit above the rest is a programmer error
+PARTED: Final = 1 << 31
+FRAME_SIZE_LIMIT_BYTES: Final = PARTED - 1
+#: parts of a parted frame at least this long enter its tag by their SHA-256
+DIGEST_MIN_BYTES: Final = 4096
+_COUNT: Final = struct.Struct(">I")
 
 _LABEL_INITIATOR_PROOF: Final = b"raftmq/dledger/v1 proof initiator\x00"
 _LABEL_ACCEPTOR_PROOF: Final = b"raftmq/dledger/v1 proof acceptor\x00"
@@ -256,8 +274,9 @@ class SecureChannel:
             self._fail()
             raise
 
-    def next_frame(self) -> bytes | None:
-        """The next verified frame payload, or None if a whole frame has not arrived yet."""
+    def next_frame(self) -> bytes | list[bytes] | None:
+        """The next verified frame payload (the parts of a parted frame), or None if a whole frame has not
+        arrived yet."""
         if self._state is not ChannelState.ESTABLISHED:
             if self._state is ChannelState.FAILED:
                 raise FrameError("the channel already failed")
@@ -277,20 +296,45 @@ class SecureChannel:
 
     def encode_frame_parts(self, parts: Sequence[bytes | memoryview]) -> bytes:
         """:meth:`encode_frame` for a payload given as parts sent back to back (not joined first)."""
-        send_mac = self._send_mac
-        if self._state is not ChannelState.ESTABLISHED or send_mac is None:
-            fail("frames can only be sent on an established channel")
+        send_mac = self._established_send_mac()
         length = sum(len(part) for part in parts)
-        if length > self._frame_size_max_bytes:
-            raise FrameTooLargeError(
-                f"frame of {length} bytes exceeds the limit of {self._frame_size_max_bytes}"
-            )
+        self._check_length(length)
         mac = send_mac.copy()
         mac.update(TAG_PREFIX.pack(self._send_sequence, length))
         for part in parts:
             mac.update(part)
         self._send_sequence += 1
         return FRAME_HEADER.pack(length, mac.digest()[:TAG_BYTES])
+
+    def encode_parted_frame(self, parts: Sequence[bytes | memoryview],
+                            digest_of: Callable[[bytes | memoryview], bytes] = lambda part: sha256(part).digest()
+                            ) -> bytes:
+        """The header and part table to send right before ``parts`` (then the parts, in order): a parted
+        frame, whose receiver gets the parts back as a list. ``digest_of`` gives a large part's SHA-256
+        (a :class:`DigestCache` may know it already)."""
+        send_mac = self._established_send_mac()
+        table = _COUNT.pack(len(parts)) + struct.pack(f">{len(parts)}I", *(len(part) for part in parts))
+        length = len(table) + sum(len(part) for part in parts)
+        self._check_length(length)
+        mac = send_mac.copy()
+        mac.update(TAG_PREFIX.pack(self._send_sequence, length | PARTED))
+        mac.update(table)
+        for part in parts:
+            mac.update(part if len(part) < DIGEST_MIN_BYTES else digest_of(part))
+        self._send_sequence += 1
+        return FRAME_HEADER.pack(length | PARTED, mac.digest()[:TAG_BYTES]) + table
+
+    def _established_send_mac(self) -> Any:
+        send_mac = self._send_mac
+        if self._state is not ChannelState.ESTABLISHED or send_mac is None:
+            fail("frames can only be sent on an established channel")
+        return send_mac
+
+    def _check_length(self, length: int) -> None:
+        if length > self._frame_size_max_bytes:
+            raise FrameTooLargeError(
+                f"frame of {length} bytes exceeds the limit of {self._frame_size_max_bytes}"
+            )
 
     def _fail(self) -> None:
         self._state = ChannelState.FAILED
@@ -345,10 +389,11 @@ class SecureChannel:
             self._receive_mac = hmac.new(receive_key, digestmod=hashlib.sha256)
             self._state = ChannelState.ESTABLISHED
 
-    def _parse_frame(self) -> bytes | None:
+    def _parse_frame(self) -> bytes | list[bytes] | None:
         if len(self._received) < FRAME_HEADER.size:
             return None
-        length, tag = self._received.peek_unpack(FRAME_HEADER)
+        length_field, tag = self._received.peek_unpack(FRAME_HEADER)
+        length = length_field & ~PARTED
         if length > self._frame_size_max_bytes:
             raise FrameError(f"frame of {length} bytes exceeds the limit of {self._frame_size_max_bytes}")
         if len(self._received) < FRAME_HEADER.size + length:
@@ -357,11 +402,66 @@ class SecureChannel:
         if receive_mac is None:
             fail("an established channel has a receive key")
         self._received.skip(FRAME_HEADER.size)
-        payload = self._received.take(length)
         mac = receive_mac.copy()
-        mac.update(TAG_PREFIX.pack(self._receive_sequence, length))
-        mac.update(payload)
+        mac.update(TAG_PREFIX.pack(self._receive_sequence, length_field))
+        payload: bytes | list[bytes]
+        if not length_field & PARTED:
+            payload = self._received.take(length)
+            mac.update(payload)
+        else:
+            payload = self._take_parts(length, mac)
         if not hmac.compare_digest(mac.digest()[:TAG_BYTES], tag):
             raise FrameError("frame tag does not verify (tampered, reordered or replayed)")
         self._receive_sequence += 1
         return payload
+
+    def _take_parts(self, length: int, mac: Any) -> list[bytes]:
+        """The parts of a parted frame of ``length`` bytes (all received), fed to ``mac`` as the tag covers
+        them. A table that does not add up to the frame fails the channel before anything is hashed."""
+        if length < _COUNT.size:
+            raise FrameError(f"parted frame of {length} bytes has no part table")
+        (count,) = self._received.peek_unpack(_COUNT)
+        if _COUNT.size * (count + 1) > length:
+            raise FrameError(f"parted frame of {length} bytes cannot hold {count} part lengths")
+        table = self._received.take(_COUNT.size * (count + 1))
+        lengths = struct.unpack_from(f">{count}I", table, _COUNT.size)
+        if sum(lengths) != length - len(table):
+            raise FrameError(f"parts of {sum(lengths)} bytes in a parted frame of {length - len(table)}")
+        mac.update(table)
+        parts = []
+        for part_length in lengths:
+            part = self._received.take(part_length)
+            mac.update(part if part_length < DIGEST_MIN_BYTES else sha256(part).digest())
+            parts.append(part)
+        return parts
+
+
+class DigestCache:
+    """SHA-256 digests of large byte strings, by identity, computed ahead of sending: the leader digests
+    each entry as it proposes it (its group-commit thread), and the Raft thread finds the digest for every
+    follower it sends the entry to. Bounded: an entry sent later (a follower catching up) is hashed then."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        self._capacity = capacity
+        self._entries: OrderedDict[int, tuple[bytes, bytes]] = OrderedDict()  # id -> (the bytes, digest)
+        self._lock = threading.Lock()
+
+    def remember(self, data: bytes) -> None:
+        digest = sha256(data).digest()
+        with self._lock:
+            self._entries[id(data)] = (data, digest)  # held, so the id stays this object's
+            while len(self._entries) > self._capacity:
+                self._entries.popitem(last=False)
+
+    def digest(self, part: bytes | memoryview) -> bytes:
+        whole = part.obj if isinstance(part, memoryview) else part
+        if isinstance(whole, bytes) and len(whole) == len(part):
+            with self._lock:
+                found = self._entries.get(id(whole))
+            if found is not None and found[0] is whole:
+                return found[1]
+        return sha256(part).digest()
+
+
+#: the process's digests of proposed entries (one Raft node per process)
+ENTRY_DIGESTS: Final = DigestCache()

@@ -29,6 +29,7 @@ from dledger.apply import ApplyResult, OwnBatch, StateMachine
 from dledger.catchup import CatchupError, CatchupServer, fetch, fetch_range
 from dledger.command import Command, encode_command
 from dledger.config import NodeConfig, parse_address
+from dledger.framing import ENTRY_DIGESTS
 from dledger.future import AppendFuture
 from dledger.group_commit import GroupCommitter, NotLeaderError, OutcomeUnknownError, request_bytes
 from dledger.log_matching import plan_append
@@ -42,7 +43,7 @@ from dledger.snapshot import (
 )
 from dledger.state import ReplicatedState, StateError
 from dledger.timers import TIMER_TOPIC
-from dledger.transport import transport_class
+from dledger.transport import OUT_OF_BAND_MIN_BYTES, transport_class
 from dledger.tuning import tuned_conf
 
 log = logging.getLogger(__name__)
@@ -424,6 +425,9 @@ class GroupMember:
     def _propose(self, data: bytes, callback: Callable[[ApplyResult | None, int], None],
                  own: OwnBatch | None = None) -> None:
         command = RAW_COMMAND_PREFIX + data
+        if len(command) >= OUT_OF_BAND_MIN_BYTES:
+            # hashed here, off the Raft thread, which then finds the digest for each follower it sends to
+            ENTRY_DIGESTS.remember(command)
         if own is not None:
             # remembered so apply need not decode what this leader encoded (bounded: an entry that never
             # applies here, after a leader change, just falls out)

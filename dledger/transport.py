@@ -79,7 +79,6 @@ import logging
 import os
 import pickle
 import socket
-import struct
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -92,6 +91,7 @@ from pysyncobj.tcp_connection import CONNECTION_STATE, set_keepalive
 from pysyncobj.transport import TCPTransport, TransportNotReadyError
 
 from dledger.framing import (
+    ENTRY_DIGESTS,
     FRAME_SIZE_LIMIT_BYTES,
     ProtocolError,
     Role,
@@ -104,11 +104,6 @@ logger = logging.getLogger(__name__)
 #: pickle protocol for frame payloads: 5 keeps bytes as raw bytes (protocol 2 turns bytes >= 0x80 into
 #: two bytes) and is the fastest the standard library has
 PAYLOAD_PICKLE_PROTOCOL: Final = 5
-#: a frame payload starting with this byte is a pickle whose large byte strings travel after it, out of
-#: band (protocol 5 buffers): ``mark u8 | buffer count u16 | pickle length u32 | buffer lengths u32* |
-#: pickle | buffers``. Any other first byte is a plain pickle (protocol 5 starts with 0x80).
-OUT_OF_BAND_MARK: Final = 0
-_OUT_OF_BAND_HEAD: Final = struct.Struct(">BHI")
 #: command bytes of at least this size in append-entries messages are sent out of band: pickling copied
 #: each entry once per follower (~0.2 ms per 300 KB entry on the leader's GIL)
 OUT_OF_BAND_MIN_BYTES: Final = 16 * 1024
@@ -230,22 +225,18 @@ class _NoGlobalsUnpickler(pickle.Unpickler):
 
 
 def encode_message(message: object) -> bytes:
-    return b"".join(encode_message_parts(message))
+    """One plain pickle of ``message`` (large byte strings in band)."""
+    return pickle.dumps(message, protocol=PAYLOAD_PICKLE_PROTOCOL)
 
 
 def encode_message_parts(message: object) -> list[bytes | memoryview]:
-    """The frame payload for ``message``, as parts to send back to back. The commands of an append-entries
-    message travel out of band, as views of the entries' own bytes: nothing copies them before the
-    socket does."""
+    """The frame payload for ``message``: one plain pickle, or several parts, sent as a parted frame
+    (``dledger.framing``): a pickle followed by the commands of an append-entries message, out of band
+    (protocol 5 buffers), as views of the entries' own bytes: nothing copies them before the socket does."""
     buffers: list[pickle.PickleBuffer] = []
     skeleton = pickle.dumps(_commands_out_of_band(message), protocol=PAYLOAD_PICKLE_PROTOCOL,
                             buffer_callback=buffers.append)
-    if not buffers:
-        return [skeleton]
-    views = [buffer.raw() for buffer in buffers]
-    head = _OUT_OF_BAND_HEAD.pack(OUT_OF_BAND_MARK, len(views), len(skeleton)) + struct.pack(
-        f">{len(views)}I", *(view.nbytes for view in views))
-    return [head, skeleton, *views]
+    return [skeleton, *(buffer.raw() for buffer in buffers)]
 
 
 def _commands_out_of_band(message: object) -> object:
@@ -263,25 +254,13 @@ def _commands_out_of_band(message: object) -> object:
     return {**message, "entries": wrapped}
 
 
-def decode_message(payload: bytes) -> object:
-    """Unpickle an authenticated frame payload, refusing globals (defence in depth, see module doc).
-    Out-of-band buffers come back as ``bytes``."""
-    if payload[:1] != bytes((OUT_OF_BAND_MARK,)):
+def decode_message(payload: bytes | list[bytes]) -> object:
+    """Unpickle an authenticated frame payload (a parted frame's parts: the pickle, then its out-of-band
+    buffers, which come back as ``bytes``), refusing globals (defence in depth, see module doc)."""
+    if isinstance(payload, bytes):
         return _NoGlobalsUnpickler(io.BytesIO(payload)).load()
-    _, count, skeleton_length = _OUT_OF_BAND_HEAD.unpack_from(payload)
-    position = _OUT_OF_BAND_HEAD.size
-    lengths = struct.unpack_from(f">{count}I", payload, position)
-    position += 4 * count
-    skeleton_end = position + skeleton_length
-    buffers = []
-    start = skeleton_end
-    for length in lengths:
-        buffers.append(payload[start : start + length])
-        start += length
-    if start != len(payload):
-        raise ValueError(f"out-of-band frame: parts end at {start} of {len(payload)} bytes")
-    with memoryview(payload) as view:
-        return _NoGlobalsUnpickler(io.BytesIO(view[position:skeleton_end]), buffers=buffers).load()
+    skeleton, *buffers = payload
+    return _NoGlobalsUnpickler(io.BytesIO(skeleton), buffers=buffers).load()
 
 
 def _address_family(host: str) -> socket.AddressFamily:
@@ -512,7 +491,8 @@ class FramedConnection:
         channel = self._channel
         if channel is None:
             return
-        header = channel.encode_frame_parts(parts)
+        header = (channel.encode_frame_parts(parts) if len(parts) == 1
+                  else channel.encode_parted_frame(parts, ENTRY_DIGESTS.digest))
         if sum(len(part) for part in parts) < JOIN_PAYLOAD_BELOW_BYTES:
             self._queue_raw(b"".join([header, *parts]))
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import pickle
 import random
@@ -22,12 +23,14 @@ from pysyncobj import SyncObj, SyncObjConf
 
 from commitlog.errors import InvariantError
 from dledger.framing import (
+    DIGEST_MIN_BYTES,
     FRAME_HEADER,
     HELLO,
     PROOF_BYTES,
     PROTOCOL_MAGIC,
     PROTOCOL_VERSION,
     ChannelState,
+    DigestCache,
     FrameError,
     FrameTooLargeError,
     HandshakeError,
@@ -37,7 +40,6 @@ from dledger.framing import (
     SecureChannel,
 )
 from dledger.transport import (
-    OUT_OF_BAND_MARK,
     OUT_OF_BAND_MIN_BYTES,
     AuthenticatedTcpTransport,
     TransportSettings,
@@ -59,9 +61,9 @@ def make_channel(role: Role, secret: bytes = SECRET, seed: int = 0) -> SecureCha
     )
 
 
-def feed_in_chunks(receiver: SecureChannel, data: bytes, chunk_sizes: list[int]) -> list[bytes]:
+def feed_in_chunks(receiver: SecureChannel, data: bytes, chunk_sizes: list[int]) -> list[bytes | list[bytes]]:
     """Feed ``data`` in pieces of the given sizes (cycled) and collect every frame that completes."""
-    frames: list[bytes] = []
+    frames: list[bytes | list[bytes]] = []
     position = 0
     index = 0
     while position < len(data):
@@ -313,9 +315,13 @@ def test_large_commands_travel_out_of_band_and_come_back_as_bytes() -> None:
     message = {"type": "append_entries", "term": 3, "commit_index": 9, "prevLogIdx": 4, "prevLogTerm": 3,
                "entries": [(big, 5, 3), (b"small", 6, 3), (big[::-1], 7, 3)]}
     parts = encode_message_parts(message)
-    assert parts[0][0] == OUT_OF_BAND_MARK and len(parts) == 4  # head, pickle, two buffers
-    assert isinstance(parts[2], memoryview) and parts[2].obj is big  # a view of the entry's own bytes: not copied before the socket
-    decoded = decode_message(b"".join(parts))
+    assert len(parts) == 3  # pickle, two buffers
+    assert isinstance(parts[1], memoryview) and parts[1].obj is big  # a view of the entry's own bytes: not copied before the socket
+    initiator, acceptor = established_pair()
+    acceptor.receive_data(initiator.encode_parted_frame(parts) + b"".join(parts))
+    received = acceptor.next_frame()
+    assert isinstance(received, list) and len(received) == 3
+    decoded = decode_message(received)
     assert decoded == message
     assert isinstance(decoded, dict) and all(type(entry[0]) is bytes for entry in decoded["entries"])
     # anything else stays one plain pickle, as before
@@ -324,16 +330,15 @@ def test_large_commands_travel_out_of_band_and_come_back_as_bytes() -> None:
         assert only[:1] == b"\x80" and decode_message(bytes(only)) == plain
 
 
-def test_out_of_band_frames_with_wrong_lengths_or_globals_are_refused(tmp_path: Path) -> None:
+def test_out_of_band_parts_with_wrong_buffers_or_globals_are_refused(tmp_path: Path) -> None:
     big = b"b" * OUT_OF_BAND_MIN_BYTES
-    payload = b"".join(encode_message_parts({"type": "append_entries", "entries": [(big, 1, 1)]}))
-    for broken in (payload + b"x", payload[:-1], payload[:5]):
+    skeleton, buffer = encode_message_parts({"type": "append_entries", "entries": [(big, 1, 1)]})
+    for broken in ([bytes(skeleton)], [bytes(skeleton)[:-1], bytes(buffer)]):
         with pytest.raises((ValueError, struct.error, pickle.UnpicklingError, EOFError)):
             decode_message(broken)
     evil = pickle.dumps({"type": "append_entries", "evil": CreatesMarkerFile(tmp_path / "marker")}, protocol=5)
-    head = struct.pack(">BHI", OUT_OF_BAND_MARK, 0, len(evil))
     with pytest.raises(pickle.UnpicklingError, match="refused"):
-        decode_message(head + evil)
+        decode_message([evil, bytes(buffer)])
     assert not (tmp_path / "marker").exists()
 
 
@@ -343,6 +348,68 @@ def test_a_frame_in_parts_carries_the_tag_of_the_joined_payload() -> None:
     header = initiator.encode_frame_parts(parts)
     acceptor.receive_data(header + b"".join(parts))
     assert acceptor.next_frame() == b"headmiddle parttail"
+
+
+def parted_frame(parts: list[bytes], cache: DigestCache | None = None) -> tuple[SecureChannel, bytes]:
+    initiator, acceptor = established_pair()
+    head = initiator.encode_parted_frame(parts) if cache is None else initiator.encode_parted_frame(parts, cache.digest)
+    return acceptor, head + b"".join(parts)
+
+
+def test_parted_frames_arrive_as_their_parts_in_any_chunking() -> None:
+    rng = random.Random(11)
+    parts = [b"skeleton", rng.randbytes(DIGEST_MIN_BYTES), b"", rng.randbytes(DIGEST_MIN_BYTES - 1), rng.randbytes(70_000)]
+    cache = DigestCache()
+    cache.remember(parts[4])
+    for digests in (None, cache):
+        acceptor, wire = parted_frame(parts, digests)
+        assert feed_in_chunks(acceptor, wire, [1, 7, 4096, 100_000]) == [parts]
+
+
+def test_a_tampered_parted_frame_is_refused() -> None:
+    """Every byte of a parted frame counts: a bit flipped in a hashed part, in a part hashed whole, in the
+    part table, or a part moved across a boundary (same bytes, other lengths) fails the tag."""
+    rng = random.Random(12)
+    parts = [b"skeleton pickle", rng.randbytes(DIGEST_MIN_BYTES + 10), rng.randbytes(100)]
+    _, wire = parted_frame(parts)
+    header = FRAME_HEADER.size
+    table = 4 + 4 * len(parts)
+    for position in (header + table + 3, header + table + len(parts[0]) + 2000, len(wire) - 1, header + 4 + 3):
+        acceptor, wire = parted_frame(parts)
+        broken = bytearray(wire)
+        broken[position] ^= 0x01
+        acceptor.receive_data(bytes(broken))
+        with pytest.raises(FrameError):
+            acceptor.next_frame()
+    # the same bytes cut differently: move a byte from the second part to the first
+    acceptor, wire = parted_frame(parts)
+    moved = bytearray(wire)
+    struct.pack_into(">II", moved, header + 4, len(parts[0]) + 1, len(parts[1]) - 1)
+    acceptor.receive_data(bytes(moved))
+    with pytest.raises(FrameError, match="tag"):
+        acceptor.next_frame()
+
+
+def test_a_parted_frame_whose_table_does_not_add_up_is_refused() -> None:
+    parts = [b"a" * 10, b"b" * 20]
+    for count, lengths in ((2, (10, 21)), (2, (9, 20)), (1_000_000, (10, 20))):
+        acceptor, wire = parted_frame(parts)
+        broken = bytearray(wire)
+        struct.pack_into(">III", broken, FRAME_HEADER.size, count, *lengths)
+        acceptor.receive_data(bytes(broken))
+        with pytest.raises(FrameError):
+            acceptor.next_frame()
+
+
+def test_the_digest_cache_answers_only_for_the_very_bytes_it_hashed() -> None:
+    cache = DigestCache(capacity=2)
+    first, second, third = (bytes([n]) * DIGEST_MIN_BYTES for n in range(3))
+    for data in (first, second, third):
+        cache.remember(data)
+    for data in (first, second, third):  # the first fell out: computed again, equal all the same
+        assert cache.digest(data) == cache.digest(memoryview(data)) == hashlib.sha256(data).digest()
+    assert cache.digest(memoryview(third)[1:]) == hashlib.sha256(third[1:]).digest()  # a slice is not the entry
+    assert cache.digest(bytes(third)) == hashlib.sha256(third).digest()  # an equal copy: hashed, same digest
 
 
 # -- dledger.tuning ------------------------------------------------------------------------------------
