@@ -122,10 +122,11 @@ class ReceiveBuffer:
     amortized O(len(data)), and steady traffic allocates nothing.
 
     Bytes live in ``_buffer[_offset:_end]``. Room for the next receive is made at the end: the unread tail
-    is moved to the front when that frees enough (it is at most a frame, and moves once per fill), else
-    the storage doubles. It is dropped once emptied while larger than :data:`_KEEP_BYTES` (after a snapshot,
-    say), and reused otherwise: reallocating per read measured ~14% of a follower's CPU. ``receive_into``
-    lets the socket write into it directly.
+    is moved to the front when that frees enough and it is at most an eighth of the storage, else the
+    storage doubles (up to :data:`_KEEP_BYTES`, past which the tail is always moved). It is dropped once
+    emptied while larger than :data:`_KEEP_BYTES` (after a snapshot, say), and reused otherwise:
+    reallocating per read measured ~14% of a follower's CPU. ``receive_into`` lets the socket write into
+    it directly.
     """
 
     __slots__ = ("_buffer", "_end", "_offset")
@@ -147,7 +148,9 @@ class ReceiveBuffer:
         if self._end + size <= len(self._buffer):
             return
         unread = self._end - self._offset
-        if self._offset and unread + size <= len(self._buffer):
+        if self._offset and unread + size <= len(self._buffer) and (
+                unread * 8 <= len(self._buffer) or len(self._buffer) >= _KEEP_BYTES):
+            # moving at most an eighth of the storage per fill (or, once it is large, whatever is unread)
             self._buffer[:unread] = self._buffer[self._offset : self._end]  # same length: moved in place
             self._offset, self._end = 0, unread
             return

@@ -595,6 +595,12 @@ class FramedConnection:
                 return
             self._last_read_time = self._clock()
             budget -= received
+            if self._state == _CONNECTED:
+                # frames as they complete: the receive buffer then holds about a chunk and a frame, not a
+                # whole read budget (which it would grow to, then drop, then grow to again)
+                self._deliver_frames(channel)
+                if self._channel is not channel or self._state != _CONNECTED:
+                    return
             if received < chunk:
                 break  # drained: skip the syscall that would only say EAGAIN
         handshake_bytes = channel.data_to_send()
