@@ -30,7 +30,7 @@ from tests.dledger.group import running_group
 from tests.support import wait_for
 
 STORE = {"segment_size_bytes": 256 << 20}
-GROUP_COMMIT = {"in_flight_entries_max": 8, "batch_messages_max": 256}
+GROUP_COMMIT = {"in_flight_entries_max": 16, "batch_messages_max": 256}
 MESSAGE_BYTES = 1024 + 130  # body plus stored-record overhead in this workload
 NO_ACK_LOG = {"RAFTMQ_TEST_ACK_LOG": "0"}
 

@@ -283,7 +283,8 @@ class GroupCommitter:
             if result.noop_reason is not None or not result.message_results:
                 self._fail(batch, OutcomeUnknownError(f"applied as a no-op: {result.noop_reason}"))
                 return
-            results = result.message_results[0]
+            # made into result objects once for the whole batch (StoredRecords makes them on demand)
+            results = result.message_results[0][:]
             position = 0
             for request in batch:
                 count = len(request.messages)
