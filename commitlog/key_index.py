@@ -30,6 +30,7 @@ import numpy.typing as npt
 
 from commitlog.errors import CorruptionError, invariant
 from commitlog.mapped_file import MappedFile, ensure_directory
+from commitlog.records import columnwise
 
 INDEX_MAGIC: Final = 0x524D4958  # "RMIX"
 INDEX_VERSION: Final = 1
@@ -130,19 +131,22 @@ class KeyIndex:
 
     def prepare(self, entries: IndexColumns | Sequence[IndexEntry]) -> None:
         """Create the files ``entries`` will need. May raise DiskFullError; writes no entry."""
-        if not isinstance(entries, IndexColumns):
-            entries = index_columns(entries)
         free = (self.entry_capacity - self.files[-1].entry_count) if self.files else 0
         position = free
         while position < len(entries):
-            self._create(int(entries.physicals[position]), int(entries.timestamps[position]))
+            if isinstance(entries, IndexColumns):
+                self._create(int(entries.physicals[position]), int(entries.timestamps[position]))
+            else:
+                _, physical, timestamp = entries[position]
+                self._create(physical, timestamp)
             position += self.entry_capacity
 
     def insert_many(self, entries: IndexColumns | Sequence[IndexEntry]) -> None:
         """Append ``entries`` (files prepared). Per file: all entries as one write, then the header count
         and tail, then the slots; a crash between leaves either unreachable entries past the count or
-        entries whose slot still holds the previous value, both of which :meth:`undo_from` handles."""
-        if not isinstance(entries, IndexColumns):
+        entries whose slot still holds the previous value, both of which :meth:`undo_from` handles.
+        Column-wise for many entries, one by one for a few (:func:`commitlog.records.columnwise`)."""
+        if not isinstance(entries, IndexColumns) and columnwise(len(entries)):
             entries = index_columns(entries)
         position = 0
         while position < len(entries):
@@ -150,8 +154,39 @@ class KeyIndex:
             invariant(index_file is not None, "prepare must run before insert")
             assert index_file is not None
             take = min(len(entries) - position, self.entry_capacity - index_file.entry_count)
-            self._insert_into(index_file, entries.since(position, position + take))
+            if isinstance(entries, IndexColumns):
+                self._insert_into(index_file, entries.since(position, position + take))
+            else:
+                self._insert_each(index_file, entries[position : position + take])
             position += take
+
+    def _insert_each(self, index_file: IndexFile, entries: Sequence[IndexEntry]) -> None:
+        """:meth:`_insert_into` entry by entry (the same bytes)."""
+        mapped = index_file.file.map
+        slot_count = self.slot_count
+        begin_seconds = index_file.begin_timestamp // 1000
+        count = index_file.entry_count
+        new_slots: dict[int, int] = {}
+        packed = []
+        pack = ENTRY.pack
+        for hash_value, physical, timestamp in entries:
+            slot_position = HEADER_BYTES + (hash_value % slot_count) * 4
+            previous = new_slots.get(slot_position)
+            if previous is None:
+                (previous,) = SLOT.unpack_from(mapped, slot_position)
+            packed.append(pack(hash_value, physical, timestamp // 1000 - begin_seconds, previous))
+            count += 1
+            new_slots[slot_position] = count
+        base = index_file.entries_base + index_file.entry_count * ENTRY.size
+        blob = b"".join(packed)
+        mapped[base : base + len(blob)] = blob
+        _, last_physical, last_timestamp = entries[-1]
+        TAIL.pack_into(mapped, END_POSITION, last_physical)
+        TAIL.pack_into(mapped, END_POSITION + 16, last_timestamp)
+        SLOT.pack_into(mapped, COUNT_POSITION, count)
+        for slot_position, number in new_slots.items():
+            SLOT.pack_into(mapped, slot_position, number)
+        index_file.entry_count = count
 
     def _insert_into(self, index_file: IndexFile, entries: IndexColumns) -> None:
         """Column-wise: an entry's previous is the newest earlier entry of its slot in this batch, else what

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from commitlog.errors import invariant
-from commitlog.key_index import IndexColumns, IndexEntry, KeyIndex, index_columns
+from commitlog.key_index import IndexColumns, IndexEntry, KeyIndex
 
 #: A bitmap holds up to a dedupe window's keys (120 s): at 50k keys/s, 6M keys in 2^27 bits answer "maybe"
 #: for ~4% of new keys per bitmap (2^25 bits: ~16%), and each "maybe" costs a key-index lookup.
@@ -47,11 +47,14 @@ def _bits(hashes: npt.NDArray[np.int64] | npt.NDArray[np.uint32]) -> tuple[npt.N
 
 
 class RecentKeys:
-    __slots__ = ("_current", "_current_oldest", "_previous", "floor")
+    __slots__ = ("_current", "_current_bits", "_current_oldest", "_previous", "_previous_bits", "floor")
 
     def __init__(self) -> None:
-        self._current = np.zeros(1 << (BITS_LOG2 - 3), dtype=np.uint8)
-        self._previous = np.zeros(1 << (BITS_LOG2 - 3), dtype=np.uint8)
+        self._current = bytearray(1 << (BITS_LOG2 - 3))
+        self._previous = bytearray(1 << (BITS_LOG2 - 3))
+        # the same bitmaps as numpy arrays (views: they share the bytes), for batches of keys
+        self._current_bits = np.frombuffer(self._current, dtype=np.uint8)
+        self._previous_bits = np.frombuffer(self._previous, dtype=np.uint8)
         #: the smallest stamp added to the current bitmap (None: empty)
         self._current_oldest: int | None = None
         #: keys stored at or before this stamp may be missing (stored before the filter started, or dropped
@@ -60,13 +63,19 @@ class RecentKeys:
 
     def add(self, entries: IndexColumns | Sequence[IndexEntry]) -> None:
         """Record key-index entries: (key hash, physical offset, store timestamp ms)."""
-        if not isinstance(entries, IndexColumns):
-            entries = index_columns(entries)
         if not len(entries):
             return
-        byte, bit = _bits(entries.hashes)
-        np.bitwise_or.at(self._current, byte, bit)
-        oldest = int(entries.timestamps.min())
+        if isinstance(entries, IndexColumns):
+            byte, bit = _bits(entries.hashes)
+            np.bitwise_or.at(self._current_bits, byte, bit)
+            oldest = int(entries.timestamps.min())
+        else:
+            current = self._current
+            oldest = entries[0][2]
+            for key_hash, _, stamp in entries:
+                mixed = (key_hash * _SPREAD) >> 7 & _MASK
+                current[mixed >> 3] |= 1 << (mixed & 7)
+                oldest = min(oldest, stamp)
         if self._current_oldest is None or oldest < self._current_oldest:
             self._current_oldest = oldest
         if self.floor is None:
@@ -95,7 +104,7 @@ class RecentKeys:
         for columns in index.entries_from_second(begin_second):
             if len(columns):
                 byte, bit = _bits(columns.hashes)
-                np.bitwise_or.at(self._current, byte, bit)
+                np.bitwise_or.at(self._current_bits, byte, bit)
                 chunk_oldest = int(columns.timestamps.min()) // 1000
                 oldest_second = chunk_oldest if oldest_second is None else min(oldest_second, chunk_oldest)
         if oldest_second is not None:
@@ -114,7 +123,8 @@ class RecentKeys:
             # a time not after it gets "maybe" again
             self.floor = max(self.floor, self._current_oldest)
             self._previous, self._current = self._current, self._previous
-            self._current.fill(0)
+            self._previous_bits, self._current_bits = self._current_bits, self._previous_bits
+            self._current_bits.fill(0)
             self._current_oldest = None
         return True
 
@@ -126,11 +136,16 @@ class RecentKeys:
     def maybe_mask(self, hashes: npt.NDArray[np.int64] | npt.NDArray[np.uint32]) -> npt.NDArray[np.bool_]:
         """For each hash, whether it is "maybe"."""
         byte, bit = _bits(hashes)
-        mask: npt.NDArray[np.bool_] = ((self._current[byte] | self._previous[byte]) & bit) != 0
+        mask: npt.NDArray[np.bool_] = ((self._current_bits[byte] | self._previous_bits[byte]) & bit) != 0
         return mask
 
     def maybe_many(self, hashes: dict[int, int]) -> list[int]:
         """The names in ``hashes`` (name -> key hash) whose hash is "maybe"."""
-        names = list(hashes)
-        mask = self.maybe_mask(np.fromiter(hashes.values(), dtype=np.int64, count=len(names)))
-        return [name for name, maybe in zip(names, mask.tolist(), strict=True) if maybe]
+        current, previous = self._current, self._previous
+        found = []
+        for name, key_hash in hashes.items():
+            mixed = (key_hash * _SPREAD) >> 7 & _MASK
+            byte, bit = mixed >> 3, 1 << (mixed & 7)
+            if current[byte] & bit or previous[byte] & bit:
+                found.append(name)
+        return found

@@ -117,6 +117,18 @@ def pack_hashes(hashes: Sequence[int]) -> bytes:
     return struct.pack(f">{len(hashes)}I", *hashes)
 
 
+#: batches of at least this many records (or key-index entries) are handled column-wise with numpy. Apply
+#: measured ~140 us per batch + 1.5 us per record column-wise against ~4 us per record one by one (1 record:
+#: 146 vs 38 us; 64: 239 vs 267 us; 256: ~520 vs ~1,020 us): small batches, the rule at low load, where
+#: commit latency is measured, go record by record
+COLUMNS_MIN = 64
+
+
+def columnwise(count: int) -> bool:
+    """Whether ``count`` records (or index entries) are handled column-wise."""
+    return count >= COLUMNS_MIN
+
+
 class Layout(NamedTuple):
     """A batch's metas as columns, with where each record starts in ``records``."""
 
@@ -167,6 +179,8 @@ def check_layout(batch: PreparedRecords) -> str | None:
     end = len(records)
     if len(batch.metas) % META.size or len(batch.key_hashes) % HASH.size:
         return f"{len(batch.metas)} bytes of metas and {len(batch.key_hashes)} of key hashes are not whole"
+    if not columnwise(batch.record_count):
+        return _check_each(batch)
     layout = layout_of(batch)
     metas, sizes, starts = layout.metas, layout.sizes, layout.starts
     count = len(sizes)
@@ -186,10 +200,35 @@ def check_layout(batch: PreparedRecords) -> str | None:
                     f"with flags {metas['flags'][first]:#x}")
     if sized < count:
         return f"record of {sizes[sized]} bytes at {starts[sized]} runs past the {end} bytes of records"
-    position = int(starts[-1] + sizes[-1]) if count else 0
-    if position != end:
-        return f"{end - position} bytes of records past the last one"
-    keys = int(metas["keys"].sum())
+    return _check_totals(batch, int(starts[-1] + sizes[-1]) if count else 0, int(metas["keys"].sum()))
+
+
+def _check_each(batch: PreparedRecords) -> str | None:
+    """:func:`check_layout` record by record (the same answers)."""
+    records = batch.records
+    position = 0
+    keys = 0
+    topics = len(batch.topics)
+    unpack = _SIZE_MAGIC.unpack_from
+    end = len(records)
+    for size, topic_index, flags, _, _, _, key_count in META.iter_unpack(batch.metas):
+        if size < 88 or position + size > end:
+            return f"record of {size} bytes at {position} runs past the {end} bytes of records"
+        total, magic = unpack(records, position)
+        if total != size or magic != MESSAGE_MAGIC:
+            return f"the record at {position} does not match its meta (size {total}, magic {magic:#x})"
+        if topic_index >= topics or flags & ~FLAGS_KNOWN:
+            return f"the record at {position} names topic {topic_index} of {topics} with flags {flags:#x}"
+        position += size
+        keys += key_count
+    return _check_totals(batch, position, keys)
+
+
+def _check_totals(batch: PreparedRecords, records_end: int, keys: int) -> str | None:
+    """The checks of a batch as a whole, once its records checked out up to ``records_end``."""
+    end = len(batch.records)
+    if records_end != end:
+        return f"{end - records_end} bytes of records past the last one"
     hash_count = len(batch.key_hashes) // HASH.size
     if keys != hash_count:
         return f"metas count {keys} key hashes, {hash_count} travel"

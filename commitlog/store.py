@@ -38,7 +38,7 @@ from commitlog.commit_log import CommitLog
 from commitlog.config import StoreConfig
 from commitlog.consume_queue import CQ_UNIT, UNIT_BYTES, ConsumeQueue
 from commitlog.errors import CorruptionError, StoreError, invariant
-from commitlog.key_index import IndexColumns, IndexEntry, KeyIndex, index_columns, key_hash
+from commitlog.key_index import IndexColumns, IndexEntry, KeyIndex, key_hash
 from commitlog.message import (
     FILLER_HEADER_BYTES,
     HEAD_A,
@@ -70,6 +70,7 @@ from commitlog.records import (
     QUEUE_OFFSET_AT,
     Layout,
     PreparedRecords,
+    columnwise,
     hash_list,
     layout_of,
     meta_list,
@@ -583,16 +584,16 @@ class MessageStore:
 
     def _append_records_locked(self, raft_index: int, batch: PreparedRecords, skip: Collection[int],
                                stamp: int | None, want_results: bool) -> AppendOutcome:
-        layout = layout_of(batch)
+        layout = layout_of(batch) if columnwise(batch.record_count) else None
         records = bytearray(batch.records)
         if stamp is not None and stamp != batch.stamp:
-            restamp(records, layout, stamp)
+            restamp(records, layout or layout_of(batch), stamp)
         else:
             stamp = batch.stamp
         topics = [self._topic_entry(topic) for topic in batch.topics]
         segment_size = self.config.segment_size_bytes
         position = self.commit_log.end_offset
-        if (records and not skip and len(set(batch.topics)) == len(topics)
+        if (layout is not None and not skip and len(set(batch.topics)) == len(topics)
                 and not any(isinstance(topic_entry, str) for topic_entry in topics)
                 and position + len(records) <= position - position % segment_size + segment_size - FILLER_HEADER_BYTES):
             return self._append_whole_records(raft_index, batch, layout, records, stamp, want_results)
@@ -735,8 +736,6 @@ class MessageStore:
             queue = self.queues[queue_key]
             queue.put_packed(first_offset, packed)
             self._dirty_queues.add(queue)
-        if not isinstance(index_entries, IndexColumns):
-            index_entries = index_columns(index_entries)
         self.index.insert_many(index_entries)
         self._recent_keys.add(index_entries)
         self.next_queue_offsets.update(new_offsets)
@@ -745,9 +744,17 @@ class MessageStore:
         self.apply_position.write(raft_index, end)
         return AppendOutcome(raft_index, True, results if isinstance(results, StoredRecords) else tuple(results))
 
-    def recently_stored(self, hashes: npt.NDArray[np.uint32], since_timestamp: int) -> npt.NDArray[np.bool_]:
-        """For each key-index hash, whether it may have been indexed at or after ``since_timestamp``: those
-        worth a lookup (:mod:`commitlog.recent_keys`). All of them when the filter cannot answer for that time."""
+    def recently_stored(self, hashes: dict[int, int], since_timestamp: int) -> list[int]:
+        """Of ``hashes`` (any name -> key-index hash), the names whose hash may have been indexed at or
+        after ``since_timestamp``: those worth a lookup (:mod:`commitlog.recent_keys`). All of them when
+        the filter cannot answer for that time."""
+        with self._lock:
+            if not self._recent_keys.authoritative(since_timestamp):
+                return list(hashes)
+            return self._recent_keys.maybe_many(hashes)
+
+    def recently_stored_mask(self, hashes: npt.NDArray[np.uint32], since_timestamp: int) -> npt.NDArray[np.bool_]:
+        """:meth:`recently_stored` for many hashes: for each, whether it is worth a lookup."""
         with self._lock:
             if not self._recent_keys.authoritative(since_timestamp):
                 return np.ones(len(hashes), dtype=np.bool_)

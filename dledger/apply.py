@@ -14,6 +14,7 @@ Rules (shared/DESIGN.md):
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import time
@@ -25,7 +26,17 @@ import numpy as np
 
 from commitlog.errors import DiskFullError
 from commitlog.message import MessageInput, StoredMessage
-from commitlog.records import HAS_UNIQ_KEY, HASH_DTYPE, PreparedRecords, check_layout, layout_of, uniq_key_of
+from commitlog.records import (
+    HAS_UNIQ_KEY,
+    HASH_DTYPE,
+    PreparedRecords,
+    check_layout,
+    columnwise,
+    hash_list,
+    layout_of,
+    meta_list,
+    uniq_key_of,
+)
 from commitlog.store import AppendOutcome, AppendResult, MessageStore
 from dledger.command import (
     AclDocument,
@@ -210,7 +221,10 @@ class StateMachine:
     def _record_duplicates(self, batch: PreparedRecords, since_timestamp: int) -> dict[int, AppendResult | int]:
         """:meth:`_split_duplicates` for prepared records: the same answers, found from the UNIQ_KEY hashes
         the records carry. Keys are read from a record only when hashes alone cannot decide: a second
-        send of a hash in this command, or a hash the store may have stored lately."""
+        send of a hash in this command, or a hash the store may have stored lately. Column-wise for a large
+        batch (:func:`commitlog.records.columnwise`), record by record for a small one."""
+        if not columnwise(batch.record_count):
+            return self._record_duplicates_each(batch, since_timestamp)
         layout = layout_of(batch)
         metas = layout.metas
         positions = np.flatnonzero(metas["flags"] & HAS_UNIQ_KEY)
@@ -241,9 +255,56 @@ class StateMachine:
                     duplicates[position] = found
             sent_first = np.array([position not in duplicates for position in positions.tolist()], dtype=np.bool_)
             positions, hashes = positions[sent_first], hashes[sent_first]
-        candidates = positions[self.store.recently_stored(hashes, since_timestamp)].tolist()
+        candidates = positions[self.store.recently_stored_mask(hashes, since_timestamp)].tolist()
         if candidates:
             sends = [(batch.topics[int(metas["topic"][position])], uniq_key(position), int(metas["reconsume"][position]))
+                     for position in candidates]
+            for position, stored in zip(candidates, self.store.find_recent_sends(sends, since_timestamp), strict=True):
+                if stored is not None:
+                    duplicates[position] = stored
+        return duplicates
+
+    def _record_duplicates_each(self, batch: PreparedRecords, since_timestamp: int) -> dict[int, AppendResult | int]:
+        """:meth:`_record_duplicates` record by record."""
+        hashes = hash_list(batch)
+        metas = meta_list(batch)
+        first: dict[tuple[int, int, int], int] = {}  # (topic index, UNIQ_KEY hash, reconsume count) -> position
+        again: list[tuple[int, tuple[int, int, int]]] = []
+        uniq_hashes: dict[int, int] = {}  # position of a first send -> its UNIQ_KEY hash
+        key_position = 0
+        for position, (_, topic_index, flags, _, _, reconsume_times, key_count) in enumerate(metas):
+            if flags & HAS_UNIQ_KEY:
+                hashed = hashes[key_position]
+                identity = (topic_index, hashed, reconsume_times)
+                if first.setdefault(identity, position) == position:
+                    uniq_hashes[position] = hashed
+                else:
+                    again.append((position, identity))
+            key_position += key_count
+        if not first:
+            return {}
+        starts: list[int] = []
+
+        def uniq_key(position: int) -> bytes:
+            if not starts:
+                starts.extend(itertools.accumulate((meta[0] for meta in metas), initial=0))
+            return uniq_key_of(batch.records, starts[position], metas[position][2]) or b""
+
+        duplicates: dict[int, AppendResult | int] = {}
+        if again:  # equal hashes: equal keys, or (rarely) a CRC collision of two distinct keys
+            exact: dict[tuple[int, bytes, int], int] = {}
+            for position, identity in again:
+                earlier = first[identity]
+                exact.setdefault((identity[0], uniq_key(earlier), identity[2]), earlier)
+                found = exact.setdefault((identity[0], uniq_key(position), identity[2]), position)
+                if found != position:
+                    duplicates[position] = found
+                else:
+                    uniq_hashes[position] = identity[1]
+        candidates = self.store.recently_stored(uniq_hashes, since_timestamp)
+        if candidates:
+            candidates.sort()
+            sends = [(batch.topics[metas[position][1]], uniq_key(position), metas[position][5])
                      for position in candidates]
             for position, stored in zip(candidates, self.store.find_recent_sends(sends, since_timestamp), strict=True):
                 if stored is not None:

@@ -6,6 +6,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
+import pytest
+
+import commitlog.records as records_module
 from cli.cluster import free_ports
 
 __all__ = ["SMALL_STORE", "free_ports", "small_store", "wait_for"]
@@ -46,3 +49,12 @@ def wait_for(condition: Callable[[], Result | None], timeout_seconds: float, wha
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_seconds} s waiting for {what}")
         time.sleep(POLL_INTERVAL_SECONDS)
+
+
+@pytest.fixture(params=["record by record", "column-wise"])
+def both_apply_paths(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test both ways of storing prepared records and index entries (``commitlog.records.COLUMNS_MIN``):
+    use with ``pytestmark = pytest.mark.usefixtures("both_apply_paths")`` after importing it."""
+    if request.param == "column-wise":
+        monkeypatch.setattr(records_module, "COLUMNS_MIN", 1)
+    return str(request.param)

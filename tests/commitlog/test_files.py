@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from commitlog.consume_queue import CQ_UNIT, ConsumeQueue
 from commitlog.key_index import IndexFile, KeyIndex, key_hash
+from tests.support import both_apply_paths  # noqa: F401  (a fixture)
 
 units = st.tuples(st.integers(0, 2**63 - 1), st.integers(1, 2**31 - 1), st.integers(-(2**63), 2**63 - 1))
 
@@ -46,6 +48,7 @@ def test_consume_queue_truncate_and_prune(tmp_path: Path) -> None:
     assert min(queue.files) == 8  # the file holding units 0..7 is gone
 
 
+@pytest.mark.usefixtures("both_apply_paths")
 def test_key_index_undo_restores_every_chain(tmp_path: Path) -> None:
     index = KeyIndex(tmp_path, slot_count=4, entry_capacity=8)  # tiny: collisions and file rolls
     entries = [(key_hash("T", f"k{i % 3}"), i * 10, 1_000 + i) for i in range(20)]
@@ -62,6 +65,7 @@ def test_key_index_undo_restores_every_chain(tmp_path: Path) -> None:
     assert index.lookup(key_hash("T", "k0"), 100)[-1] >= 80 or len(index.files) == 1
 
 
+@pytest.mark.usefixtures("both_apply_paths")
 def test_key_index_lookups_of_a_recent_window_read_only_recent_files(tmp_path: Path) -> None:
     """Same answers as walking every file (a model), without reading files wholly before the window."""
     import random

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from commitlog.key_index import index_columns
 from commitlog.recent_keys import RecentKeys
 from commitlog.store import MessageStore
 from tests.commitlog.helpers import message, small_config
@@ -77,6 +78,12 @@ def test_many_answers_at_once_equal_single_answers() -> None:
     recent.add([(7, 0, 30_000)])
     assert recent.maybe_many(asked) == [name for name, key_hash in asked.items() if recent.maybe(key_hash)]
     assert 5_000 in recent.maybe_many(asked)
+    mask = recent.maybe_mask(np.array(list(asked.values()), dtype=np.uint32))
+    assert [name for name, maybe in zip(asked, mask.tolist(), strict=True) if maybe] == recent.maybe_many(asked)
+    # keys added column-wise answer as keys added one by one
+    columns = RecentKeys()
+    columns.add(index_columns([(key_hash, 0, 1_000) for key_hash in asked.values()]))
+    assert all(columns.maybe(key_hash) for key_hash in asked.values())
 
 
 def test_the_store_names_every_key_when_the_filter_cannot_answer(tmp_path: Path) -> None:
@@ -84,15 +91,15 @@ def test_the_store_names_every_key_when_the_filter_cannot_answer(tmp_path: Path)
     store.append(1, [message(1)._replace(store_timestamp=1_000_000)])
     uniq_hash = store.index.files[0].entry(0)[0]
     # the filter answers
-    assert store.recently_stored(np.array([uniq_hash, uniq_hash ^ 1], dtype=np.uint32), 1_000_000).tolist() == [True, False]
+    assert store.recently_stored_mask(np.array([uniq_hash, uniq_hash ^ 1], dtype=np.uint32), 1_000_000).tolist() == [True, False]
     store.close()
     store = MessageStore(small_config(tmp_path))
     try:
         # reopened: the filter is seeded with the keys of the last dedupe window before the index's newest
         # stamp (from second 880 on); asking about a time not after that names every key (each must be
         # looked up), and asking about a later one answers without the index
-        assert store.recently_stored(np.array([11, 12], dtype=np.uint32), 879_999).tolist() == [True, True]
-        assert store.recently_stored(np.array([11, 12], dtype=np.uint32), 880_000).tolist() == [False, False]
-        assert store.recently_stored(np.array([uniq_hash, 12], dtype=np.uint32), 1_000_000).tolist() == [True, False]
+        assert store.recently_stored_mask(np.array([11, 12], dtype=np.uint32), 879_999).tolist() == [True, True]
+        assert store.recently_stored_mask(np.array([11, 12], dtype=np.uint32), 880_000).tolist() == [False, False]
+        assert store.recently_stored_mask(np.array([uniq_hash, 12], dtype=np.uint32), 1_000_000).tolist() == [True, False]
     finally:
         store.close()

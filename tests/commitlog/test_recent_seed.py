@@ -57,10 +57,10 @@ def test_a_reopened_store_answers_no_exactly_for_the_last_window(tmp_path: Path)
         probes = np.array(random.Random(3).sample(range(1 << 32), 500), dtype=np.uint32)
         # at floor + 1 (the first millisecond of the boundary second) the filter answers exactly: every key
         # stamped since is "maybe", every other key and never-sent hash "no"
-        answers = store.recently_stored(stored, floor + 1).tolist()
+        answers = store.recently_stored_mask(stored, floor + 1).tolist()
         assert answers == [stamps[n] >= floor + 1 for n in order]
         assert answers[order.index(1002)] and not answers[order.index(1001)]
-        assert not store.recently_stored(probes, floor + 1).any()
+        assert not store.recently_stored_mask(probes, floor + 1).any()
         # the index answers as before the restart, for every time asked
         for since in asked_times:
             sends = [(TOPIC, uniq_key(n), 0) for n in order]
@@ -73,8 +73,8 @@ def test_a_reopened_store_answers_no_exactly_for_the_last_window(tmp_path: Path)
     try:
         # a time not after floor (the second before the span, older still) is "maybe" for every key
         for since in (floor, BASE_MS + 100_000, 0):
-            assert store.recently_stored(probes, since).all()
-            assert store.recently_stored(stored, since).all()
+            assert store.recently_stored_mask(probes, since).all()
+            assert store.recently_stored_mask(stored, since).all()
     finally:
         store.close()
 
@@ -92,9 +92,9 @@ def test_the_boundary_second_is_taken_whole(tmp_path: Path) -> None:
     try:
         hashes = np.array([uniq_hash(n) for n in stamps], dtype=np.uint32)
         # floor is 7_999: 7_999 itself is "maybe" for every key (stamp 7_999 is not in the filter)
-        assert store.recently_stored(hashes, 7_999).all()
+        assert store.recently_stored_mask(hashes, 7_999).all()
         # from 8_000 on, exact: keys of second 8 stamped before newest - span (8_000, 8_100) included
-        assert store.recently_stored(hashes, 8_000).tolist() == [False, False, True, True, True, True, True, True]
+        assert store.recently_stored_mask(hashes, 8_000).tolist() == [False, False, True, True, True, True, True, True]
         assert store.find_recent_send(TOPIC, uniq_key(3), 0, 8_000) is not None
         assert store.find_recent_send(TOPIC, uniq_key(2), 0, 8_000) is None
         assert store.find_recent_send(TOPIC, uniq_key(2), 0, 7_999) is not None
@@ -117,7 +117,7 @@ def test_a_file_beginning_in_the_boundary_second_does_not_hide_the_file_before(t
     store = MessageStore(config, recent_keys_seed_span_ms=span_ms)
     try:
         hashes = np.array([uniq_hash(n) for n in stamps], dtype=np.uint32)
-        assert store.recently_stored(hashes, 8_000).tolist() == [stamp >= 8_000 for stamp in stamps.values()]
+        assert store.recently_stored_mask(hashes, 8_000).tolist() == [stamp >= 8_000 for stamp in stamps.values()]
         assert store.find_recent_send(TOPIC, uniq_key(7), 0, 8_000) is not None
     finally:
         store.close()
@@ -185,7 +185,7 @@ def test_answers_after_reopen_equal_a_brute_force_model(tmp_path: Path) -> None:
             found = store.find_recent_sends(sends, since)
             assert [None if result is None else result.physical_offset for result in found] == [
                 newest_physical.get(n) for n in numbers], since
-            maybe = store.recently_stored(hashes, since).tolist()
+            maybe = store.recently_stored_mask(hashes, since).tolist()
             for n, answer in zip(numbers, maybe, strict=True):
                 assert answer or n not in newest_physical, (n, since)  # "no" is exact
             if exact_from is not None and since >= exact_from:
@@ -225,7 +225,7 @@ def assert_exact_over_the_window(store: MessageStore, stamps: dict[int, int]) ->
     numbers = list(stamps)
     hashes = np.array([uniq_hash(n) for n in numbers], dtype=np.uint32)
     for since in range(newest - SEED_SPAN_MS - 1_000, newest + 2, 250):
-        maybe = store.recently_stored(hashes, since).tolist()
+        maybe = store.recently_stored_mask(hashes, since).tolist()
         found = store.find_recent_sends([(TOPIC, uniq_key(n), 0) for n in numbers], since)
         for n, answer, result in zip(numbers, maybe, found, strict=True):
             assert (result is not None) == (stamps[n] >= since), (n, since)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import zlib
 from pathlib import Path
 
+import pytest
+
 from commitlog.message import MessageInput, decode_record
 from commitlog.recent_keys import SEED_SPAN_MS
 from commitlog.records import PreparedRecords, RecordBuilder
@@ -36,7 +38,9 @@ from dledger.command import (
 from dledger.state import ReplicatedState, StateError
 from dledger.timers import TIMER_PROGRESS_KEY, TIMER_TOPIC, schedule
 from tests.commitlog.helpers import data_bytes, message, small_config, tree_bytes
+from tests.support import both_apply_paths  # noqa: F401  (a fixture)
 
+pytestmark = pytest.mark.usefixtures("both_apply_paths")
 
 def machine(directory: Path) -> StateMachine:
     state = ReplicatedState()
