@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
@@ -27,6 +27,25 @@ _PENDING = object()
 
 class InvalidStateError(RuntimeError):
     """The future was completed twice."""
+
+
+def set_results(futures: Sequence[AppendFuture[T]], values: Sequence[T]) -> None:
+    """``set_result`` for many futures at once (a group commit's callers): the module lock is taken once,
+    then each future's callbacks run, in order. Nothing is set if any of them is already done."""
+    completed = []
+    with _LOCK:
+        if any(future._value is not _PENDING for future in futures):
+            raise InvalidStateError("a future is already done")
+        for future, value in zip(futures, values, strict=True):
+            future._value = value
+            completed.append((future, future._callbacks, future._event))
+            future._callbacks = None
+    for future, callbacks, event in completed:
+        if event is not None:
+            event.set()
+        if callbacks is not None:
+            for callback in callbacks:
+                future._run(callback)
 
 
 class AppendFuture(Generic[T]):

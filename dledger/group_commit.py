@@ -31,7 +31,7 @@ from commitlog.store import AppendResult
 from dledger.apply import ApplyResult, OwnBatch
 from dledger.command import COMPRESS_MIN_BYTES, FLAG_LZ4, encode_messages_command, encode_records_command
 from dledger.config import GroupCommitSettings
-from dledger.future import AppendFuture
+from dledger.future import AppendFuture, set_results
 
 log = logging.getLogger(__name__)
 
@@ -285,11 +285,13 @@ class GroupCommitter:
                 return
             # made into result objects once for the whole batch (StoredRecords makes them on demand)
             results = result.message_results[0][:]
+            values = []
             position = 0
             for request in batch:
                 count = len(request.messages)
-                request.set_result(tuple(results[position : position + count]))
+                values.append(tuple(results[position : position + count]))
                 position += count
+            set_results(batch, values)
         elif reason in (FAIL_QUEUE_FULL, FAIL_NOT_LEADER, FAIL_MISSING_LEADER, FAIL_REQUEST_DENIED):
             self._fail(batch, NotLeaderError(None) if reason != FAIL_QUEUE_FULL else BusyError("Raft queue full"))
         else:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 
-from dledger.future import AppendFuture, InvalidStateError
+from dledger.future import AppendFuture, InvalidStateError, set_results
 
 
 def test_callbacks_added_before_and_after_completion_each_run_once() -> None:
@@ -97,3 +98,22 @@ def test_many_threads_adding_callbacks_while_it_completes_all_run_exactly_once()
         for thread in threads:
             thread.join(30)
         assert [len(hits) for hits in calls] == [20] * 8
+
+
+def test_set_results_completes_all_in_order_or_none() -> None:
+    futures: list[AppendFuture[int]] = [AppendFuture() for _ in range(3)]
+    seen: list[tuple[int, int]] = []
+    def recorder(number: int) -> Callable[[AppendFuture[int]], None]:
+        return lambda done: seen.append((number, done.result()))
+
+    for number, future in enumerate(futures):
+        future.add_done_callback(recorder(number))
+    waiter = threading.Thread(target=futures[2].result)
+    waiter.start()
+    set_results(futures, [10, 11, 12])
+    waiter.join(timeout=10)
+    assert not waiter.is_alive() and seen == [(0, 10), (1, 11), (2, 12)]
+    fresh: AppendFuture[int] = AppendFuture()
+    with pytest.raises(InvalidStateError):
+        set_results([fresh, futures[0]], [1, 2])  # one is done: none is set
+    assert not fresh.done() and futures[0].result() == 10
