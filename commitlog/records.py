@@ -143,9 +143,9 @@ def layout_of(batch: PreparedRecords) -> Layout:
     """The columns of a batch whose lengths are whole metas and hashes (``check_layout`` checks them)."""
     metas = np.frombuffer(batch.metas, META_DTYPE)
     sizes = metas["size"].astype(np.int64)
-    ends = np.cumsum(sizes)
+    ends = sizes.cumsum()
     key_counts = metas["keys"].astype(np.int64)
-    return Layout(metas, sizes, ends - sizes, np.cumsum(key_counts) - key_counts)
+    return Layout(metas, sizes, ends - sizes, key_counts.cumsum() - key_counts)
 
 
 def gather(data: npt.NDArray[np.uint8], at: npt.NDArray[np.int64], width: int) -> npt.NDArray[np.uint8]:

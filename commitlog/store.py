@@ -612,13 +612,13 @@ class MessageStore:
         queue_codes = metas["topic"].astype(np.int64) << 32 | (queue_ids & 0xFFFFFFFF)
         # grouped by queue, in batch order within a queue (not np.unique: it lets go of the GIL, and the
         # Raft thread then waits to get it back behind the other threads)
-        by_queue = np.argsort(queue_codes, kind="stable")
+        by_queue = queue_codes.argsort(kind="stable")
         grouped = queue_codes[by_queue]
         run_start = np.ones(count, dtype=np.bool_)
         np.not_equal(grouped[1:], grouped[:-1], out=run_start[1:])
-        run_starts = np.flatnonzero(run_start)
-        counts = np.diff(run_starts, append=count)
-        groups = np.cumsum(run_start) - 1  # the group of each record in queue order
+        (run_starts,) = run_start.nonzero()
+        counts = np.append(run_starts[1:], count) - run_starts
+        groups = run_start.cumsum() - 1  # the group of each record in queue order
         inverse = np.empty(count, dtype=np.int64)
         inverse[by_queue] = groups
         ranks = np.empty(count, dtype=np.int64)
@@ -636,7 +636,7 @@ class MessageStore:
         new_offsets = {queue_key: base + run_count for queue_key, base, run_count
                        in zip(queue_keys, bases.tolist(), counts.tolist(), strict=True)}
         hashes = np.frombuffer(batch.key_hashes, HASH_DTYPE).astype(np.int64)
-        index_entries = IndexColumns(hashes, np.repeat(positions, metas["keys"]),
+        index_entries = IndexColumns(hashes, positions.repeat(metas["keys"]),
                                      np.full(len(hashes), stamp, dtype=np.int64))
         end = position + len(records)
         self._allocate(int(positions[-1]), new_offsets, index_entries)

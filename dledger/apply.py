@@ -227,7 +227,7 @@ class StateMachine:
             return self._record_duplicates_each(batch, since_timestamp)
         layout = layout_of(batch)
         metas = layout.metas
-        positions = np.flatnonzero(metas["flags"] & HAS_UNIQ_KEY)
+        (positions,) = (metas["flags"] & HAS_UNIQ_KEY).nonzero()
         if not len(positions):
             return {}
         hashes = np.frombuffer(batch.key_hashes, HASH_DTYPE)[layout.key_starts[positions]]
@@ -236,7 +236,8 @@ class StateMachine:
             return uniq_key_of(batch.records, int(layout.starts[position]), int(metas["flags"][position])) or b""
 
         duplicates: dict[int, AppendResult | int] = {}
-        ordered = np.sort(hashes)
+        ordered = hashes.copy()
+        ordered.sort()
         if (ordered[1:] == ordered[:-1]).any():
             # equal hashes: equal keys, or (rarely) a CRC collision of two distinct keys
             first: dict[tuple[int, int, int], int] = {}  # (topic index, UNIQ_KEY hash, reconsume count)
