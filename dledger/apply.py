@@ -247,13 +247,7 @@ class StateMachine:
             for position, identity in zip(positions.tolist(), identities, strict=True):
                 if first.setdefault(identity, position) != position:
                     again.append((position, identity))
-            exact: dict[tuple[int, bytes, int], int] = {}
-            for position, identity in again:
-                earlier = first[identity]
-                exact.setdefault((identity[0], uniq_key(earlier), identity[2]), earlier)
-                found = exact.setdefault((identity[0], uniq_key(position), identity[2]), position)
-                if found != position:
-                    duplicates[position] = found
+            self._repeated_sends(first, again, uniq_key, duplicates)
             sent_first = np.array([position not in duplicates for position in positions.tolist()], dtype=np.bool_)
             positions, hashes = positions[sent_first], hashes[sent_first]
         candidates = positions[self.store.recently_stored_mask(hashes, since_timestamp)].tolist()
@@ -264,6 +258,25 @@ class StateMachine:
                 if stored is not None:
                     duplicates[position] = stored
         return duplicates
+
+    @staticmethod
+    def _repeated_sends(first: dict[tuple[int, int, int], int], again: list[tuple[int, tuple[int, int, int]]],
+                        uniq_key: Callable[[int], bytes], duplicates: dict[int, AppendResult | int]) -> list[tuple[int, int]]:
+        """Of the sends in ``again``, whose (topic, UNIQ_KEY hash, reconsume count) an earlier send of the
+        command has (``first``: identity -> its first position): those whose key is an earlier one's too go
+        into ``duplicates`` (position -> that earlier position); the others, a CRC collision of distinct
+        keys and so first sends after all, are returned as (position, hash)."""
+        exact: dict[tuple[int, bytes, int], int] = {}
+        distinct = []
+        for position, identity in again:
+            earlier = first[identity]
+            exact.setdefault((identity[0], uniq_key(earlier), identity[2]), earlier)
+            found = exact.setdefault((identity[0], uniq_key(position), identity[2]), position)
+            if found != position:
+                duplicates[position] = found
+            else:
+                distinct.append((position, identity[1]))
+        return distinct
 
     def _record_duplicates_each(self, batch: PreparedRecords, since_timestamp: int) -> dict[int, AppendResult | int]:
         """:meth:`_record_duplicates` record by record."""
@@ -293,15 +306,7 @@ class StateMachine:
 
         duplicates: dict[int, AppendResult | int] = {}
         if again:  # equal hashes: equal keys, or (rarely) a CRC collision of two distinct keys
-            exact: dict[tuple[int, bytes, int], int] = {}
-            for position, identity in again:
-                earlier = first[identity]
-                exact.setdefault((identity[0], uniq_key(earlier), identity[2]), earlier)
-                found = exact.setdefault((identity[0], uniq_key(position), identity[2]), position)
-                if found != position:
-                    duplicates[position] = found
-                else:
-                    uniq_hashes[position] = identity[1]
+            uniq_hashes.update(self._repeated_sends(first, again, uniq_key, duplicates))
         candidates = self.store.recently_stored(uniq_hashes, since_timestamp)
         if candidates:
             candidates.sort()
