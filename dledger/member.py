@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import struct
 import threading
 import time
 from collections import OrderedDict
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pysyncobj import SyncObj, replicated
+from pysyncobj.journal import FileJournal
 
 from commitlog.errors import StoreError
 from commitlog.message import MessageInput, RecordError
@@ -103,10 +105,35 @@ def decode_payload(payload: int) -> bytes:
     return payload.to_bytes((payload.bit_length() + 7) // 8, "big")[1:]
 
 
+_JOURNAL_HEAD = struct.Struct("<IQQ")  # record size, Raft index, term
+_JOURNAL_TAIL = struct.Struct("<I")  # record size
+
+
+class _FileJournal(FileJournal):  # type: ignore[misc]  # pysyncobj ships no type hints
+    """pysyncobj's file journal, writing each entry without joining it into new bytes first: its ``add``
+    built the record by two concatenations, copying every entry (~300 KB) twice before writing it (~7% of a
+    follower's time). The record is the same: size u32 | index u64 | term u64 | command | size u32,
+    little-endian, with size = 16 + the command's length."""
+
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        self._FileJournal__journal.append((command, idx, term))
+        journal_file = self._FileJournal__journalFile
+        offset: int = getattr(self, "_FileJournal__currentOffset")  # noqa: B009  (pysyncobj's private field)
+        size = 16 + len(command)
+        journal_file.write(offset, _JOURNAL_HEAD.pack(size, idx, term))
+        journal_file.write(offset + _JOURNAL_HEAD.size, command)
+        journal_file.write(offset + _JOURNAL_HEAD.size + len(command), _JOURNAL_TAIL.pack(size))
+        self._FileJournal__currentOffset = offset + size + 8
+        self._FileJournal__setLastRecordOffset(self._FileJournal__currentOffset)
+
+
 class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
     def __init__(self, member: GroupMember, self_address: str, peers: list[str], conf: Any, transport: Any) -> None:
         self._member = member
         super().__init__(self_address, peers, conf=conf, transportClass=transport)
+        journal = self._SyncObj__raftLog
+        if type(journal) is FileJournal:
+            journal.__class__ = _FileJournal  # same state, same records: only add differs
 
     @replicated  # type: ignore[untyped-decorator]
     def apply_command(self, payload: int) -> ApplyResult:
