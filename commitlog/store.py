@@ -640,7 +640,7 @@ class MessageStore:
                                      np.full(len(hashes), stamp, dtype=np.int64))
         end = position + len(records)
         self._allocate(int(positions[-1]), new_offsets, index_entries)
-        self.commit_log.write(position, bytes(records))
+        self.commit_log.write(position, records)  # not bytes(records): a second 300 KB allocation measured ~250 us
         units = np.empty(count, dtype=CQ_UNIT_DTYPE)
         units["offset"] = positions
         units["size"] = layout.sizes
