@@ -1,8 +1,8 @@
 """Replication benchmark: a 3-member group in 3 processes on this machine; prints one JSON line.
 
 * ``acked_msgs_per_s`` / ``acked_MB_per_s``: random 1 KB messages (nothing compresses) from concurrent
-  callers in the leader's process, one message per call (``single``) and 32 per call (``batch32``, a batch
-  send); ``cpu_us_per_msg``: CPU (user + system) per acked message of the leader and of a follower.
+  callers in the leader's process, measured over ``--duration`` after 2 s of load, one message per call
+  (``single``) and 32 per call (``batch32``, a batch send); ``cpu_us_per_msg``: CPU (user + system) per acked message of the leader and of a follower.
 * ``commit_p50_ms`` / ``commit_p99_ms``: acknowledgement latency at an offered 1,000 msgs/s.
 * ``rss_MB_max``: the largest resident set of each member while at least ``--volume-mb`` is written.
 * ``baseline``: plain pysyncobj with its default settings and transport, one message per entry, measured
@@ -36,6 +36,8 @@ STORE = {"segment_size_bytes": 256 << 20}
 GROUP_COMMIT = {"in_flight_entries_max": 16, "batch_messages_max": 256}
 MESSAGE_BYTES = 1024 + 130  # body plus stored-record overhead in this workload
 NO_ACK_LOG = {"RAFTMQ_TEST_ACK_LOG": "0"}
+#: seconds of load before a throughput run measures
+WARM_UP_SECONDS = 2.0
 
 
 def rss_mb(pid: int, field: str = "VmRSS:") -> float:
@@ -59,6 +61,7 @@ def throughput(root: Path, duration: float, env: dict[str, str]) -> dict[str, An
         leader = group.wait_leader(60)
         group.load(True)
         wait_for(lambda: leader.request("status")["acked"] > 1000, 60, "the load to start")
+        time.sleep(WARM_UP_SECONDS)  # steady state: the first segments, queue and index files are made by then
         pids = {node.node_id: node.process.pid for node in group.nodes if node.process is not None}
         first = leader.request("status")
         cpu_first = {node: cpu_seconds(pid) for node, pid in pids.items()}
