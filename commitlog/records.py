@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import re
 import struct
-import zlib
 from collections.abc import Collection, Sequence
 from typing import Final, NamedTuple
 
@@ -38,6 +37,7 @@ from commitlog.message import (
     cached_tag_code,
     topic_problem,
 )
+from commitlog.message import crc32 as _crc32
 
 #: per record: size, topic (index into the batch's topics), flags, queue id, tag code, reconsume count,
 #: number of key-index hashes
@@ -263,7 +263,7 @@ class RecordBuilder:
         entry: tuple[bytes, int] | None = None
         if topic not in self.excluded_topics and topic_problem(topic) is None:
             encoded = topic.encode()
-            entry = (bytes((len(encoded),)) + encoded, zlib.crc32(encoded + b"#"))
+            entry = (bytes((len(encoded),)) + encoded, _crc32(encoded + b"#"))
         if len(self._topics) < CACHE_ENTRIES_MAX:
             self._topics[topic] = entry
         return entry
@@ -280,7 +280,7 @@ class RecordBuilder:
         body_max = self.body_size_max_bytes
         segment_max = self.segment_size_bytes - FILLER_HEADER_BYTES
         findall = _DISPATCH_PROPERTY.findall
-        crc32 = zlib.crc32
+        crc32 = _crc32
         tag_codes = self._tag_codes
         pack_v4 = _HEAD_V4.pack
         pack_length = _INT16.pack

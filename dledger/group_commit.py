@@ -119,7 +119,8 @@ class GroupCommitter:
         self.body_size_max_bytes = body_size_max_bytes
         self.wall_clock_ms = wall_clock_ms
         self.monotonic = monotonic
-        self._condition = threading.Condition()
+        self._lock = threading.Lock()
+        self._condition = threading.Condition(self._lock)
         self._waiting: deque[_Request] = deque()
         self._waiting_bytes = 0
         self._waiting_messages = 0
@@ -150,6 +151,8 @@ class GroupCommitter:
         is_leader, leader = self.leader()
         if not is_leader:
             raise NotLeaderError(leader)
+        if not messages:
+            raise InvalidMessageError("no messages to append")
         size = 0
         body_max = self.body_size_max_bytes
         for message in messages:  # anything that could not even be encoded is refused here, per caller
@@ -160,7 +163,7 @@ class GroupCommitter:
         if size > self.entry_bytes_max:
             raise EntryTooLargeError(f"{size} bytes of messages exceed one entry ({self.entry_bytes_max} bytes)")
         request = _Request(messages, size)
-        with self._condition:
+        with self._lock:  # the condition's lock, taken without Condition's Python-level __enter__
             if self._stopped:
                 raise NotLeaderError(None)
             if self._waiting_bytes + size > self.settings.pending_bytes_max:
@@ -179,7 +182,24 @@ class GroupCommitter:
 
     def _take_batch(self) -> list[_Request]:
         """Called with the condition held and something waiting."""
-        batch: list[_Request] = []
+        if (self._waiting_messages <= self.settings.batch_messages_max
+                and self._waiting_bytes <= self.settings.batch_bytes_max):  # all of it, in one go
+            batch = list(self._waiting)
+            self._waiting.clear()
+            self._waiting_bytes = self._waiting_messages = 0
+            return batch
+        if self._waiting_messages == len(self._waiting):  # single sends only (no request is empty)
+            popleft = self._waiting.popleft
+            batch = [popleft() for _ in range(min(len(self._waiting), self.settings.batch_messages_max))]
+            size = sum([request.size for request in batch])
+            while size > self.settings.batch_bytes_max and len(batch) > 1:
+                request = batch.pop()  # back to the front of the queue, in order
+                self._waiting.appendleft(request)
+                size -= request.size
+            self._waiting_bytes -= size
+            self._waiting_messages -= len(batch)
+            return batch
+        batch = []
         count = size = 0
         while self._waiting:
             request = self._waiting[0]
@@ -285,12 +305,16 @@ class GroupCommitter:
                 return
             # made into result objects once for the whole batch (StoredRecords makes them on demand)
             results = result.message_results[0][:]
-            values = []
-            position = 0
-            for request in batch:
-                count = len(request.messages)
-                values.append(tuple(results[position : position + count]))
-                position += count
+            values: list[tuple[AppendResult, ...]]
+            if len(results) == len(batch):  # one message per request: each gets a 1-tuple
+                values = list(zip(results))
+            else:
+                values = []
+                position = 0
+                for request in batch:
+                    count = len(request.messages)
+                    values.append(tuple(results[position : position + count]))
+                    position += count
             set_results(batch, values)
         elif reason in (FAIL_QUEUE_FULL, FAIL_NOT_LEADER, FAIL_MISSING_LEADER, FAIL_REQUEST_DENIED):
             self._fail(batch, NotLeaderError(None) if reason != FAIL_QUEUE_FULL else BusyError("Raft queue full"))

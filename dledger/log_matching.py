@@ -30,6 +30,8 @@ class AppendPlan:
     commit_index: int
     #: the highest next index a success reply may claim: the message proves the log up to its last entry
     reply_index_max: int
+    #: how many of the message's entries the log already held (sent again)
+    held: int = 0
 
 
 def matching_entries(term_at: Callable[[int], int | None], entries: Sequence[Entry]) -> int:
@@ -59,6 +61,6 @@ def plan_append(term_at: Callable[[int], int | None], last_entry: tuple[int, int
     commit_index = min(leader_commit, last_index)
     known = matching_entries(term_at, entries)
     if known == len(entries):
-        return AppendPlan(last_entry[0], last_entry[1], [], commit_index, last_index + 1)
+        return AppendPlan(last_entry[0], last_entry[1], [], commit_index, last_index + 1, known)
     anchor_term = entries[known - 1][2] if known else prev_term
-    return AppendPlan(prev_index + known, anchor_term, list(entries[known:]), commit_index, last_index + 1)
+    return AppendPlan(prev_index + known, anchor_term, list(entries[known:]), commit_index, last_index + 1, known)

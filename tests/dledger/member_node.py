@@ -159,7 +159,9 @@ def main() -> None:
                      "in_flight": load.in_flight,
                      "proposed_entries": member.committer.proposed_entries,
                      "proposed_messages": member.committer.proposed_messages,
-                     "raft_applied": member.raft.raftLastApplied}
+                     "raft_applied": member.raft.raftLastApplied,
+                     "entries_received": member.raft.entries_received,
+                     "entries_already_held": member.raft.entries_already_held}
         elif command == ["load", "on"]:
             load.enabled.set()
         elif command == ["load", "off"]:

@@ -14,7 +14,7 @@ from pysyncobj.node import TCPNode
 from pysyncobj.transport import Transport
 
 from dledger.log_matching import AppendPlan, Entry, matching_entries, plan_append
-from dledger.member import _RaftNode
+from dledger.member import RAFT_STATE_LEADER, _RaftNode
 from dledger.snapshot import Snapshot, encode_snapshot, read_snapshot
 
 NO_OP = b"\x01"  # pysyncobj's no-op command: applies nothing, so these tests need no store
@@ -208,3 +208,33 @@ def test_a_compaction_finished_just_before_a_stale_snapshot_still_leaves_a_log(t
         raft.doTick(0)
         assert log_of(raft) == [(9, 1), (10, 1)]
         assert raft.raftLastApplied == 10
+
+
+# ------------------------------------------------------------------------------- the leader's side
+
+
+def reply(next_index: int, success: bool = True, reset: bool = False) -> dict[str, Any]:
+    return {"type": "next_node_idx", "next_node_idx": next_index, "reset": reset, "success": success}
+
+
+def test_a_success_reply_never_moves_the_leaders_next_index_back(tmp_path: Path) -> None:
+    """pysyncobj's leader set a follower's next index to just after each success reply, so everything it had
+    sent since went again (0.64 re-sent entries per new one under load). Replies only move it forward now;
+    a failure (reset) still moves it back."""
+    with follower(tmp_path) as raft:
+        raft._SyncObj__raftState = RAFT_STATE_LEADER
+        peer = TCPNode(OTHER)
+        next_index, match_index = raft._SyncObj__raftNextIndex, raft._SyncObj__raftMatchIndex
+        next_index[peer], match_index[peer] = 11, 3  # entries up to 10 sent, up to 3 acknowledged
+
+        def handle(message: dict[str, Any]) -> tuple[int, int]:
+            raft._SyncObj__onMessageReceived(peer, message)
+            return next_index[peer], match_index[peer]
+
+        assert handle(reply(6)) == (11, 5)  # acknowledges what was sent first: the rest is still on its way
+        assert handle(reply(4)) == (11, 5)  # a stale reply changes nothing
+        assert handle(reply(20)) == (20, 19)  # it holds more than the leader thought it sent
+        assert handle(reply(8, success=False, reset=True)) == (8, 19)  # a conflict: send again from 8
+        responded = raft._SyncObj__lastResponseTime[peer]
+        assert handle(reply(21)) == (21, 20)
+        assert raft._SyncObj__lastResponseTime[peer] >= responded  # counts as contact for the leader's lease

@@ -1,0 +1,124 @@
+"""Group commit without Raft: how waiting sends are packed into entries, and whose results each caller gets."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from commitlog.message import MessageInput
+from commitlog.records import PreparedRecords
+from commitlog.store import AppendResult, AppendStatus
+from dledger.apply import ApplyResult, OwnBatch
+from dledger.config import GroupCommitSettings
+from dledger.future import AppendFuture
+from dledger.group_commit import GroupCommitter, InvalidMessageError, request_bytes
+from tests.commitlog.helpers import message
+
+BYTES_MAX = 2048
+
+
+class Recorder:
+    """A propose that applies at once: message n of the log gets physical offset n."""
+
+    def __init__(self) -> None:
+        self.entries: list[list[MessageInput]] = []
+        self.lock = threading.Lock()
+
+    def propose(self, data: bytes, callback: Callable[[ApplyResult | None, int], None], own: OwnBatch) -> None:
+        assert not isinstance(own, PreparedRecords)  # no prepare: the messages themselves
+        messages = list(own[0])
+        with self.lock:
+            start = sum(len(entry) for entry in self.entries)
+            self.entries.append(messages)
+        results = tuple(AppendResult(AppendStatus.OK, start + i, 0, 1) for i in range(len(messages)))
+        callback(ApplyResult(len(self.entries), (results,)), 0)
+
+
+def run(requests: Sequence[Sequence[MessageInput]], messages_max: int = 8
+        ) -> tuple[Recorder, list[AppendFuture[tuple[AppendResult, ...]]]]:
+    recorder = Recorder()
+    committer = GroupCommitter(
+        GroupCommitSettings(batch_messages_max=messages_max, batch_bytes_max=BYTES_MAX, linger_ms=0,
+                            in_flight_entries_max=1),
+        recorder.propose, lambda: (True, None), entry_bytes_max=1 << 20)
+    try:
+        committer.pause()  # everything waits first, so the batcher sees all of it at once
+        futures = [committer.submit(request) for request in requests]
+        committer.resume()
+        for future in futures:
+            future.result(timeout=30)
+    finally:
+        committer.stop()
+    return recorder, futures
+
+
+def check(requests: Sequence[Sequence[MessageInput]], recorder: Recorder,
+          futures: Sequence[AppendFuture[tuple[AppendResult, ...]]], messages_max: int = 8) -> None:
+    # the log holds every message once, in submit order
+    assert [m for entry in recorder.entries for m in entry] == [m for request in requests for m in request]
+    # each caller gets its own messages' results, in order
+    offset = 0
+    for request, future in zip(requests, futures, strict=True):
+        assert [result.physical_offset for result in future.result()] == list(range(offset, offset + len(request)))
+        offset += len(request)
+    # entries are made of whole requests and within the bounds (a request alone may exceed them)
+    taken = iter(requests)
+    for entry in recorder.entries:
+        parts: list[Sequence[MessageInput]] = []
+        while sum(len(part) for part in parts) < len(entry):
+            parts.append(next(taken))
+        assert [m for part in parts for m in part] == entry
+        if len(parts) > 1:
+            assert len(entry) <= messages_max
+            assert sum(request_bytes(part) for part in parts) <= BYTES_MAX
+
+
+def test_single_sends_fill_entries_up_to_the_message_bound() -> None:
+    requests = [[message(n, body=b"x" * 10)] for n in range(30)]
+    recorder, futures = run(requests)
+    check(requests, recorder, futures)
+    assert [len(entry) for entry in recorder.entries] == [8, 8, 8, 6]
+
+
+def test_single_sends_are_cut_by_the_byte_bound_too() -> None:
+    requests = [[message(n, body=b"x" * 300)] for n in range(20)]
+    size = request_bytes(requests[0])
+    per_entry = BYTES_MAX // size
+    assert per_entry < 8
+    recorder, futures = run(requests)
+    check(requests, recorder, futures)
+    assert [len(entry) for entry in recorder.entries] == [per_entry] * (20 // per_entry) + [20 % per_entry] * (
+        20 % per_entry > 0)
+
+
+def test_batch_sends_stay_whole_and_mix_with_single_sends() -> None:
+    sizes = [1, 3, 1, 1, 5, 2, 1, 8, 1, 1, 1, 4, 9, 1, 2]
+    number = 0
+    requests: list[list[MessageInput]] = []
+    for size in sizes:
+        requests.append([message(number + i, body=b"y" * 40) for i in range(size)])
+        number += size
+    recorder, futures = run(requests)
+    check(requests, recorder, futures)
+    assert max(len(entry) for entry in recorder.entries) == 9  # the 9-message batch went alone
+
+
+def test_a_few_waiting_sends_go_in_one_entry() -> None:
+    requests = [[message(0)], [message(1), message(2)], [message(3)]]
+    recorder, futures = run(requests)
+    check(requests, recorder, futures)
+    assert len(recorder.entries) == 1
+
+
+def test_an_empty_send_is_refused_and_nothing_is_proposed() -> None:
+    recorder = Recorder()
+    committer = GroupCommitter(GroupCommitSettings(), recorder.propose, lambda: (True, None), entry_bytes_max=1 << 20)
+    try:
+        with pytest.raises(InvalidMessageError, match="no messages"):
+            committer.submit([])
+        assert committer.submit([message(7)]).result(timeout=30)[0].physical_offset == 0
+    finally:
+        committer.stop()
+    assert recorder.entries == [[message(7)]]
