@@ -44,8 +44,11 @@ def set_results(futures: Sequence[AppendFuture[T]], values: Sequence[T]) -> None
         if event is not None:
             event.set()
         if callbacks is not None:
-            for callback in callbacks:
-                future._run(callback)
+            for callback in callbacks:  # as _run, inlined: one call less per send
+                try:
+                    callback(future)
+                except Exception:
+                    log.exception("an append future's callback failed")
 
 
 class AppendFuture(Generic[T]):

@@ -117,3 +117,18 @@ def test_set_results_completes_all_in_order_or_none() -> None:
     with pytest.raises(InvalidStateError):
         set_results([fresh, futures[0]], [1, 2])  # one is done: none is set
     assert not fresh.done() and futures[0].result() == 10
+
+
+def test_set_results_logs_a_failing_callback_and_runs_the_rest(caplog: pytest.LogCaptureFixture) -> None:
+    futures: list[AppendFuture[int]] = [AppendFuture() for _ in range(2)]
+    seen: list[int] = []
+
+    def broken(_: AppendFuture[int]) -> None:
+        raise RuntimeError("callback bug")
+
+    futures[0].add_done_callback(broken)
+    futures[0].add_done_callback(lambda f: seen.append(f.result()))
+    futures[1].add_done_callback(lambda f: seen.append(f.result()))
+    set_results(futures, [5, 6])
+    assert seen == [5, 6]
+    assert "callback failed" in caplog.text
