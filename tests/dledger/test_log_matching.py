@@ -41,17 +41,17 @@ LAST = (10, 1)
     ("prev", "sent", "commit", "plan"),
     [
         # a re-sent batch the log holds: nothing deleted, nothing added, a reply for what it proved
-        ((3, 1), entries(4, 6, 1), 10, AppendPlan(10, 1, [], 6, 7)),
+        ((3, 1), entries(4, 6, 1), 10, AppendPlan(10, 1, [], 6, 7, held=3)),
         # a stale heartbeat: likewise (pysyncobj deleted 6-10)
         ((5, 1), [], 10, AppendPlan(10, 1, [], 5, 6)),
         # a batch running past the log's end: only the new entries are appended, after 10
-        ((8, 1), entries(9, 12, 1), 12, AppendPlan(10, 1, entries(11, 12, 1), 12, 13)),
+        ((8, 1), entries(9, 12, 1), 12, AppendPlan(10, 1, entries(11, 12, 1), 12, 13, held=2)),
         # a conflict at 7: truncated from 7 only, after the matching 6
-        ((5, 1), entries(6, 6, 1) + entries(7, 8, 2), 8, AppendPlan(6, 1, entries(7, 8, 2), 8, 9)),
+        ((5, 1), entries(6, 6, 1) + entries(7, 8, 2), 8, AppendPlan(6, 1, entries(7, 8, 2), 8, 9, held=1)),
         # a conflict on the first entry: truncated right after the previous entry
         ((5, 1), entries(6, 7, 2), 7, AppendPlan(5, 1, entries(6, 7, 2), 7, 8)),
         # the leader's commit index beyond the message is not ours to take: entries past it are unverified
-        ((4, 1), entries(5, 5, 1), 10, AppendPlan(10, 1, [], 5, 6)),
+        ((4, 1), entries(5, 5, 1), 10, AppendPlan(10, 1, [], 5, 6, held=1)),
     ],
 )
 def test_a_follower_keeps_what_matches_and_truncates_from_the_first_conflict(
