@@ -15,14 +15,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 _LOCK = threading.Lock()
-_PENDING = object()
+#: the value of a future not done yet
+PENDING: Final = object()
 
 
 class InvalidStateError(RuntimeError):
@@ -34,7 +35,7 @@ def set_results(futures: Sequence[AppendFuture[T]], values: Sequence[T]) -> None
     then each future's callbacks run, in order. Nothing is set if any of them is already done."""
     completed = []
     with _LOCK:
-        if any(future._value is not _PENDING for future in futures):
+        if any(future._value is not PENDING for future in futures):
             raise InvalidStateError("a future is already done")
         for future, value in zip(futures, values, strict=True):
             future._value = value
@@ -55,19 +56,19 @@ class AppendFuture(Generic[T]):
     __slots__ = ("_callbacks", "_error", "_event", "_value")
 
     def __init__(self) -> None:
-        self._value: object = _PENDING
+        self._value: object = PENDING
         self._error: BaseException | None = None
         self._callbacks: list[Callable[[AppendFuture[T]], object]] | None = None
         self._event: threading.Event | None = None
 
     def done(self) -> bool:
-        return self._value is not _PENDING
+        return self._value is not PENDING
 
     def _wait(self, timeout: float | None) -> None:
-        if self._value is not _PENDING:
+        if self._value is not PENDING:
             return
         with _LOCK:
-            if self._value is not _PENDING:
+            if self._value is not PENDING:
                 return
             if self._event is None:
                 self._event = threading.Event()
@@ -87,9 +88,9 @@ class AppendFuture(Generic[T]):
         return self._error
 
     def add_done_callback(self, callback: Callable[[AppendFuture[T]], object]) -> None:
-        if self._value is _PENDING:
+        if self._value is PENDING:
             with _LOCK:
-                if self._value is _PENDING:
+                if self._value is PENDING:
                     if self._callbacks is None:
                         self._callbacks = [callback]
                     else:
@@ -105,7 +106,7 @@ class AppendFuture(Generic[T]):
 
     def _complete(self, value: object, error: BaseException | None) -> None:
         with _LOCK:
-            if self._value is not _PENDING:
+            if self._value is not PENDING:
                 raise InvalidStateError("the future is already done")
             self._error = error
             self._value = value

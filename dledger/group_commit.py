@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 import queue
 import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import chain
+from typing import Final
 
 from commitlog.message import MessageInput, validate_input
 from commitlog.records import PreparedRecords
@@ -31,7 +34,7 @@ from commitlog.store import AppendResult
 from dledger.apply import ApplyResult, OwnBatch
 from dledger.command import COMPRESS_MIN_BYTES, FLAG_LZ4, encode_messages_command, encode_records_command
 from dledger.config import GroupCommitSettings
-from dledger.future import AppendFuture, set_results
+from dledger.future import PENDING, AppendFuture, set_results
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +97,16 @@ class _Request(AppendFuture[tuple[AppendResult, ...]]):
     __slots__ = ("messages", "size")
 
     def __init__(self, messages: Sequence[MessageInput], size: int) -> None:
-        super().__init__()
+        # AppendFuture.__init__'s fields, set here: one call less per send
+        self._value: object = PENDING
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[AppendFuture[tuple[AppendResult, ...]]], object]] | None = None
+        self._event: threading.Event | None = None
         self.messages = messages
         self.size = size
+
+
+_MESSAGES: Final = operator.attrgetter("messages")
 
 
 class GroupCommitter:
@@ -245,7 +255,7 @@ class GroupCommitter:
                 batch_id = self._next_batch_id
                 self._next_batch_id += 1
                 self._in_flight[batch_id] = (self.monotonic(), batch)
-            messages = [message for request in batch for message in request.messages]
+            messages = list(chain.from_iterable(map(_MESSAGES, batch)))  # C-level: no Python step per send
             self.proposed_entries += 1
             self.proposed_messages += len(messages)
             try:
