@@ -19,7 +19,7 @@ Example::
     election_timeout_min_ms = 1000
 
     [group_commit]        # every key optional
-    batch_messages_max = 256
+    batch_messages_max = 512
 
     [store]               # StoreConfig keys except data_dir (it is <data_dir>/store)
     flush_policy = "async"
@@ -97,7 +97,9 @@ class RaftSettings:
 class GroupCommitSettings:
     """Bounds of one Raft entry and of what waits for one."""
 
-    batch_messages_max: int = 256
+    #: 512 1 KB messages make ~590 KB entries: against 256, the leader spent ~12 instead of ~14 us per single
+    #: send and a follower ~3 instead of ~3.7 (per-entry costs amortised); 1,024 measured the same as 512
+    batch_messages_max: int = 512
     batch_bytes_max: int = 1 << 20
     linger_ms: int = 1
     #: entries proposed but not yet applied on the leader (DESIGN: ~1-2 MB in flight is the sweet spot)

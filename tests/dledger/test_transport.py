@@ -412,6 +412,20 @@ def test_the_digest_cache_answers_only_for_the_very_bytes_it_hashed() -> None:
     assert cache.digest(bytes(third)) == hashlib.sha256(third).digest()  # an equal copy: hashed, same digest
 
 
+def test_the_digest_cache_is_bounded_by_bytes_too() -> None:
+    size = DIGEST_MIN_BYTES
+    cache = DigestCache(capacity=64, capacity_bytes=size * 5 // 2)
+    entries = [bytes([n]) * size for n in range(4)]
+    for data in entries:
+        cache.remember(data)
+        cache.remember(data)  # the same entry twice counts once
+    assert cache.held_bytes == 2 * size  # the two newest
+    huge = b"h" * (size * 3)
+    cache.remember(huge)
+    assert cache.held_bytes == len(huge)  # alone over the bound: still held until the next one
+    assert cache.digest(huge) == hashlib.sha256(huge).digest()
+
+
 # -- dledger.tuning ------------------------------------------------------------------------------------
 
 
