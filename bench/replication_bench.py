@@ -7,7 +7,8 @@
   already (sent again for nothing; 0.39 before the leader stopped moving a follower's next index back on
   success replies).
 * ``commit_p50_ms`` / ``commit_p99_ms``: acknowledgement latency at an offered 1,000 msgs/s.
-* ``rss_MB_max``: the largest resident set of each member while at least ``--volume-mb`` is written.
+* ``rss_MB_max``: the largest resident set of each member while at least ``--volume-mb`` is written;
+  ``rss_anon_MB_max_by_half``: the largest anonymous RSS in the first and in the second half of that run.
 * ``baseline``: plain pysyncobj with its default settings and transport, one message per entry, measured
   in the same run (bench/raft_transport_bench.py's stock scenario).
 
@@ -127,6 +128,10 @@ def memory(root: Path, volume_mb: int) -> dict[str, Any]:
         "rss_MB_first_sample": {node: round(values[0]) for node, values in samples.items()},
         "rss_anon_MB_max": {node: round(max(values)) for node, values in anonymous.items()},
         "rss_anon_MB_first_sample": {node: round(values[0]) for node, values in anonymous.items()},
+        # flat, not growing with data written: the largest of the second half of the run against the first's
+        "rss_anon_MB_max_by_half": {node: (round(max(values[: len(values) // 2 or 1])),
+                                           round(max(values[len(values) // 2 :])))
+                                    for node, values in anonymous.items()},
     }
 
 
