@@ -9,6 +9,8 @@
 * ``commit_p50_ms`` / ``commit_p99_ms``: acknowledgement latency at an offered 1,000 msgs/s.
 * ``rss_MB_max``: the largest resident set of each member while at least ``--volume-mb`` is written;
   ``rss_anon_MB_max_by_half``: the largest anonymous RSS in the first and in the second half of that run.
+* ``machine_loop_s``: a fixed Python loop's seconds before and after the runs: the host's speed, which every
+  other figure follows (compare runs taken at similar values).
 * ``baseline``: plain pysyncobj with its default settings and transport, one message per entry, measured
   in the same run (bench/raft_transport_bench.py's stock scenario).
 
@@ -158,7 +160,18 @@ def main() -> None:
         run(Path(directory), arguments)
 
 
+def machine_speed() -> float:
+    """Seconds a fixed pure-Python loop takes on one core: this host's speed drifts by up to ~50% within an
+    hour, and every figure here moves with it, so the bench prints it before and after its runs."""
+    started = time.perf_counter()
+    total = 0
+    for number in range(3_000_000):
+        total += number
+    return round(time.perf_counter() - started, 3)
+
+
 def run(root: Path, arguments: argparse.Namespace) -> None:
+    speed_before = machine_speed()
     single = throughput(root / "single", arguments.duration, {"RAFTMQ_TEST_IN_FLIGHT": "4096", **NO_ACK_LOG})
     batch = throughput(root / "batch", arguments.duration,
                        {"RAFTMQ_TEST_REQUEST_MESSAGES": "32", "RAFTMQ_TEST_IN_FLIGHT": "256", **NO_ACK_LOG})
@@ -183,6 +196,7 @@ def run(root: Path, arguments: argparse.Namespace) -> None:
             result["speedup_vs_baseline"] = round(single["msgs_per_s"] / result["baseline"]["acked_msgs_per_s"], 1)
             result["speedup_vs_baseline_batch32"] = round(
                 batch["msgs_per_s"] / result["baseline"]["acked_msgs_per_s"], 1)
+    result["machine_loop_s"] = {"before": speed_before, "after": machine_speed()}
     print(json.dumps(result))
 
 
