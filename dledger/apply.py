@@ -113,8 +113,8 @@ class StateMachine:
 
         ``own`` is the leader's shortcut for an entry it proposed itself: the messages and the store
         timestamp it encoded into ``data``, so the command need not be decoded again. It must describe
-        exactly ``data`` (one Messages operation, every message stamped with the timestamp): the result
-        is then byte for byte what decoding gives on the followers."""
+        exactly the entry (one Messages operation, every message stamped with the timestamp): the result
+        is then byte for byte what decoding gives on the followers. ``data`` is not read then."""
         if raft_index <= self.store.applied_raft_index and raft_index <= self.state.applied_index:
             return ApplyResult(raft_index, already_applied=True)
         timer_advance: int | None = None

@@ -30,24 +30,35 @@ class InvalidStateError(RuntimeError):
     """The future was completed twice."""
 
 
+#: a future's callbacks: none, the one callback (the common case: no list per send), or several in order
+Callbacks = Callable[["AppendFuture[T]"], object] | list[Callable[["AppendFuture[T]"], object]] | None
+
+
 def set_results(futures: Sequence[AppendFuture[T]], values: Sequence[T]) -> None:
     """``set_result`` for many futures at once (a group commit's callers): the module lock is taken once,
     then each future's callbacks run, in order. Nothing is set if any of them is already done."""
-    completed = []
+    if len(futures) != len(values):
+        raise ValueError(f"{len(futures)} futures, {len(values)} values")
     with _LOCK:
         if any(future._value is not PENDING for future in futures):
             raise InvalidStateError("a future is already done")
         for future, value in zip(futures, values, strict=True):
             future._value = value
-            completed.append((future, future._callbacks, future._event))
-            future._callbacks = None
-    for future, callbacks, event in completed:
+    # Done, so nobody else touches their callbacks or events any more: add_done_callback and result() look
+    # at the value under the lock and act on their own. Read here, outside it, without a tuple per future.
+    for future in futures:
+        event = future._event
         if event is not None:
             event.set()
+        callbacks = future._callbacks
         if callbacks is not None:
-            for callback in callbacks:  # as _run, inlined: one call less per send
-                try:
-                    callback(future)
+            future._callbacks = None
+            if type(callbacks) is list:
+                for callback in callbacks:
+                    future._run(callback)
+            else:
+                try:  # as _run, inlined: one call less per send
+                    callbacks(future)  # type: ignore[operator]  # not a list: the one callback
                 except Exception:
                     log.exception("an append future's callback failed")
 
@@ -58,7 +69,7 @@ class AppendFuture(Generic[T]):
     def __init__(self) -> None:
         self._value: object = PENDING
         self._error: BaseException | None = None
-        self._callbacks: list[Callable[[AppendFuture[T]], object]] | None = None
+        self._callbacks: Callbacks[T] = None
         self._event: threading.Event | None = None
 
     def done(self) -> bool:
@@ -91,10 +102,13 @@ class AppendFuture(Generic[T]):
         if self._value is PENDING:
             with _LOCK:
                 if self._value is PENDING:
-                    if self._callbacks is None:
-                        self._callbacks = [callback]
+                    callbacks = self._callbacks
+                    if callbacks is None:
+                        self._callbacks = callback
+                    elif type(callbacks) is list:
+                        callbacks.append(callback)
                     else:
-                        self._callbacks.append(callback)
+                        self._callbacks = [callbacks, callback]  # type: ignore[list-item]  # the one callback
                     return
         self._run(callback)
 
@@ -114,9 +128,11 @@ class AppendFuture(Generic[T]):
             event = self._event
         if event is not None:
             event.set()
-        if callbacks is not None:
+        if type(callbacks) is list:
             for callback in callbacks:
                 self._run(callback)
+        elif callbacks is not None:
+            self._run(callbacks)  # type: ignore[arg-type]  # not a list: the one callback
 
     def _run(self, callback: Callable[[AppendFuture[T]], object]) -> None:
         try:

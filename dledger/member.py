@@ -373,7 +373,9 @@ class GroupMember:
         if self._uncompacted_bytes >= self.config.raft.log_compaction_bytes:
             self._uncompacted_bytes = 0
             self.raft.forceLogCompaction()  # taken up by pysyncobj on its next tick (this thread)
-        return self.apply(raft_index, command[len(RAW_COMMAND_PREFIX):], own)
+        if own is not None:  # nothing to decode: not even a copy of the entry without its prefix
+            return self.apply(raft_index, b"", own)
+        return self.apply(raft_index, command[len(RAW_COMMAND_PREFIX):])
 
     def apply(self, raft_index: int, data: bytes, own: OwnBatch | None = None) -> ApplyResult:
         """Total: a programmer error stops the process (a stalled or diverged replica is worse)."""

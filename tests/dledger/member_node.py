@@ -4,7 +4,8 @@ A load thread submits messages whenever this member leads (``load on``) and appe
 acknowledged message to ACKLOG: ``producer sequence queue_id queue_offset physical_offset``, the producer
 being ``<node id>.<pid>`` (each incarnation of a member is its own producer, with its own sequence). Control on
 stdin, one command per line, answered with one JSON line on stdout: ``status``, ``load on``, ``load off``,
-``latency`` (p50/p99 of acknowledgement latency since the last call),
+``latency`` (p50/p99 of acknowledgement latency since the last call, recorded while the load is paced by
+RAFTMQ_TEST_RATE),
 ``large BYTES`` (append one message of that body size and wait), ``transfer``, ``stop``. It exits when
 stdin closes, so it never outlives the test (the fixtures also kill it).
 """
@@ -49,17 +50,19 @@ BODIES = tuple(_RANDOM.randbytes(1024) for _ in range(512))
 BORN_HOST = encode_host("127.0.0.1", 1)
 
 
-def message(node: str, sequence: int, body: bytes | None = None) -> MessageInput:
+def message(node: str | bytes, sequence: int, body: bytes | None = None) -> MessageInput:
     # built the way a remoting decoder hands a send over: fields as they came, properties as encoded bytes
     return MessageInput("ReplicationTest", sequence % QUEUES, 0, 0, sequence, BORN_HOST, 0, 0, 0,
                         BODIES[sequence % len(BODIES)] if body is None else body,
-                        b"UNIQ_KEY\x01%s-%d\x02TAGS\x01t\x02" % (node.encode(), sequence))
+                        b"UNIQ_KEY\x01%s-%d\x02TAGS\x01t\x02"
+                        % (node.encode() if isinstance(node, str) else node, sequence))
 
 
 class Load:
     def __init__(self, member: GroupMember, log_path: Path) -> None:
         self.member = member
         self.node = f"{member.config.id}.{os.getpid()}"  # a restarted member is a new producer
+        self.node_bytes = self.node.encode()
         # Buffered: a SIGKILL can lose the last lines, so the tests check fewer acknowledged messages,
         # never ones that were not acknowledged. Flushed on every status request and at stop.
         self.log = open(log_path, "a", buffering=1 << 16)  # noqa: SIM115 - lives as long as the process
@@ -102,23 +105,48 @@ class Load:
     def submit(self) -> bool:
         sequence = self.sequence
         self.sequence += REQUEST_MESSAGES
-        started = time.monotonic()
+        started = time.monotonic() if RATE else 0.0
+        node = self.node_bytes
         try:
-            future = self.member.append([message(self.node, sequence + i) for i in range(REQUEST_MESSAGES)])
+            future = self.member.append([message(node, sequence + i) for i in range(REQUEST_MESSAGES)]
+                                        if REQUEST_MESSAGES > 1 else [message(node, sequence)])
         except AppendError:
             with self.lock:
                 self.failed += 1
             return False
-        future.add_done_callback(functools.partial(self.done, sequence, started))
+        # A throughput run (no ACKLOG, no pacing) needs neither the sequence nor the time in its callback:
+        # then the callback is a bound method, not a partial with its own arguments per send.
+        future.add_done_callback(functools.partial(self.done, sequence, started) if ACK_LOG or RATE else self.counted)
         return True
 
-    def done(self, sequence: int, started: float, future: AppendFuture[tuple[AppendResult, ...]]) -> None:
-        latency = time.monotonic() - started
+    def counted(self, future: AppendFuture[tuple[AppendResult, ...]]) -> None:
+        """``done`` for a throughput run: checks and counts, no lines, no latency."""
         try:
             results = future.result()
         except AppendError:
             results = ()
-        assert all(result.status is AppendStatus.OK for result in results)
+        for result in results:
+            if result.status is not AppendStatus.OK:
+                raise AssertionError(f"an acknowledged append has status {result.status}")
+        with self.lock:
+            self.in_flight -= 1
+            if self.waiting:
+                self.waiting = False
+                self.room.notify()
+            if results:
+                self.acked += len(results)
+            else:
+                self.failed += REQUEST_MESSAGES
+
+    def done(self, sequence: int, started: float, future: AppendFuture[tuple[AppendResult, ...]]) -> None:
+        latency = time.monotonic() - started if RATE else 0.0
+        try:
+            results = future.result()
+        except AppendError:
+            results = ()
+        for result in results:
+            if result.status is not AppendStatus.OK:
+                raise AssertionError(f"an acknowledged append has status {result.status}")
         lines = "".join([f"{self.node} {number} {number % QUEUES} {result.queue_offset} {result.physical_offset}\n"
                          for number, result in enumerate(results, start=sequence)]) if ACK_LOG else ""
         with self.lock:
@@ -129,7 +157,7 @@ class Load:
             if not results:
                 self.failed += REQUEST_MESSAGES
                 return
-            if len(self.latencies) < 1_000_000:
+            if RATE and len(self.latencies) < 1_000_000:  # the latency run is a paced one
                 self.latencies.append(latency)
             self.acked += len(results)
             if lines:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 
@@ -132,3 +133,28 @@ def test_set_results_logs_a_failing_callback_and_runs_the_rest(caplog: pytest.Lo
     set_results(futures, [5, 6])
     assert seen == [5, 6]
     assert "callback failed" in caplog.text
+
+
+def test_one_two_and_three_callbacks_run_in_the_order_added() -> None:
+    # one callback is kept as is, more in a list: either way each runs once, in order, on both completions
+    for count in (1, 2, 3):
+        for complete in ("set_result", "set_results"):
+            future: AppendFuture[int] = AppendFuture()
+            seen: list[int] = []
+            for number in range(count):
+                future.add_done_callback(functools.partial(lambda number, _f, into: into.append(number),
+                                                           number, into=seen))
+            if complete == "set_result":
+                future.set_result(1)
+            else:
+                set_results([future], [1])
+            assert seen == list(range(count)), (count, complete)
+            future.add_done_callback(functools.partial(lambda _f, into: into.append(-1), into=seen))  # at once
+            assert seen == [*range(count), -1]
+
+
+def test_set_results_with_fewer_values_than_futures_sets_nothing() -> None:
+    futures: list[AppendFuture[int]] = [AppendFuture() for _ in range(3)]
+    with pytest.raises(ValueError, match="3 futures, 2 values"):
+        set_results(futures, [1, 2])
+    assert not any(future.done() for future in futures)

@@ -122,3 +122,11 @@ def test_an_empty_send_is_refused_and_nothing_is_proposed() -> None:
     finally:
         committer.stop()
     assert recorder.entries == [[message(7)]]
+
+
+def test_requests_let_go_of_their_messages_once_proposed() -> None:
+    # the batcher frees what it gathered on its own thread; each caller still gets its own results
+    requests = [[message(10 * n + i) for i in range(n % 3 + 1)] for n in range(12)]
+    recorder, futures = run(requests)
+    check(requests, recorder, futures)
+    assert all(future.messages == () for future in futures)  # type: ignore[attr-defined]
