@@ -109,7 +109,7 @@ class Load:
         node = self.node_bytes
         try:
             future = self.member.append([message(node, sequence + i) for i in range(REQUEST_MESSAGES)]
-                                        if REQUEST_MESSAGES > 1 else [message(node, sequence)])
+                                        if REQUEST_MESSAGES > 1 else (message(node, sequence),))
         except AppendError:
             with self.lock:
                 self.failed += 1
