@@ -241,11 +241,16 @@ def _encode_operation(operation: Operation) -> tuple[OpType, bytes]:
 _RECORDS_HEAD = struct.Struct(">Iq8sH")  # count, stamp, store host, topic count
 
 
+def _records_head(batch: PreparedRecords) -> list[bytes]:
+    """A Records operation's payload up to its records."""
+    head = [_RECORDS_HEAD.pack(batch.record_count, batch.stamp, batch.store_host, len(batch.topics))]
+    head += (_str(topic) for topic in batch.topics)
+    head += (batch.metas, U32.pack(len(batch.key_hashes) // HASH.size), batch.key_hashes)
+    return head
+
+
 def _encode_records(batch: PreparedRecords) -> bytes:
-    parts = [_RECORDS_HEAD.pack(batch.record_count, batch.stamp, batch.store_host, len(batch.topics))]
-    parts += (_str(topic) for topic in batch.topics)
-    parts += (batch.metas, U32.pack(len(batch.key_hashes) // HASH.size), batch.key_hashes, batch.records)
-    return b"".join(parts)
+    return b"".join([*_records_head(batch), batch.records])
 
 
 def encode_command(command: Command, compress: bool = True) -> bytes:
@@ -265,18 +270,35 @@ def encode_messages_command(messages: Sequence[MessageInput], store_timestamp: i
     return _frame(U32.pack(1) + OP_HEAD.pack(OpType.MESSAGES, len(payload)) + payload, compress)
 
 
-def encode_records_command(batch: PreparedRecords, compress: bool = True) -> bytes:
-    """A command of one Records operation."""
-    payload = _encode_records(batch)
-    return _frame(U32.pack(1) + OP_HEAD.pack(OpType.RECORDS, len(payload)) + payload, compress)
+def encode_records_command(batch: PreparedRecords, compress: bool = True, prefix: bytes = b"") -> bytes:
+    """A command of one Records operation, after ``prefix`` (how the caller stores commands: the same bytes
+    as ``prefix + encode_records_command(batch)``). Uncompressed, the records are copied once, by one join:
+    joining the payload, the operation and the frame one after another copied the whole entry (~600 KB)
+    three times more, and prepending the prefix a fourth (~0.8 us per message on the leader)."""
+    head = _records_head(batch)
+    payload_length = sum(map(len, head)) + len(batch.records)
+    operation = [U32.pack(1), OP_HEAD.pack(OpType.RECORDS, payload_length), *head, batch.records]
+    if compress and sum(map(len, operation[:2])) + payload_length >= COMPRESS_MIN_BYTES:
+        compressed = _compressed(b"".join(operation))
+        if compressed is not None:
+            return prefix + compressed
+    return b"".join([prefix, bytes((COMMAND_VERSION, 0)), *operation])
 
 
 def _frame(body: bytes, compress: bool) -> bytes:
     if compress and len(body) >= COMPRESS_MIN_BYTES:
-        compressed = bytes(lz4.block.compress(body, store_size=True))
-        if len(compressed) <= len(body) - len(body) // 8:
-            return bytes((COMMAND_VERSION, FLAG_LZ4)) + compressed
+        compressed = _compressed(body)
+        if compressed is not None:
+            return compressed
     return bytes((COMMAND_VERSION, 0)) + body
+
+
+def _compressed(body: bytes) -> bytes | None:
+    """``body`` framed lz4-compressed, or None when that saves less than an eighth."""
+    compressed = bytes(lz4.block.compress(body, store_size=True))
+    if len(compressed) <= len(body) - len(body) // 8:
+        return bytes((COMMAND_VERSION, FLAG_LZ4)) + compressed
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- decoding

@@ -53,7 +53,7 @@ FAIL_NOT_LEADER = 4
 FAIL_LEADER_CHANGED = 5
 FAIL_REQUEST_DENIED = 6
 
-#: propose(command bytes, callback, (messages, store timestamp) or the records the bytes encode)
+#: propose(command prefix + command bytes, callback, (messages, store timestamp) or the records the bytes encode)
 Propose = Callable[[bytes, Callable[[ApplyResult | None, int], None], OwnBatch], None]
 #: prepare(messages, store timestamp): the messages laid out as records, or None to send them as messages
 Prepare = Callable[[Sequence[MessageInput], int], PreparedRecords | None]
@@ -132,8 +132,11 @@ class GroupCommitter:
         wall_clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         monotonic: Callable[[], float] = time.monotonic,
         prepare: Prepare | None = None,
+        command_prefix: bytes = b"",
     ) -> None:
         self.settings = settings
+        #: what ``propose`` gets in front of each command (the bytes the member stores commands after)
+        self.command_prefix = command_prefix
         self.prepare = prepare
         self.propose = propose
         self.leader = leader
@@ -299,13 +302,14 @@ class GroupCommitter:
 
     def _encode(self, own: OwnBatch) -> bytes:
         compress = not self._compress_skips
+        prefix = self.command_prefix
         if isinstance(own, PreparedRecords):
-            data = encode_records_command(own, compress=compress)
+            data = encode_records_command(own, compress=compress, prefix=prefix)
         else:
-            data = encode_messages_command(own[0], store_timestamp=own[1], compress=compress)
+            data = prefix + encode_messages_command(own[0], store_timestamp=own[1], compress=compress)
         if not compress:
             self._compress_skips -= 1
-        elif not data[1] & FLAG_LZ4 and len(data) >= COMPRESS_MIN_BYTES:
+        elif not data[len(prefix) + 1] & FLAG_LZ4 and len(data) - len(prefix) >= COMPRESS_MIN_BYTES:
             self._compress_skips = COMPRESS_RETRY_ENTRIES
         return data
 

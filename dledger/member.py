@@ -348,8 +348,9 @@ class GroupMember:
         peers = [peer.raft_address for peer in config.peers]
         builder = RecordBuilder(store_config.store_host_bytes, store_config.segment_size_bytes,
                                 store_config.body_size_max_bytes, excluded_topics=(TIMER_TOPIC,))
-        self.committer = GroupCommitter(config.group_commit, self._propose, self._leadership, self.entry_bytes_max,
-                                        store_config.body_size_max_bytes, prepare=builder.build)
+        self.committer = GroupCommitter(config.group_commit, self._propose_raw, self._leadership, self.entry_bytes_max,
+                                        store_config.body_size_max_bytes, prepare=builder.build,
+                                        command_prefix=RAW_COMMAND_PREFIX)
         self._transfer: tuple[str, float] | None = None  # (target address or "" for any, deadline)
         self._next_transfer_attempt = 0.0
         self._next_preference_check = 0.0
@@ -482,7 +483,12 @@ class GroupMember:
 
     def _propose(self, data: bytes, callback: Callable[[ApplyResult | None, int], None],
                  own: OwnBatch | None = None) -> None:
-        command = RAW_COMMAND_PREFIX + data
+        self._propose_raw(RAW_COMMAND_PREFIX + data, callback, own)
+
+    def _propose_raw(self, command: bytes, callback: Callable[[ApplyResult | None, int], None],
+                     own: OwnBatch | None = None) -> None:
+        """Propose ``command``: RAW_COMMAND_PREFIX and our command's bytes (group commit encodes them so,
+        in one piece: adding the prefix here copied every entry once more)."""
         if len(command) >= OUT_OF_BAND_MIN_BYTES:
             # hashed here, off the Raft thread, which then finds the digest for each follower it sends to
             ENTRY_DIGESTS.remember(command)

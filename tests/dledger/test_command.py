@@ -4,6 +4,7 @@ anything malformed (apply turns a CommandError into a recorded no-op)."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from commitlog.message import MessageInput
 from dledger.command import (
     COMMAND_VERSION,
+    FLAG_LZ4,
     Command,
     CommandError,
     ConsumerOffset,
@@ -26,6 +28,7 @@ from dledger.command import (
     TransactionOp,
     decode_command,
     encode_command,
+    encode_records_command,
 )
 
 text = st.text(max_size=20)
@@ -122,3 +125,32 @@ def test_every_truncation_of_a_messages_command_is_refused() -> None:
     for cut in range(len(encoded)):
         with pytest.raises(CommandError):
             decode_command(encoded[:cut])
+
+
+@pytest.mark.parametrize("compress", [True, False])
+@pytest.mark.parametrize("bodies", ["random", "text", "tiny"])
+def test_a_records_command_after_a_prefix_is_the_prefix_and_the_command(compress: bool, bodies: str) -> None:
+    # one join for prefix, frame, operation and records: the same bytes as a Records operation encoded by
+    # encode_command, prefixed; compressed or not alike, and it decodes to the batch
+    import random
+
+    from commitlog.records import RecordBuilder
+    from tests.commitlog.helpers import message
+
+    rng = random.Random(11)
+    makers: dict[str, Callable[[], bytes]] = {"random": lambda: rng.randbytes(1000),
+                                               "text": lambda: b"hello world " * 80, "tiny": lambda: b"x"}
+    body = makers[bodies]
+    builder = RecordBuilder(bytes(8), 1 << 30, 4 << 20)
+    batch = builder.build([message(n, topic=f"T{n % 3}", body=body(), keys=f"k{n}") for n in range(200)],
+                          1_700_000_000_000)
+    assert batch is not None
+    for prefix in (b"", b"\x00\xfe"):
+        encoded = encode_records_command(batch, compress=compress, prefix=prefix)
+        assert encoded == prefix + encode_command(Command((batch,)), compress)
+        assert decode_command(encoded[len(prefix):]) == Command((batch,))
+    flags = encode_records_command(batch, compress)[1]
+    if not compress:
+        assert not flags & FLAG_LZ4
+    elif bodies == "text":
+        assert flags & FLAG_LZ4
