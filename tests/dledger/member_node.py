@@ -58,6 +58,18 @@ def message(node: str | bytes, sequence: int, body: bytes | None = None) -> Mess
                         % (node.encode() if isinstance(node, str) else node, sequence))
 
 
+def acknowledged(future: AppendFuture[tuple[AppendResult, ...]]) -> tuple[AppendResult, ...]:
+    """The results of a done append (none when it failed), each checked to be stored."""
+    try:
+        results = future.result()
+    except AppendError:
+        return ()
+    for result in results:
+        if result.status is not AppendStatus.OK:
+            raise AssertionError(f"an acknowledged append has status {result.status}")
+    return results
+
+
 class Load:
     def __init__(self, member: GroupMember, log_path: Path) -> None:
         self.member = member
@@ -121,13 +133,7 @@ class Load:
 
     def counted(self, future: AppendFuture[tuple[AppendResult, ...]]) -> None:
         """``done`` for a throughput run: checks and counts, no lines, no latency."""
-        try:
-            results = future.result()
-        except AppendError:
-            results = ()
-        for result in results:
-            if result.status is not AppendStatus.OK:
-                raise AssertionError(f"an acknowledged append has status {result.status}")
+        results = acknowledged(future)
         with self.lock:
             self.in_flight -= 1
             if self.waiting:
@@ -140,13 +146,7 @@ class Load:
 
     def done(self, sequence: int, started: float, future: AppendFuture[tuple[AppendResult, ...]]) -> None:
         latency = time.monotonic() - started if RATE else 0.0
-        try:
-            results = future.result()
-        except AppendError:
-            results = ()
-        for result in results:
-            if result.status is not AppendStatus.OK:
-                raise AssertionError(f"an acknowledged append has status {result.status}")
+        results = acknowledged(future)
         lines = "".join([f"{self.node} {number} {number % QUEUES} {result.queue_offset} {result.physical_offset}\n"
                          for number, result in enumerate(results, start=sequence)]) if ACK_LOG else ""
         with self.lock:
