@@ -17,9 +17,11 @@ from __future__ import annotations
 import itertools
 import logging
 import re
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,10 +100,15 @@ class StateMachine:
         store: MessageStore,
         state: ReplicatedState,
         sleep: Callable[[float], None] = time.sleep,
+        state_lock: AbstractContextManager[object] | None = None,
     ) -> None:
         self.store = store
         self.state = state
         self.sleep = sleep
+        #: held around every change to the state, and by whoever reads it from another thread (the store's
+        #: flush encodes it into the checkpoint): a reader sees an index's state changes whole or not at all.
+        #: Nothing that takes a store lock runs under it (a flush holds those while it encodes the state).
+        self.state_lock: AbstractContextManager[object] = state_lock if state_lock is not None else threading.Lock()
         self.noops: deque[tuple[int, str]] = deque(maxlen=NOOP_HISTORY_MAX)
 
     @property
@@ -185,17 +192,23 @@ class StateMachine:
                 position += count
             results = tuple(split)
         if raft_index > self.state.applied_index:
-            if timer_start is not None:
-                self.state.apply_timer_progress(TIMER_PROGRESS_KEY, timer_start)
-            if timer_advance is not None:
-                self.state.apply_timer_progress(TIMER_PROGRESS_KEY, timer_advance)
             if command is not None:
                 for operation in command.operations:
-                    self._apply_state(raft_index, operation)
-            if messages:
-                newest = stamp if stamp is not None else max(message.store_timestamp for message in messages)
-                self.state.last_store_timestamp = max(self.state.last_store_timestamp, newest)
-            self.state.applied_index = raft_index
+                    if isinstance(operation, Retention) and raft_index > self.store.applied_raft_index:
+                        # a commit-log effect: outside the state lock (it takes the store's locks)
+                        self.store.delete_below(raft_index, operation.min_physical_offset)
+            with self.state_lock:
+                if timer_start is not None:
+                    self.state.apply_timer_progress(TIMER_PROGRESS_KEY, timer_start)
+                if timer_advance is not None:
+                    self.state.apply_timer_progress(TIMER_PROGRESS_KEY, timer_advance)
+                if command is not None:
+                    for operation in command.operations:
+                        self._apply_state(operation)
+                if messages:
+                    newest = stamp if stamp is not None else max(message.store_timestamp for message in messages)
+                    self.state.last_store_timestamp = max(self.state.last_store_timestamp, newest)
+                self.state.applied_index = raft_index
         return ApplyResult(raft_index, results)
 
     def _apply_records(self, raft_index: int, batch: PreparedRecords, want_results: bool) -> ApplyResult:
@@ -210,12 +223,13 @@ class StateMachine:
                 results = (self._merge(outcome.results, duplicates, batch.record_count) if duplicates
                            else outcome.results,)
         if raft_index > self.state.applied_index:
-            if batch.record_count:
-                if self.state.timer_progress.get(TIMER_PROGRESS_KEY) is None:
-                    # as _release_late_timers: the first messages ever start the timer progress
-                    self.state.apply_timer_progress(TIMER_PROGRESS_KEY, stamp // 1000 - 1)
-                self.state.last_store_timestamp = max(self.state.last_store_timestamp, stamp)
-            self.state.applied_index = raft_index
+            with self.state_lock:
+                if batch.record_count:
+                    if self.state.timer_progress.get(TIMER_PROGRESS_KEY) is None:
+                        # as _release_late_timers: the first messages ever start the timer progress
+                        self.state.apply_timer_progress(TIMER_PROGRESS_KEY, stamp // 1000 - 1)
+                    self.state.last_store_timestamp = max(self.state.last_store_timestamp, stamp)
+                self.state.applied_index = raft_index
         return ApplyResult(raft_index, results)
 
     def _record_duplicates(self, batch: PreparedRecords, since_timestamp: int) -> dict[int, AppendResult | int]:
@@ -423,7 +437,8 @@ class StateMachine:
                           DISK_FULL_RETRY_SECONDS, exc)
                 self.sleep(DISK_FULL_RETRY_SECONDS)
 
-    def _apply_state(self, raft_index: int, operation: object) -> None:
+    def _apply_state(self, operation: object) -> None:
+        """The state effect of one operation (under the state lock; a Retention's effect is on the store)."""
         match operation:
             case ConsumerOffsets(offsets):
                 self.state.apply_offsets(offsets)
@@ -433,9 +448,8 @@ class StateMachine:
                 self.state.apply_group(operation)
             case LeaderStamp():
                 self.state.leader_stamp = operation
-            case Retention(min_physical_offset):
-                if raft_index > self.store.applied_raft_index:
-                    self.store.delete_below(raft_index, min_physical_offset)
+            case Retention():
+                pass
             case TimerProgress(key, delivered_up_to):
                 self.state.apply_timer_progress(key, delivered_up_to)
             case TransactionOp(half, action):
@@ -452,5 +466,6 @@ class StateMachine:
         log.warning("index %d applied as a no-op: %s", raft_index, reason)
         self.noops.append((raft_index, reason))
         if raft_index > self.state.applied_index:
-            self.state.applied_index = raft_index
+            with self.state_lock:
+                self.state.applied_index = raft_index
         return ApplyResult(raft_index, noop_reason=reason)

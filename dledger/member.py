@@ -1,9 +1,9 @@
 """A member of the Raft group: a pysyncobj node, the local store, the apply loop, group commit, snapshots
 and catch-up, and role-change events.
 
-Threads: pysyncobj's tick thread runs Raft, apply, the snapshot serializer and deserializer (and so a
-catch-up copy); the group-commit thread packs and proposes; the catch-up server serves peers; callers
-submit from anywhere.
+Threads: pysyncobj's tick thread runs Raft, apply, the capture of a snapshot and the deserializer (and so
+a catch-up copy); a snapshot thread makes each captured snapshot durable (store flush, file) off it; the
+group-commit thread packs and proposes; the catch-up server serves peers; callers submit from anywhere.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from dledger.group_commit import GroupCommitter, NotLeaderError, OutcomeUnknownE
 from dledger.log_matching import plan_append
 from dledger.snapshot import (
     SNAPSHOT_HEAD_BYTES,
+    BackgroundSnapshots,
     Snapshot,
     SnapshotError,
     peek_last_entry,
     read_snapshot,
-    write_snapshot,
 )
 from dledger.state import ReplicatedState, StateError
 from dledger.timers import TIMER_TOPIC
@@ -131,6 +131,7 @@ class _FileJournal(FileJournal):  # type: ignore[misc]  # pysyncobj ships no typ
 class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
     def __init__(self, member: GroupMember, self_address: str, peers: list[str], conf: Any, transport: Any) -> None:
         self._member = member
+        self._serializer: BackgroundSnapshots | None = None
         super().__init__(self_address, peers, conf=conf, transportClass=transport)
         journal = self._SyncObj__raftLog
         if type(journal) is FileJournal:
@@ -145,6 +146,16 @@ class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
     def propose_raw(self, command: bytes, callback: Callable[[ApplyResult | None, int], None]) -> None:
         """Append ``command`` (RAW_COMMAND_PREFIX + our bytes) to the Raft log as is: no pickling."""
         self._applyCommand(command, callback)
+
+    # pysyncobj keeps its Serializer in a private attribute, built in __init__ before its tick thread
+    # starts: assigning it hands the member's BackgroundSnapshots (which wraps it) back to every use.
+    @property
+    def _SyncObj__serializer(self) -> BackgroundSnapshots | None:
+        return self._serializer
+
+    @_SyncObj__serializer.setter
+    def _SyncObj__serializer(self, base: Any) -> None:
+        self._serializer = self._member._snapshots(base)
 
     def _SyncObj__doApplyCommand(self, command: bytes) -> Any:
         if command[:2] == RAW_COMMAND_PREFIX:
@@ -311,14 +322,19 @@ class GroupMember:
         self.snapshot_load_failed = False
         self.raft_dir = config.data_dir / "raft"
         self.raft_dir.mkdir(parents=True, exist_ok=True)
+        self.snapshot_path = self.raft_dir / "snapshot"
+        #: pysyncobj's compaction and snapshot transfers (set while pysyncobj starts, see _RaftNode)
+        self.snapshots: BackgroundSnapshots
         self.state = ReplicatedState()
-        self.store = MessageStore(config.store_config, extension_provider=lambda: self.state.encode())
+        #: held around every change to self.state; a store flush (any thread) encodes it under this lock
+        self._state_lock = threading.Lock()
+        self.store = MessageStore(config.store_config, extension_provider=self._encode_state)
         if self.store.extension:
             try:
                 self.state = ReplicatedState.decode(self.store.extension)
             except StateError as exc:
                 log.warning("replicated state in the checkpoint is unreadable (%s): rebuilding from Raft", exc)
-        self.machine = StateMachine(self.store, self.state)
+        self.machine = StateMachine(self.store, self.state, state_lock=self._state_lock)
         self._role = RoleChange("follower", 0, None)
         self._apply_lock = threading.Lock()
         self._own_lock = threading.Lock()
@@ -338,7 +354,7 @@ class GroupMember:
             raft_max_timeout_seconds=raft.election_timeout_max_ms / 1000,
             entry_size_max_bytes=self.entry_bytes_max + ENTRY_OVERHEAD_BYTES,
             journal_file=str(self.raft_dir / "journal"),
-            full_dump_file=str(self.raft_dir / "snapshot"),
+            full_dump_file=str(self.snapshot_path),
             serializer=self._write_snapshot,
             deserializer=self._load_snapshot,
             log_compaction_min_entries=raft.log_compaction_entries,
@@ -393,14 +409,26 @@ class GroupMember:
 
     # ------------------------------------------------------------------ snapshots (tick thread)
 
-    def _write_snapshot(self, file_name: str, data: Any) -> None:
-        """pysyncobj's log compaction: ``data`` is (last applied entry, previous entry, cluster)."""
+    def _encode_state(self) -> bytes:
+        """The replicated state for the store's checkpoint: whole, whichever thread flushes."""
+        with self._state_lock:
+            return self.state.encode()
+
+    def _snapshots(self, base: Any) -> BackgroundSnapshots:
+        """What pysyncobj's compaction and snapshot transfers go through (see _RaftNode)."""
+        self.snapshots = BackgroundSnapshots(base, self.snapshot_path, self._capture_snapshot, self.store.flush)
+        return self.snapshots
+
+    def _capture_snapshot(self, data: Any) -> Snapshot:
+        """pysyncobj's log compaction, on the tick thread: ``data`` is (last applied entry, previous entry,
+        cluster). The store is flushed (its checkpoint then covers the index) and the file written by
+        BackgroundSnapshots, off this thread."""
         last_entry, previous_entry, cluster = data
         with self._apply_lock:
             if self.state.applied_index < last_entry[1]:
-                self.state.applied_index = last_entry[1]  # pysyncobj-internal entries (no-ops) apply nothing
-            self.store.flush()  # the checkpoint now covers the snapshot's index
-            snapshot = Snapshot(
+                with self._state_lock:  # pysyncobj-internal entries (no-ops) apply nothing
+                    self.state.applied_index = last_entry[1]
+            return Snapshot(
                 last_entry=(bytes(last_entry[0]), last_entry[1], last_entry[2]),
                 previous_entry=(bytes(previous_entry[0]), previous_entry[1], previous_entry[2]),
                 commit_log_min=self.store.commit_log.min_offset,
@@ -408,7 +436,11 @@ class GroupMember:
                 members=tuple(sorted(str(node) for node in cluster)),
                 state=self.state.encode(),
             )
-        write_snapshot(Path(file_name), snapshot)
+
+    def _write_snapshot(self, file_name: str, data: Any) -> None:
+        """pysyncobj's ``serializer`` setting. It must be set (without it pysyncobj gathers its own
+        attributes for every compaction), but BackgroundSnapshots.serialize takes over: never called."""
+        raise AssertionError("snapshots are written by BackgroundSnapshots")
 
     def _load_snapshot(self, file_name: str) -> tuple[Any, Any, Any]:
         """Install a snapshot: at start-up our own; on a lagging follower, the leader's, after copying the
@@ -430,8 +462,9 @@ class GroupMember:
                 fetch(peers, self.config.secret, self.store, snapshot.commit_log_end, snapshot.index)
             if self.state.applied_index < snapshot.index:
                 installed = ReplicatedState.decode(snapshot.state)
-                for state_field in dataclasses.fields(ReplicatedState):
-                    setattr(self.state, state_field.name, getattr(installed, state_field.name))
+                with self._state_lock:
+                    for state_field in dataclasses.fields(ReplicatedState):
+                        setattr(self.state, state_field.name, getattr(installed, state_field.name))
                 self.store.flush()
         return snapshot.last_entry, snapshot.previous_entry, frozenset(snapshot.members)
 
@@ -620,6 +653,7 @@ class GroupMember:
         self._stop_scrubber.set()
         self.committer.stop()
         self.raft.destroy()
+        self.snapshots.settle()  # a compaction in flight flushes the store: let it finish first
         self.catchup_server.close()
         with self._apply_lock:
             self.store.close()

@@ -425,3 +425,86 @@ def test_the_store_seeds_its_recent_keys_with_the_dedupe_window() -> None:
     # the store cannot import dledger: its constant must follow the window apply asks about, or the first
     # questions after a restart are answered by key-index lookups again
     assert SEED_SPAN_MS == UNIQ_KEY_WINDOW_MS
+
+
+class WatchedLock:
+    """A lock that knows whether it is held, for a state that checks every change is made under it."""
+
+    def __init__(self) -> None:
+        self.held = False
+
+    def __enter__(self) -> WatchedLock:
+        assert not self.held
+        self.held = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.held = False
+
+
+class WatchedState(ReplicatedState):
+    lock: WatchedLock | None = None
+    changes = 0
+
+    def __setattr__(self, name: str, value: object) -> None:
+        self._changing()
+        super().__setattr__(name, value)
+
+    def _changing(self) -> None:
+        if self.lock is not None:
+            assert self.lock.held, "the replicated state changed outside the state lock"
+            WatchedState.changes += 1
+
+    def apply_offsets(self, offsets: tuple[ConsumerOffset, ...]) -> None:
+        self._changing()
+        super().apply_offsets(offsets)
+
+    def apply_timer_progress(self, key: str, delivered_up_to: int) -> None:
+        self._changing()
+        super().apply_timer_progress(key, delivered_up_to)
+
+    def count_transaction_check(self, half: int) -> None:
+        self._changing()
+        super().count_transaction_check(half)
+
+    def resolve_transaction(self, half: int, action: int) -> None:
+        self._changing()
+        super().resolve_transaction(half, action)
+
+
+def test_every_state_change_is_made_under_the_state_lock_and_retention_outside_it(tmp_path: Path) -> None:
+    """A store flush encodes the state from another thread (the checkpoint, the compaction's flush): under
+    the state lock it sees each index's changes whole or not at all. A retention deletes segments, which
+    takes the store's locks (a flush holds those while it encodes the state): never under the state lock."""
+    lock = WatchedLock()
+    WatchedState.changes = 0
+    state = WatchedState()
+    state.lock = lock
+    store = MessageStore(small_config(tmp_path), extension_provider=lambda: state.encode())
+    sm = StateMachine(store, state, state_lock=lock)
+    delete_below = store.delete_below
+
+    def watched_delete_below(raft_index: int, physical_offset: int) -> object:
+        assert not lock.held
+        return delete_below(raft_index, physical_offset)
+
+    store.delete_below = watched_delete_below  # type: ignore[assignment,method-assign]
+    builder = RecordBuilder(store.store_host, store.config.segment_size_bytes, store.config.body_size_max_bytes)
+    index = 0
+    for n in range(150):
+        index += 1
+        sm.apply(index, encode_command(Command((Messages((message(n, body=b"x" * 2000),)),
+                                                ConsumerOffsets((ConsumerOffset(f"g{n}", "TopicTest", 0, n),))))))
+    records = builder.build([message(1000 + n) for n in range(4)], 1_700_000_000_000)
+    assert records is not None
+    index += 1
+    sm.apply(index, encode_records_command(records))
+    for operation in (TransactionOp(0, TransactionAction.CHECK, "g", 1), TimerProgress(TIMER_PROGRESS_KEY, 5),
+                      LeaderStamp(2, "n1", 9), Retention(2 * store.config.segment_size_bytes)):
+        index += 1
+        sm.apply(index, encode_command(Command((operation,))))
+    index += 1
+    assert sm.apply(index, b"\xff garbage").noop_reason
+    assert store.commit_log.min_offset == 2 * store.config.segment_size_bytes
+    assert state.applied_index == index and len(state.consumer_offsets) == 150
+    assert WatchedState.changes > 300

@@ -15,7 +15,7 @@ from pysyncobj.transport import Transport
 
 from dledger.log_matching import AppendPlan, Entry, matching_entries, plan_append
 from dledger.member import RAFT_STATE_LEADER, _RaftNode
-from dledger.snapshot import Snapshot, encode_snapshot, read_snapshot
+from dledger.snapshot import BackgroundSnapshots, Snapshot, encode_snapshot, read_snapshot
 
 NO_OP = b"\x01"  # pysyncobj's no-op command: applies nothing, so these tests need no store
 SELF, LEADER, OTHER = "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"
@@ -85,13 +85,20 @@ class RecordingTransport(Transport):  # type: ignore[misc]  # pysyncobj ships no
         return True
 
 
+def capture_snapshot(data: Any) -> Snapshot:
+    last_entry, previous_entry, _ = data
+    return Snapshot(last_entry, previous_entry, 0, 0, (SELF, LEADER, OTHER), b"")
+
+
 class StubMember:
     snapshot_load_failed = False
 
+    def _snapshots(self, base: Any) -> BackgroundSnapshots:
+        return BackgroundSnapshots(base, Path(base._Serializer__fileName), capture_snapshot, lambda: None)
+
 
 def write_snapshot(file_name: str, data: Any) -> None:
-    last_entry, previous_entry, _ = data
-    Path(file_name).write_bytes(encode_snapshot(Snapshot(last_entry, previous_entry, 0, 0, (SELF, LEADER, OTHER), b"")))
+    raise AssertionError("BackgroundSnapshots writes the snapshots")
 
 
 def load_snapshot(file_name: str) -> tuple[Any, Any, Any]:
@@ -202,7 +209,8 @@ def test_a_compaction_finished_just_before_a_stale_snapshot_still_leaves_a_log(t
     with follower(tmp_path) as raft:
         deliver(raft, append((1, 0), entries(2, 10, 1), commit=10))
         raft.forceLogCompaction()
-        raft.doTick(0)  # the snapshot at 9 is written; the log is compacted on the next tick
+        raft.doTick(0)  # the snapshot at 9 is captured and written; the log is compacted on the next tick
+        raft._SyncObj__serializer.settle()
         for chunk in snapshot_chunks(5, 1):
             raft._SyncObj__onMessageReceived(TCPNode(LEADER), chunk)
         raft.doTick(0)
