@@ -80,10 +80,9 @@ class RaftSettings:
     append_entries_period_ms: int = 5
     #: compact the Raft log after this many entries, or this many bytes of entries, or this long (pysyncobj
     #: keeps every entry in memory until then: the bytes bound what random payloads cost, ~600 KB an entry).
-    #: A compaction flushes the store (fdatasync) on the Raft thread, stalling it for ~10-30 ms on every
-    #: member at about the same moment: at 1,000 msgs/s (entries of 1-3 messages) 500 entries meant one
-    #: every second, and those stalls were most of the p99 commit latency (9-13 ms spikes each second).
-    #: 10,000 small entries are ~12 MB, within what the bytes bound allows anyway.
+    #: A compaction flushes the store (fdatasync), now off the Raft thread (dledger.snapshot); when it ran on
+    #: it, at 1,000 msgs/s (entries of 1-3 messages) 500 entries meant a 9-13 ms stall of every member each
+    #: second, most of the p99 commit latency. 10,000 small entries are ~12 MB, within the bytes bound.
     log_compaction_entries: int = 10_000
     log_compaction_bytes: int = 32 << 20
     log_compaction_seconds: int = 60
