@@ -150,7 +150,8 @@ class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
     # pysyncobj keeps its Serializer in a private attribute, built in __init__ before its tick thread
     # starts: assigning it hands the member's BackgroundSnapshots (which wraps it) back to every use.
     @property
-    def _SyncObj__serializer(self) -> BackgroundSnapshots | None:
+    def _SyncObj__serializer(self) -> BackgroundSnapshots:
+        assert self._serializer is not None  # set in SyncObj.__init__
         return self._serializer
 
     @_SyncObj__serializer.setter
