@@ -13,7 +13,6 @@ state bytes | crc u32``; bytes fields are ``u32 length + bytes``.
 from __future__ import annotations
 
 import logging
-import os
 import struct
 import threading
 import zlib
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from pysyncobj.config import SERIALIZER_STATE
+
+from commitlog.mapped_file import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -122,24 +123,9 @@ def peek_last_entry(head: bytes) -> tuple[int, int]:
     return index, term
 
 
-def write_snapshot(path: Path, snapshot: Snapshot) -> None:
-    """Write and fsync (the caller renames the file into place afterwards)."""
-    with open(path, "wb") as handle:
-        handle.write(encode_snapshot(snapshot))
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
 def replace_snapshot(path: Path, snapshot: Snapshot) -> None:
     """Put ``snapshot`` at ``path`` atomically: a temp file, fsync, rename, fsync of the directory."""
-    temp = path.with_name(path.name + ".tmp")
-    write_snapshot(temp, snapshot)
-    os.replace(temp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    atomic_write(path, encode_snapshot(snapshot))
 
 
 class _Compaction:
