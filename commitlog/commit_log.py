@@ -34,6 +34,10 @@ MAPPED_READ_SEGMENTS_MAX = 1
 #: pages below the flushed end that stay mapped when the rest is released from the resident set
 RELEASE_KEEP_BYTES = 1 << 20
 RELEASE_STEP_BYTES = 16 << 20
+#: flushed bytes dropped from the page cache at a time (see StoreConfig.page_cache_keep_bytes)
+DROP_STEP_BYTES = 4 << 20
+#: part of a segment to drop from the page cache: (path, start, end) in the segment
+CacheDrop = tuple[Path, int, int]
 
 
 def segment_name(start_offset: int) -> str:
@@ -43,9 +47,12 @@ def segment_name(start_offset: int) -> str:
 class CommitLog:
     """Segments of one replica's commit log. Not thread-safe: the apply thread owns writes."""
 
-    def __init__(self, directory: Path, segment_size_bytes: int) -> None:
+    def __init__(self, directory: Path, segment_size_bytes: int, page_cache_keep_bytes: int = 256 << 20) -> None:
         self.directory = directory
         self.segment_size_bytes = segment_size_bytes
+        self.page_cache_keep_bytes = page_cache_keep_bytes
+        #: offsets below this were dropped from the page cache (or never written since the store opened)
+        self._dropped_end = 0
         ensure_directory(directory)
         self.segments: dict[int, MappedFile] = {}
         self.starts: list[int] = []
@@ -135,16 +142,34 @@ class CommitLog:
                 pending.result().delete()
         self._allocating.clear()
 
-    def release_flushed(self, end: int) -> None:
-        """Drop pages of the segment being written below ``end`` (flushed) from the resident set."""
+    def release_flushed(self, end: int) -> list[CacheDrop]:
+        """Drop pages of the segment being written below ``end`` (flushed) from the resident set; and the
+        page-cache drops the caller makes (outside its lock: each is a syscall of its own) for flushed data
+        more than ``page_cache_keep_bytes`` below ``end``."""
         if not self.starts:
-            return
+            return []
         start = self.starts[-1]
         released = self._released.get(start, 0)
         local_end = max(0, min(end - start, self.segment_size_bytes) - RELEASE_KEEP_BYTES)
         if local_end - released >= RELEASE_STEP_BYTES:
             self.segments[start].release_pages(released, local_end)
             self._released[start] = local_end
+        return self._cache_drops(end - self.page_cache_keep_bytes)
+
+    def _cache_drops(self, end: int) -> list[CacheDrop]:
+        begin = max(self._dropped_end, self.min_offset)
+        if end - begin < DROP_STEP_BYTES:
+            return []
+        drops = []
+        size = self.segment_size_bytes
+        for start in self.starts[max(0, bisect.bisect_right(self.starts, begin) - 1):]:
+            if start >= end:
+                break
+            local_start, local_end = max(begin, start) - start, min(end, start + size) - start
+            if local_end > local_start:
+                drops.append((self.segments[start].path, local_start, local_end))
+        self._dropped_end = end
+        return drops
 
     def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
         """Write bytes that lie inside one existing segment. Written with pwrite, not through the mapping:
@@ -237,6 +262,7 @@ class CommitLog:
             if stale_end > local:
                 segment.pwrite(local, bytes(stale_end - local))
         self.end_offset = end_offset
+        self._dropped_end = min(self._dropped_end, end_offset)
 
     def delete_below(self, offset: int) -> list[int]:
         """Delete whole segments that end at or below ``offset``, never the one holding the end."""

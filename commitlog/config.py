@@ -30,6 +30,12 @@ class StoreConfig:
     derived files and the checkpoint before :meth:`MessageStore.append` returns; ``async`` leaves them to
     the page cache and msyncs when ``flush_interval_ms`` has passed since the last flush (checked on append
     and by :meth:`MessageStore.flush_if_due`).
+
+    ``page_cache_keep_bytes``: how much of the commit log below the flushed end stays in the page cache.
+    Older flushed pages are dropped from it (``posix_fadvise(DONTNEED)``) so that new writes reuse their
+    memory instead of growing the cache into memory not touched lately, which on a VM the host may have
+    taken back (measured here: writing a 600 KB entry took 1.3-1.7 ms of CPU into such memory, 0.1 ms into
+    reused pages). Reads of older data go to the disk.
     """
 
     data_dir: Path
@@ -41,6 +47,7 @@ class StoreConfig:
     body_size_max_bytes: int = 4 * MIB
     flush_policy: FlushPolicy = "async"
     flush_interval_ms: int = 500
+    page_cache_keep_bytes: int = 256 * MIB
 
     def validate(self) -> StoreConfig:
         if not isinstance(self.data_dir, Path):
@@ -57,6 +64,7 @@ class StoreConfig:
             "index_entry_capacity": (self.index_entry_capacity, 16, 1 << 30),
             "body_size_max_bytes": (self.body_size_max_bytes, 1, 64 * MIB),
             "flush_interval_ms": (self.flush_interval_ms, 1, 3_600_000),
+            "page_cache_keep_bytes": (self.page_cache_keep_bytes, 0, 1 << 50),
         }
         for name, (value, low, high) in positive.items():
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:

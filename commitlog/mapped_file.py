@@ -56,6 +56,19 @@ def atomic_write(path: Path, data: bytes) -> None:
     fsync_directory(path.parent)
 
 
+def drop_cached(path: Path, start: int, end: int) -> None:
+    """Evict bytes [start, end) of ``path`` from the page cache. Only clean pages that no process maps are
+    dropped (flush first); a file deleted meanwhile has nothing left to drop."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 class MappedFile:
     """``size_bytes`` of ``path`` mapped read-write. Writes go to the page cache; :meth:`flush` msyncs."""
 

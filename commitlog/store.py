@@ -40,6 +40,7 @@ from commitlog.config import StoreConfig
 from commitlog.consume_queue import CQ_UNIT, UNIT_BYTES, ConsumeQueue
 from commitlog.errors import CorruptionError, StoreError, invariant
 from commitlog.key_index import IndexColumns, IndexEntry, KeyIndex, key_hash
+from commitlog.mapped_file import drop_cached
 from commitlog.message import (
     FILLER_HEADER_BYTES,
     HEAD_A,
@@ -267,7 +268,7 @@ class MessageStore:
         self._flusher: threading.Thread | None = None
         self._tag_codes: dict[bytes, int] = {}
         self._topics: dict[str, tuple[bytes, int]] = {}  # topic -> (length + bytes, prefix CRC)
-        self.commit_log = CommitLog(self.root / "commitlog", config.segment_size_bytes)
+        self.commit_log = CommitLog(self.root / "commitlog", config.segment_size_bytes, config.page_cache_keep_bytes)
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._open_queues()
         self.index = KeyIndex(self.root / "index", config.index_slot_count, config.index_entry_capacity)
@@ -916,7 +917,9 @@ class MessageStore:
             with self._lock:
                 self._flushed_end = end
                 self._last_flush = self.clock()
-                self.commit_log.release_flushed(end)
+                drops = self.commit_log.release_flushed(end)
+            for path, start, drop_end in drops:  # flushed, so clean: dropped, not written back
+                drop_cached(path, start, drop_end)
 
     def _flush_loop(self) -> None:
         interval = self.config.flush_interval_ms / 1000

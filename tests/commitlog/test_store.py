@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
+import commitlog.commit_log as commit_log_module
+import commitlog.store as store_module
 from commitlog.config import ConfigError, StoreConfig
 from commitlog.consume_queue import CQ_UNIT
 from commitlog.errors import CorruptionError, DiskFullError, StoreError
+from commitlog.mapped_file import drop_cached
 from commitlog.message import (
     BLANK_MAGIC,
     FILLER,
@@ -375,4 +378,40 @@ def test_scrub_finds_a_damaged_record_and_a_peer_copy_repairs_it(tmp_path: Path)
         store.repair_record(target.physical_offset + 1, good)  # another record's place
     store.repair_record(target.physical_offset, good)
     assert store.scrub(0, 1 << 20) == (None, store.max_physical_offset)
+    store.close()
+
+
+def test_flushed_data_past_the_page_cache_window_is_dropped_from_the_cache_and_still_reads_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Older flushed commit-log pages are evicted so that new writes reuse their memory
+    (StoreConfig.page_cache_keep_bytes): every flushed byte more than the window below the flushed end is
+    dropped once, within its segment, and never a byte inside the window; the data still reads back."""
+    monkeypatch.setattr(commit_log_module, "DROP_STEP_BYTES", 64 * 1024)
+    drops: list[tuple[str, int, int]] = []
+
+    def recorded(path: Path, start: int, end: int) -> None:
+        drops.append((path.name, start, end))
+        drop_cached(path, start, end)
+
+    monkeypatch.setattr(store_module, "drop_cached", recorded)
+    keep = 256 * 1024
+    store = MessageStore(small_config(tmp_path / "store", page_cache_keep_bytes=keep))
+    segment = store.config.segment_size_bytes
+    ends = []
+    for index in range(1, 41):
+        store.append(index, [message(index * 100 + n, queue_id=n % 2, body=bytes([n]) * 1500) for n in range(40)])
+        store.flush()
+        ends.append(store.max_physical_offset)
+    covered = 0
+    for name, start, end in drops:
+        assert 0 <= start < end <= segment
+        assert int(name) + start == covered  # in order, no gap, no overlap
+        covered = int(name) + end
+    assert ends[-1] - keep - 64 * 1024 <= covered <= ends[-1] - keep
+    assert covered > 10 * segment
+    for queue_id in (0, 1):
+        got = store.get_messages("TopicTest", queue_id, 0, 10_000, max_bytes=1 << 30)
+        assert got.status is GetStatus.FOUND and len(got.messages) == 800
+        assert [decode_record(raw).body for raw in got.messages] == [
+            bytes([n]) * 1500 for _ in range(1, 41) for n in range(queue_id, 40, 2)]
     store.close()
