@@ -51,6 +51,8 @@ from dledger.tuning import tuned_conf
 
 log = logging.getLogger(__name__)
 
+#: how long stop() waits for pysyncobj's tick thread to finish its last tick (a catch-up copy may be running)
+STOP_TICK_WAIT_SECONDS = 30.0
 #: exit status when apply meets a programmer error: stopping beats a replica stalled or diverged
 EXIT_APPLY_INVARIANT = 70
 RAFT_STATES = {0: "follower", 1: "candidate", 2: "leader"}
@@ -653,7 +655,10 @@ class GroupMember:
     def stop(self) -> None:
         self._stop_scrubber.set()
         self.committer.stop()
-        self.raft.destroy()
+        self.raft.destroy()  # the tick thread stops at its next tick: wait for it, so that nothing applies
+        tick_thread = self.raft._SyncObj__thread  # or starts a compaction once the store is closed
+        if tick_thread is not None and tick_thread is not threading.current_thread():
+            tick_thread.join(STOP_TICK_WAIT_SECONDS)
         self.snapshots.settle()  # a compaction in flight flushes the store: let it finish first
         self.catchup_server.close()
         with self._apply_lock:
