@@ -101,11 +101,12 @@ class _Request(AppendFuture[tuple[AppendResult, ...]]):
 
     __slots__ = ("count", "messages", "size")
 
-    def __init__(self, messages: Sequence[MessageInput], size: int) -> None:
+    def __init__(self, messages: Sequence[MessageInput], size: int,
+                 callback: Callable[[AppendFuture[tuple[AppendResult, ...]]], object] | None) -> None:
         # AppendFuture.__init__'s fields, set here: one call less per send
         self._value: object = PENDING
         self._error: BaseException | None = None
-        self._callbacks: Callbacks[tuple[AppendResult, ...]] = None
+        self._callbacks: Callbacks[tuple[AppendResult, ...]] = callback
         self._event: threading.Event | None = None
         self.messages: Sequence[MessageInput] = messages
         self.count = len(messages)
@@ -172,7 +173,11 @@ class GroupCommitter:
         with self._condition:
             self._last_stamp_ms = max(self._last_stamp_ms, stamp_ms)
 
-    def submit(self, messages: Sequence[MessageInput]) -> AppendFuture[tuple[AppendResult, ...]]:
+    def submit(self, messages: Sequence[MessageInput],
+               callback: Callable[[AppendFuture[tuple[AppendResult, ...]]], object] | None = None,
+               ) -> AppendFuture[tuple[AppendResult, ...]]:
+        """Queue ``messages`` for the next entry. ``callback``, if given, is the future's first done-callback,
+        set before any other thread can see the future (``add_done_callback`` takes a lock for that)."""
         is_leader, leader = self.leader()
         if not is_leader:
             raise NotLeaderError(leader)
@@ -187,7 +192,7 @@ class GroupCommitter:
             size += len(message.body) + len(message.properties) + len(message.topic) + MESSAGE_OVERHEAD_BYTES
         if size > self.entry_bytes_max:
             raise EntryTooLargeError(f"{size} bytes of messages exceed one entry ({self.entry_bytes_max} bytes)")
-        request = _Request(messages, size)
+        request = _Request(messages, size, callback)
         settings = self.settings
         with self._lock:  # the condition's lock, taken without Condition's Python-level __enter__
             if self._stopped:
@@ -334,6 +339,9 @@ class GroupCommitter:
             if item is None:
                 return
             self._complete(*item)
+            # The batch's requests, results and callbacks go now, while they are in cache, not when the next
+            # entry wakes this thread (after the other threads' work has pushed them out: ~5% of the leader)
+            del item
 
     def _complete(self, batch: list[_Request], result: ApplyResult | None, reason: int) -> None:
         if reason == FAIL_SUCCESS and result is not None:

@@ -119,16 +119,16 @@ class Load:
         self.sequence += REQUEST_MESSAGES
         started = time.monotonic() if RATE else 0.0
         node = self.node_bytes
+        # A throughput run (no ACKLOG, no pacing) needs neither the sequence nor the time in its callback:
+        # then the callback is a bound method, not a partial with its own arguments per send.
+        callback = functools.partial(self.done, sequence, started) if ACK_LOG or RATE else self.counted
         try:
-            future = self.member.append([message(node, sequence + i) for i in range(REQUEST_MESSAGES)]
-                                        if REQUEST_MESSAGES > 1 else (message(node, sequence),))
+            self.member.append([message(node, sequence + i) for i in range(REQUEST_MESSAGES)]
+                               if REQUEST_MESSAGES > 1 else (message(node, sequence),), callback)
         except AppendError:
             with self.lock:
                 self.failed += 1
             return False
-        # A throughput run (no ACKLOG, no pacing) needs neither the sequence nor the time in its callback:
-        # then the callback is a bound method, not a partial with its own arguments per send.
-        future.add_done_callback(functools.partial(self.done, sequence, started) if ACK_LOG or RATE else self.counted)
         return True
 
     def counted(self, future: AppendFuture[tuple[AppendResult, ...]]) -> None:

@@ -130,3 +130,32 @@ def test_requests_let_go_of_their_messages_once_proposed() -> None:
     recorder, futures = run(requests)
     check(requests, recorder, futures)
     assert all(future.messages == () for future in futures)  # type: ignore[attr-defined]
+
+
+def test_a_callback_given_with_the_send_runs_once_with_its_results_and_never_for_a_refused_send() -> None:
+    recorder = Recorder()
+    committer = GroupCommitter(GroupCommitSettings(pending_bytes_max=1 << 20), recorder.propose,
+                               lambda: (True, None), entry_bytes_max=1 << 20)
+    seen: list[tuple[int, ...]] = []
+    done = threading.Event()
+
+    def callback(future: AppendFuture[tuple[AppendResult, ...]]) -> None:
+        seen.append(tuple(result.physical_offset for result in future.result()))
+        if len(seen) == 3:
+            done.set()
+
+    try:
+        committer.pause()  # all three wait, so they are answered by one entry
+        futures = [committer.submit([message(0)], callback), committer.submit([message(1), message(2)], callback),
+                   committer.submit([message(3)], callback)]
+        with pytest.raises(InvalidMessageError):
+            committer.submit([], callback)
+        committer.resume()
+        assert done.wait(30)
+        later: list[AppendFuture[tuple[AppendResult, ...]]] = []
+        futures[0].add_done_callback(later.append)  # already done: runs at once, on this thread
+    finally:
+        committer.stop()
+    assert seen == [(0,), (1, 2), (3,)]
+    assert later == [futures[0]]
+    assert len(recorder.entries) == 1
