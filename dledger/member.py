@@ -56,7 +56,6 @@ STOP_TICK_WAIT_SECONDS = 30.0
 #: exit status when apply meets a programmer error: stopping beats a replica stalled or diverged
 EXIT_APPLY_INVARIANT = 70
 RAFT_STATES = {0: "follower", 1: "candidate", 2: "leader"}
-LEADER_STATE: Final = 2
 _LEADING: Final[tuple[bool, str | None]] = (True, None)
 RAFT_STATE_LEADER = 2
 #: a command carries more than its messages: operation heads, version, pickling
@@ -478,7 +477,8 @@ class GroupMember:
     # ------------------------------------------------------------------ roles
 
     def _on_state_changed(self, old_state: int, new_state: int) -> None:
-        self._leading = new_state == LEADER_STATE
+        if new_state != RAFT_STATE_LEADER:
+            self._leading = False  # first: sends are no longer taken on the fast path
         status = self.raft.getStatus() if hasattr(self, "raft") else {}
         leader = status.get("leader")
         change = RoleChange(RAFT_STATES.get(new_state, str(new_state)), int(status.get("raft_term", 0)),
@@ -486,6 +486,7 @@ class GroupMember:
         self._role = change
         if change.role == "leader":
             self.committer.raise_stamp_floor(self.state.last_store_timestamp)
+            self._leading = True
         else:
             self.committer.step_down()
         log.info("role %s -> %s (term %d)", RAFT_STATES.get(old_state), change.role, change.term)
