@@ -121,8 +121,9 @@ class BrokerContext:
 
     async def append(self, messages: Sequence[MessageInput]) -> tuple[AppendResult, ...]:
         """Replicate one send (or one atomic batch) and return the leader's apply results."""
+        waiter, completed = self._completions.expect()
         try:
-            future = self.member.append(messages)
+            self.member.append(messages, completed)  # the callback comes with the send: no lock to add it
         except NotLeaderError as exc:
             raise self.not_leader(exc.leader) from None
         except BusyError as exc:
@@ -130,7 +131,7 @@ class BrokerContext:
         except (EntryTooLargeError, InvalidMessageError) as exc:
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
         try:
-            return await self._completions.wait(future)
+            return await waiter
         except NotLeaderError as exc:
             raise self.not_leader(exc.leader) from None
         except OutcomeUnknownError as exc:
@@ -228,7 +229,10 @@ class _Completions:
         self._scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def wait(self, future: AppendFuture[tuple[AppendResult, ...]]) -> tuple[AppendResult, ...]:
+    def expect(self) -> tuple[asyncio.Future[tuple[AppendResult, ...]],
+                              Callable[[AppendFuture[tuple[AppendResult, ...]]], None]]:
+        """A waiter on the running loop for one append, and the callback to give that append: the waiter
+        gets the append's results or error. If the append is refused, neither is used."""
         loop = self._loop = asyncio.get_running_loop()
         waiter: asyncio.Future[tuple[AppendResult, ...]] = loop.create_future()
 
@@ -240,8 +244,7 @@ class _Completions:
                 self._scheduled = True
             loop.call_soon_threadsafe(self._deliver)
 
-        future.add_done_callback(completed)
-        return await waiter
+        return waiter, completed
 
     def _deliver(self) -> None:
         with self._lock:
