@@ -16,13 +16,15 @@ Wire format (all integers big-endian)::
 
     PARTED FRAME = (payload length | 2^31) u32 | tag (16) | count u32 | part length u32 * count | parts
     tag    = HMAC-SHA256(direction key, sequence u64 | (payload length | 2^31) u32 | count | part lengths |
-                         each part, or its SHA-256 when it is at least DIGEST_MIN_BYTES long)[:16]
+                         each part, or its BLAKE3 digest (32 bytes) when it is at least DIGEST_MIN_BYTES long)[:16]
 
 A parted frame carries large parts (the Raft log entries of an append-entries message) beside a small one.
-Its tag covers each large part through the part's SHA-256 (hash-then-MAC: as strong as SHA-256's collision
-resistance), so a sender that sends one entry to several peers hashes it once, not once per peer, and
-may hash it ahead of time (:class:`DigestCache`). Whether a part is hashed follows from its length, which
-the tag covers like everything else.
+Its tag covers each large part through the part's BLAKE3 digest (hash-then-MAC: as strong as BLAKE3's
+collision resistance, 128 bits), so a sender that sends one entry to several peers hashes it once, not once
+per peer, and may hash it ahead of time (:class:`DigestCache`). Whether a part is hashed follows from its
+length, which the tag covers like everything else. BLAKE3, not SHA-256: every member hashes every entry,
+and on this product's hosts SHA-256 (with the CPU's SHA extensions) took ~0.5 us per KiB, 15-18% of a
+follower's CPU; BLAKE3 takes ~0.11 us per KiB (version 3 of the protocol; version 2 used SHA-256).
 
 Ordering: both sides send HELLO at once (a nonce reveals nothing). The initiator (the side that called
 ``connect``) sends its PROOF when it has the acceptor's HELLO. The acceptor verifies that PROOF before it
@@ -48,13 +50,14 @@ import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from hashlib import sha256
 from typing import Any, Final
+
+from blake3 import blake3
 
 from commitlog.errors import fail, invariant
 
 PROTOCOL_MAGIC: Final = b"RMQDLG"
-PROTOCOL_VERSION: Final = 2  # 2: parted frames
+PROTOCOL_VERSION: Final = 3  # 2: parted frames; 3: their large parts by BLAKE3, not SHA-256
 NONCE_BYTES: Final = 32
 HELLO: Final = struct.Struct(">6sH32s")
 invariant(HELLO.size == 40, "HELLO must be 40 bytes")
@@ -66,7 +69,7 @@ TAG_PREFIX: Final = struct.Struct(">QI")  # sequence number, payload length
 #: the length field's top bit marks a parted frame; a configured frame limit above the rest is a programmer error
 PARTED: Final = 1 << 31
 FRAME_SIZE_LIMIT_BYTES: Final = PARTED - 1
-#: parts of a parted frame at least this long enter its tag by their SHA-256
+#: parts of a parted frame at least this long enter its tag by their BLAKE3 digest
 DIGEST_MIN_BYTES: Final = 4096
 _COUNT: Final = struct.Struct(">I")
 
@@ -187,6 +190,11 @@ class ReceiveBuffer:
     def skip(self, size: int) -> None:
         invariant(0 <= size <= len(self), "skip beyond the received bytes")
         self._offset += size
+
+
+def part_digest(part: bytes | memoryview) -> bytes:
+    """What a parted frame's tag covers of a large part: its BLAKE3 digest (GIL released while hashing)."""
+    return blake3(part).digest()
 
 
 def _keyed_digest(secret: bytes, label: bytes, transcript: bytes) -> bytes:
@@ -310,10 +318,10 @@ class SecureChannel:
         return FRAME_HEADER.pack(length, mac.digest()[:TAG_BYTES])
 
     def encode_parted_frame(self, parts: Sequence[bytes | memoryview],
-                            digest_of: Callable[[bytes | memoryview], bytes] = lambda part: sha256(part).digest()
+                            digest_of: Callable[[bytes | memoryview], bytes] = part_digest
                             ) -> bytes:
         """The header and part table to send right before ``parts`` (then the parts, in order): a parted
-        frame, whose receiver gets the parts back as a list. ``digest_of`` gives a large part's SHA-256
+        frame, whose receiver gets the parts back as a list. ``digest_of`` gives a large part's digest
         (a :class:`DigestCache` may know it already)."""
         send_mac = self._established_send_mac()
         table = _COUNT.pack(len(parts)) + struct.pack(f">{len(parts)}I", *(len(part) for part in parts))
@@ -434,15 +442,16 @@ class SecureChannel:
         parts = []
         for part_length in lengths:
             part = self._received.take(part_length)
-            mac.update(part if part_length < DIGEST_MIN_BYTES else sha256(part).digest())
+            mac.update(part if part_length < DIGEST_MIN_BYTES else part_digest(part))
             parts.append(part)
         return parts
 
 
 class DigestCache:
-    """SHA-256 digests of large byte strings, by identity, computed ahead of sending: the leader digests
-    each entry as it proposes it (its group-commit thread), and the Raft thread finds the digest for every
-    follower it sends the entry to. Bounded: an entry sent later (a follower catching up) is hashed then."""
+    """Digests (:func:`part_digest`) of large byte strings, by identity, computed ahead of sending: the
+    leader digests each entry as it proposes it (its group-commit thread), and the Raft thread finds the
+    digest for every follower it sends the entry to. Bounded: an entry sent later (a follower catching up)
+    is hashed then."""
 
     def __init__(self, capacity: int = 64, capacity_bytes: int = 16 << 20) -> None:
         self._capacity = capacity
@@ -454,7 +463,7 @@ class DigestCache:
         self._lock = threading.Lock()
 
     def remember(self, data: bytes) -> None:
-        digest = sha256(data).digest()
+        digest = part_digest(data)
         with self._lock:
             previous = self._entries.pop(id(data), None)
             if previous is not None:
@@ -479,7 +488,7 @@ class DigestCache:
                 found = self._entries.get(id(whole))
             if found is not None and found[0] is whole:
                 return found[1]
-        return sha256(part).digest()
+        return part_digest(part)
 
 
 #: the process's digests of proposed entries (one Raft node per process)

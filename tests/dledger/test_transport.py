@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import pickle
 import random
@@ -38,6 +37,7 @@ from dledger.framing import (
     ReceiveBuffer,
     Role,
     SecureChannel,
+    part_digest,
 )
 from dledger.transport import (
     OUT_OF_BAND_MIN_BYTES,
@@ -157,6 +157,8 @@ def test_initiator_rejects_an_acceptor_with_another_secret() -> None:
         pytest.param(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\x00" * 20, id="http"),
         pytest.param(struct.pack("i", 11) + zlib.compress(pickle.dumps("127.0.0.1:1", 2), 3) + b"\x00" * 40, id="stock"),
         pytest.param(HELLO.pack(PROTOCOL_MAGIC, PROTOCOL_VERSION + 1, b"\x00" * 32), id="version"),
+        # version 2 covered large parts by SHA-256: its tags would not verify, so it is refused at HELLO
+        pytest.param(HELLO.pack(PROTOCOL_MAGIC, 2, b"\x00" * 32), id="version-2"),
     ],
 )
 def test_wrong_protocol_is_rejected_on_the_first_hello(first_bytes: bytes) -> None:
@@ -407,9 +409,17 @@ def test_the_digest_cache_answers_only_for_the_very_bytes_it_hashed() -> None:
     for data in (first, second, third):
         cache.remember(data)
     for data in (first, second, third):  # the first fell out: computed again, equal all the same
-        assert cache.digest(data) == cache.digest(memoryview(data)) == hashlib.sha256(data).digest()
-    assert cache.digest(memoryview(third)[1:]) == hashlib.sha256(third[1:]).digest()  # a slice is not the entry
-    assert cache.digest(bytes(third)) == hashlib.sha256(third).digest()  # an equal copy: hashed, same digest
+        assert cache.digest(data) == cache.digest(memoryview(data)) == part_digest(data)
+    assert cache.digest(memoryview(third)[1:]) == part_digest(third[1:])  # a slice is not the entry
+    assert cache.digest(bytes(third)) == part_digest(third)  # an equal copy: hashed, same digest
+
+
+def test_large_parts_are_covered_by_their_blake3_digest() -> None:
+    """The wire format (protocol version 3): BLAKE3's published digests of the empty input and of "abc"."""
+    assert PROTOCOL_VERSION == 3
+    assert part_digest(b"").hex() == "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+    assert part_digest(memoryview(b"abc")).hex() == (
+        "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85")
 
 
 def test_the_digest_cache_is_bounded_by_bytes_too() -> None:
@@ -423,7 +433,7 @@ def test_the_digest_cache_is_bounded_by_bytes_too() -> None:
     huge = b"h" * (size * 3)
     cache.remember(huge)
     assert cache.held_bytes == len(huge)  # alone over the bound: still held until the next one
-    assert cache.digest(huge) == hashlib.sha256(huge).digest()
+    assert cache.digest(huge) == part_digest(huge)
 
 
 # -- dledger.tuning ------------------------------------------------------------------------------------
