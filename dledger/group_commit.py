@@ -41,8 +41,12 @@ log = logging.getLogger(__name__)
 #: bytes a message adds to its body and properties in a command
 MESSAGE_OVERHEAD_BYTES = 64
 #: after an entry that lz4 could not shrink, this many entries are sent without trying (random payloads:
-#: a futile attempt cost ~0.4 ms per 256-message entry, ~1.6 us per message)
+#: a futile attempt cost ~0.4 ms per 256-message entry, ~1.6 us per message) ...
 COMPRESS_RETRY_ENTRIES = 16
+#: ... and twice as many after each further futile attempt, up to this many; an entry that shrinks starts
+#: over (incompressible payloads at full load: one attempt every 256 entries, not every 17, where the
+#: attempts were ~2% of the leader's GIL time; data that turns compressible is noticed within 256 entries)
+COMPRESS_RETRY_ENTRIES_MAX = 256
 
 # pysyncobj's FAIL_REASON values
 FAIL_SUCCESS = 0
@@ -160,6 +164,7 @@ class GroupCommitter:
         self._next_batch_id = 0
         self._last_stamp_ms = 0
         self._compress_skips = 0  # entries left to send without trying lz4 (batcher thread only)
+        self._compress_pause = COMPRESS_RETRY_ENTRIES  # the skips after the next futile attempt (batcher only)
         self._stopped = False
         self._paused = False
         #: entries and messages proposed so far (status and benchmarks)
@@ -314,8 +319,11 @@ class GroupCommitter:
             data = prefix + encode_messages_command(own[0], store_timestamp=own[1], compress=compress)
         if not compress:
             self._compress_skips -= 1
-        elif not data[len(prefix) + 1] & FLAG_LZ4 and len(data) - len(prefix) >= COMPRESS_MIN_BYTES:
-            self._compress_skips = COMPRESS_RETRY_ENTRIES
+        elif data[len(prefix) + 1] & FLAG_LZ4:
+            self._compress_pause = COMPRESS_RETRY_ENTRIES
+        elif len(data) - len(prefix) >= COMPRESS_MIN_BYTES:  # tried, and it did not shrink enough
+            self._compress_skips = self._compress_pause
+            self._compress_pause = min(2 * self._compress_pause, COMPRESS_RETRY_ENTRIES_MAX)
         return data
 
     def _expire(self, timeout_seconds: float) -> None:

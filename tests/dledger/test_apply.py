@@ -270,7 +270,7 @@ def test_incompressible_entries_stop_lz4_attempts_for_a_while_then_try_again() -
 
     from dledger.command import FLAG_LZ4, decode_command
     from dledger.config import GroupCommitSettings
-    from dledger.group_commit import COMPRESS_RETRY_ENTRIES, GroupCommitter
+    from dledger.group_commit import COMPRESS_RETRY_ENTRIES, COMPRESS_RETRY_ENTRIES_MAX, GroupCommitter
 
     proposed: list[bytes] = []
     arrived = threading.Semaphore(0)
@@ -305,6 +305,23 @@ def test_incompressible_entries_stop_lz4_attempts_for_a_while_then_try_again() -
     finally:
         committer.stop()
     assert [data[1] & FLAG_LZ4 for data in proposed] == [0] * (COMPRESS_RETRY_ENTRIES + 1) + [FLAG_LZ4]
+    # futile attempts back off (16, 32, ... skipped entries, up to COMPRESS_RETRY_ENTRIES_MAX); one that
+    # shrinks starts over: random bodies fail the attempts at 0, 17 and 50, compressible ones from 18 on are
+    # sent as is until the attempt at 50 compresses them; then every entry is tried until one fails (a
+    # random one at 52), and the pause after it is back at 16 (the next attempt, at 69, compresses)
+    committer = GroupCommitter(GroupCommitSettings(linger_ms=0), propose, lambda: (True, None), entry_bytes_max=1 << 20)
+    proposed.clear()
+    bodies = ([rng.randbytes(8192) for _ in range(18)] + [b"a" * 8192] * 34 + [rng.randbytes(8192)]
+              + [b"b" * 8192] * 17)
+    try:
+        for number, body in enumerate(bodies):
+            committer.submit([message(number, body=body)])
+            assert arrived.acquire(timeout=30)
+    finally:
+        committer.stop()
+    compressed = [number for number, data in enumerate(proposed) if data[1] & FLAG_LZ4]
+    assert compressed == [50, 51, 69]
+    assert COMPRESS_RETRY_ENTRIES_MAX >= 4 * COMPRESS_RETRY_ENTRIES
 
 
 # ---------------------------------------------------------------------------------------------- records
