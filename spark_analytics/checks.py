@@ -23,6 +23,7 @@ from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 
 from commitlog.message import TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
+from dledger.apply import UNIQ_KEY_WINDOW_MS
 from spark_analytics.equality import (
     first_difference,
     locate,
@@ -68,7 +69,8 @@ INVARIANTS: Final = {
     "consume_queue": "every consume-queue unit points at a record of its topic, queue and offset with its size "
                      "and tag hash; every visible record is in exactly one unit",
     "store_timestamps": "store timestamps never decrease in commit-log order",
-    "unique_keys": "no message is stored twice: (topic, UNIQ_KEY, reconsume times) is unique among visible records",
+    "unique_keys": "no message is stored twice within the broker's deduplication window: no visible record repeats "
+                   "the (topic, UNIQ_KEY, reconsume times) of one stored less than UNIQ_KEY_WINDOW_MS before it",
     "key_index": "every KEYS and UNIQ_KEY of every record not rolled back is in the key index exactly once, every "
                  "entry points at a record with its key, and lookups reach every entry",
     **FEATURE_INVARIANTS,
@@ -362,15 +364,21 @@ def _queue_order_violations(records: DataFrame, replica_min: Callable[[Column], 
 
 
 def _unique_key_violations(records: DataFrame) -> DataFrame:
+    """A copy is a violation when the copy before it (same topic, UNIQ_KEY and reconsume times) was stored
+    within the window apply deduplicates over (``dledger.apply.UNIQ_KEY_WINDOW_MS``, by store timestamp, as
+    apply compares them). A later copy is at-least-once delivery working as in RocketMQ: a producer's retry,
+    or a consumer sending the same message back again after a rebalance, minutes later."""
     col = F.col
     visible = records.where((col("kind") == "message") & ~hidden(col("sys_flag")) & col("uniq_key").isNotNull())
     same_message = Window.partitionBy("replica", "topic", "uniq_key", "reconsume_times").orderBy("physical_offset")
-    repeated = (visible.withColumn("first_offset", F.first("physical_offset").over(same_message))
-                .withColumn("copy", F.row_number().over(same_message)))
+    repeated = (visible.withColumn("previous_offset", F.lag("physical_offset").over(same_message))
+                .withColumn("previous_timestamp", F.lag("store_timestamp").over(same_message)))
     return explode_found(repeated, [
-        found("unique_keys", col("copy") > 1,
-               F.format_string("UNIQ_KEY %s was already stored at physical offset %d", col("uniq_key"),
-                               col("first_offset"))),
+        found("unique_keys", col("previous_offset").isNotNull()
+              & (col("previous_timestamp") >= col("store_timestamp") - UNIQ_KEY_WINDOW_MS),
+              F.format_string("UNIQ_KEY %s was already stored at physical offset %d, %d ms earlier",
+                              col("uniq_key"), col("previous_offset"),
+                              col("store_timestamp") - col("previous_timestamp"))),
     ])
 
 

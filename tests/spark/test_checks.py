@@ -11,11 +11,16 @@ import pytest
 from pyspark.sql import SparkSession
 
 from commitlog.consume_queue import UNIT_BYTES
+from commitlog.store import MessageStore
+from dledger.apply import UNIQ_KEY_WINDOW_MS
 from spark_analytics.checks import check_byte_equality, check_integrity
 from spark_analytics.derived import check_derived_state
 from spark_analytics.results import IntegrityResult
+from tests.commitlog.helpers import small_config
 from tests.spark.cluster import (
     BATCH_MESSAGES,
+    batch_stamp,
+    batches,
     body_offset,
     flip_byte,
     node_store,
@@ -198,3 +203,28 @@ def test_a_broken_key_index_chain_is_reported(spark: SparkSession, cluster: Path
     result = integrity.replica("n1").invariant("key_index")
     assert result.violations > 0
     assert all("is not reachable from its slot" in example.detail for example in result.examples)
+
+
+def test_a_copy_stored_after_the_dedup_window_is_not_a_duplicate(spark: SparkSession, cluster: Path) -> None:
+    """Apply deduplicates a UNIQ_KEY over UNIQ_KEY_WINDOW_MS of store time; a copy stored later (a retry or
+    a second send-back minutes later) is at-least-once delivery, not a broken apply. One entry stores a copy
+    of a message from 120.1 s earlier and one of a message from 119.5 s earlier: only the second counts."""
+    written = batches()
+    visible = [m for m in written[0] + written[-1] if m.sys_flag & 0xC not in (0x4, 0xC)]
+    late, close = visible[0], visible[-1]
+    stamp = batch_stamp(0) + UNIQ_KEY_WINDOW_MS + 100
+    assert stamp - batch_stamp(len(written) - 1) <= UNIQ_KEY_WINDOW_MS  # the close copy is inside the window
+    for node in NODES:
+        store = MessageStore(small_config(node_store(cluster, node)))
+        try:
+            store.append(store.applied_raft_index + 1, [late, close], stamp)
+        finally:
+            store.close()
+
+    result = check_integrity(spark, cluster).replica("n0").invariant("unique_keys")
+    assert result.violations == 1
+    (example,) = result.examples
+    original = next(r for r in records_of(node_store(cluster, "n0"))
+                    if r.properties == close.properties and r.store_timestamp == batch_stamp(len(written) - 1))
+    assert f"already stored at physical offset {original.physical_offset}" in example.detail
+    assert f"{stamp - batch_stamp(len(written) - 1)} ms earlier" in example.detail
