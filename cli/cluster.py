@@ -17,13 +17,16 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from broker.acl.signature import sign_fields
+from broker.config import BrokerConfig
 from broker.remoting.client import RemotingClient, RemotingError
 from broker.remoting.codes import RequestCode, ResponseCode
+from dledger.config import NodeConfig
 
 CLUSTER_FILE = "cluster.json"
 START_TIMEOUT_SECONDS = 60.0
@@ -160,6 +163,48 @@ def is_alive(pid: int) -> bool:
         return stat.rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
+
+
+#: the tables ``raftmq cluster up --set`` may change, and the keys of them it writes itself
+SETTABLE_SECTIONS: Final = ("store", "raft", "group_commit", "broker")
+RESERVED_SETTINGS: Final = frozenset({("store", "store_host"), ("broker", "listen_address"), ("broker", "namesrv"),
+                                      ("broker", "broker_id"), ("broker", "advertised_address"),
+                                      ("broker", "peer_addresses")})
+
+
+def parse_setting(text: str) -> tuple[str, str, Any]:
+    """``SECTION.KEY=VALUE`` as (section, key, value); VALUE is a TOML value (``64``, ``true``, ``"sync"``),
+    or else the text itself as a string. ValueError says what is wrong."""
+    name, equals, raw = text.partition("=")
+    section, dot, key = name.strip().partition(".")
+    if not equals or not dot or not key:
+        raise ValueError(f"{text!r} is not SECTION.KEY=VALUE")
+    if section not in SETTABLE_SECTIONS:
+        raise ValueError(f"{text!r}: the section must be one of {', '.join(SETTABLE_SECTIONS)}")
+    if (section, key) in RESERVED_SETTINGS:
+        raise ValueError(f"{text!r}: {section}.{key} is set by `raftmq cluster up` itself")
+    try:
+        value = tomllib.loads(f"value = {raw.strip()}")["value"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    scalar = (str, int, float, bool)
+    if not (isinstance(value, scalar) or (isinstance(value, list) and all(isinstance(item, scalar) for item in value))):
+        raise ValueError(f"{text!r}: VALUE must be a number, true or false, a string or a list of them")
+    return section, key, value
+
+
+def check_overrides(overrides: dict[str, dict[str, Any]]) -> None:
+    """Validate ``overrides`` as a node file would be (ConfigError naming the setting), before anything is
+    written or started: the configuration of a sample member with them."""
+    sample = [NodeInfo(f"n{index}", f"{HOST}:{10 + 3 * index}", f"{HOST}:{11 + 3 * index}",
+                       f"{HOST}:{12 + 3 * index}", "", "") for index in range(2)]
+    document = tomllib.loads(node_toml(sample[0], sample[1:], f"{HOST}:9", 1, sample[0].broker_address, "",
+                                       overrides))
+    document["node"].pop("secret_file")
+    document["node"]["secret"] = "0" * 32
+    broker_values = document.pop("broker")
+    NodeConfig.from_mapping(document)
+    BrokerConfig.from_mapping(broker_values)
 
 
 def node_toml(node: NodeInfo, peers: list[NodeInfo], namesrv: str, broker_id: int, store_host: str,

@@ -5,10 +5,11 @@ from __future__ import annotations
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
-from cli.cluster import ClusterError, LocalCluster
+from cli.cluster import ClusterError, LocalCluster, check_overrides, parse_setting
 
 DEFAULT_DATA_DIR = Path("./raftmq-data")
 SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP, "CONT": signal.SIGCONT, "TERM": signal.SIGTERM}
@@ -23,6 +24,23 @@ def _fail(error: Exception) -> None:
     sys.exit(1)
 
 
+def _settings(context: click.Context, parameter: click.Parameter, values: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """``--set`` values as node-file overrides, checked as a member would check its file: a bad one is a usage
+    error (exit 2) before anything is written or started."""
+    overrides: dict[str, dict[str, Any]] = {}
+    for text in values:
+        try:
+            section, key, value = parse_setting(text)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), context, parameter) from None
+        overrides.setdefault(section, {})[key] = value
+    try:
+        check_overrides(overrides)
+    except (ValueError, TypeError) as exc:  # ConfigError is a ValueError; so is a value TOML cannot hold
+        raise click.BadParameter(str(exc), context, parameter) from None
+    return overrides
+
+
 @click.group()
 def cluster() -> None:
     """Run a local three-node group (or N nodes) with a name server, on 127.0.0.1."""
@@ -33,7 +51,10 @@ def cluster() -> None:
 @click.option("--nodes", type=click.IntRange(1, 9), default=3, show_default=True, help="Group members to start.")
 @click.option("--base-port", type=click.IntRange(1024, 65000), default=None,
               help="First of 1 + 3 * NODES consecutive ports (default: free ports picked at start).")
-def up(data_dir: Path, nodes: int, base_port: int | None) -> None:
+@click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", callback=_settings,
+              help="A node-file setting for every member (repeatable): a key of [store], [raft], [group_commit] "
+                   "or [broker], e.g. store.segment_size_bytes=134217728 or store.flush_policy=sync.")
+def up(data_dir: Path, nodes: int, base_port: int | None, overrides: dict[str, dict[str, Any]]) -> None:
     """Start a name server and the group's members in the background; wait for a leader.
 
     Prints `namesrv=HOST:PORT` (what clients need) and writes DATA_DIR/cluster.json.
@@ -41,10 +62,11 @@ def up(data_dir: Path, nodes: int, base_port: int | None) -> None:
     \b
     Example:
       raftmq cluster up --data-dir ./demo --nodes 3
+      raftmq cluster up --set store.segment_size_bytes=268435456 --set group_commit.linger_ms=2
       export RAFTMQ_NAMESRV=$(raftmq cluster up | sed -n 's/^namesrv=//p')
     """
     try:
-        started = LocalCluster.start(data_dir, nodes=nodes, base_port=base_port)
+        started = LocalCluster.start(data_dir, nodes=nodes, base_port=base_port, overrides=overrides)
     except ClusterError as exc:
         _fail(exc)
     leader = started.leader_id()

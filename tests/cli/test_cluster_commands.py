@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from cli.cluster import LocalCluster, route_master
+from cli.cluster import LocalCluster, check_overrides, parse_setting, route_master
 from cli.main import main
 from tests.support import wait_for
 
@@ -38,11 +39,15 @@ def data_dir(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.mark.slow
 def test_up_status_kill_leader_restart_down(data_dir: Path) -> None:
-    started = raftmq("cluster", "up", "--data-dir", str(data_dir))
+    started = raftmq("cluster", "up", "--data-dir", str(data_dir), "--set", f"store.segment_size_bytes={16 << 20}",
+                     "--set", "group_commit.linger_ms=2")
     namesrv = next(line for line in started.stdout.splitlines() if line.startswith("namesrv=")).split("=", 1)[1]
     info = json.loads((data_dir / "cluster.json").read_text())
     assert info["namesrv"] == namesrv and [node["id"] for node in info["nodes"]] == ["n0", "n1", "n2"]
     assert (data_dir / "n0" / "store" / "commitlog").is_dir()
+    for node in ("n0", "n1", "n2"):  # --set reached every member's file, and the store uses it
+        settings = tomllib.loads((data_dir / node / "node.toml").read_text())
+        assert settings["store"]["segment_size_bytes"] == 16 << 20 and settings["group_commit"]["linger_ms"] == 2
     rows = [json.loads(line) for line in raftmq("cluster", "status", "--data-dir", str(data_dir), "--json").stdout.splitlines()]
     leaders = [row["node"] for row in rows if row["role"] == "leader"]
     assert len(leaders) == 1 and all(row["alive"] for row in rows)
@@ -51,6 +56,8 @@ def test_up_status_kill_leader_restart_down(data_dir: Path) -> None:
     client = ["--namesrv", namesrv]
     raftmq("topic", "create", "E2E", "--queues", "2", *client)
     raftmq("send", "E2E", "before the kill", *client)
+    segments = list((data_dir / leaders[0] / "store" / "commitlog").iterdir())
+    assert segments and all(segment.stat().st_size == 16 << 20 for segment in segments)
     old_master = route_master(namesrv)
     raftmq("cluster", "kill", "--leader", "--data-dir", str(data_dir))
     raftmq("send", "E2E", "after the kill", *client)  # the client rides out the election
@@ -76,6 +83,34 @@ def test_usage_errors_exit_2_without_traceback(tmp_path: Path) -> None:
         result = runner.invoke(main, arguments)
         assert result.exit_code == 2, result.output
         assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("store.segment_size_bytes=1", "segment_size_bytes must be an integer"),
+    ("store.no_such_key=1", "unknown store settings: no_such_key"),
+    ("store.flush_policy=sometimes", "flush_policy must be 'async' or 'sync'"),
+    ("node.id=n7", "the section must be one of store, raft, group_commit, broker"),
+    ("store.store_host=10.0.0.1:1", "is set by `raftmq cluster up` itself"),
+    ("broker.namesrv=[]", "is set by `raftmq cluster up` itself"),
+    ("segment_size_bytes=1", "is not SECTION.KEY=VALUE"),
+    ("store.segment_size_bytes", "is not SECTION.KEY=VALUE"),
+    ("group_commit.linger_ms={ a = 1 }", "VALUE must be a number"),
+])
+def test_a_bad_setting_is_a_usage_error_before_anything_is_written(tmp_path: Path, setting: str, message: str) -> None:
+    directory = tmp_path / "cluster"
+    result = CliRunner().invoke(main, ["cluster", "up", "--data-dir", str(directory), "--set", setting])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert not directory.exists()  # no trace: nothing written, nothing started
+
+
+def test_settings_parse_as_toml_values_or_plain_strings() -> None:
+    assert parse_setting("store.segment_size_bytes=134217728") == ("store", "segment_size_bytes", 134217728)
+    assert parse_setting("store.flush_policy=sync") == ("store", "flush_policy", "sync")
+    assert parse_setting('store.flush_policy="sync"') == ("store", "flush_policy", "sync")
+    assert parse_setting("broker.auto_create_topic=false") == ("broker", "auto_create_topic", False)
+    assert parse_setting("broker.delay_levels_seconds=[1, 5]") == ("broker", "delay_levels_seconds", [1, 5])
+    check_overrides({"store": {"flush_policy": "sync"}, "broker": {"delay_levels_seconds": [1, 5]}})
 
 
 def test_missing_cluster_is_a_failure_with_a_clear_message(tmp_path: Path) -> None:
