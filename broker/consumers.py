@@ -2,7 +2,9 @@
 orderly consumers (RebalanceLockManager). Per-broker, in memory, as RocketMQ keeps them: clients
 heartbeat every 30 s and re-lock every 20 s, so a new leader learns them again within that time.
 
-Processors: HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, LOCK_BATCH_MQ, UNLOCK_BATCH_MQ.
+Processors: HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, LOCK_BATCH_MQ, UNLOCK_BATCH_MQ; and
+GET_CONSUMER_RUNNING_INFO, which an admin sends and the broker passes to the consumer's connection
+(:class:`ConsumerCallProcessor`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Final
 
 from broker.context import BrokerContext
 from broker.offsets import OffsetCommitter
-from broker.remoting.client import RemotingError
+from broker.remoting.client import RemotingError, RequestTimeoutError
+from broker.remoting.codec import EncodeError
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import Connection, RequestContext
@@ -30,6 +33,10 @@ CLIENTS_PER_GROUP_MAX: Final = 10_000
 GROUPS_MAX: Final = 100_000
 LOCK_QUEUES_PER_REQUEST_MAX: Final = 10_000
 MESSAGE_MODEL_CLUSTERING: Final = "CLUSTERING"
+#: how long the broker waits for a consumer's answer to a request it passes on (Java's ``Broker2Client``)
+CALL_CONSUMER_TIMEOUT_SECONDS: Final = 10.0
+#: the header fields of GET_CONSUMER_RUNNING_INFO passed on to the consumer (not an admin's signature)
+_RUNNING_INFO_FIELDS: Final = ("consumerGroup", "clientId", "jstackEnable")
 MESSAGE_MODEL_BROADCASTING: Final = "BROADCASTING"
 
 
@@ -101,6 +108,11 @@ class ConsumerManager:
             if expression is not None:
                 return expression
         return None
+
+    def consumer(self, group: str, client_id: str) -> ClientEntry | None:
+        """The live consumer ``client_id`` of ``group``, if it is connected here."""
+        entry = self.consumers.get(group, {}).get(client_id)
+        return None if entry is None or entry.connection.is_closed else entry
 
     def consumer_ids(self, group: str) -> list[str]:
         return sorted(self.consumers.get(group, {}))
@@ -275,3 +287,39 @@ class ClientProcessor:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coroutine)  # type: ignore[arg-type]
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+class ConsumerCallProcessor:
+    """GET_CONSUMER_RUNNING_INFO (Java's ``AdminBrokerProcessor.callConsumer``): the request goes to the
+    named consumer over its own connection, and its answer (code, remark, body) comes back to the admin.
+    Answers SYSTEM_ERROR when the consumer is not connected here, CONSUME_MSG_TIMEOUT when it does not
+    answer within ``timeout_seconds``. Registered on its own route, so a slow consumer never holds up
+    heartbeats."""
+
+    def __init__(self, consumers: ConsumerManager, timeout_seconds: float = CALL_CONSUMER_TIMEOUT_SECONDS) -> None:
+        self.consumers = consumers
+        self.timeout_seconds = timeout_seconds
+
+    async def __call__(self, context: RequestContext) -> RemotingCommand | None:
+        request = context.request
+        try:
+            if request.code != RequestCode.GET_CONSUMER_RUNNING_INFO:
+                return make_response(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, "not a consumer call")
+            fields = request.ext_fields
+            group, client_id = text(fields, "consumerGroup"), text(fields, "clientId")
+        except RequestError as error:
+            return make_response(request, error.code, error.remark, error.ext_fields)
+        entry = self.consumers.consumer(group, client_id)
+        if entry is None:
+            return make_response(request, ResponseCode.SYSTEM_ERROR, f"The Consumer <{group}> <{client_id}> not online")
+        passed = {key: fields[key] for key in _RUNNING_INFO_FIELDS if key in fields}
+        try:
+            answer = await entry.connection.send_request(request.code, passed, request.body,
+                                                         timeout_seconds=self.timeout_seconds)
+        except RequestTimeoutError as exc:
+            return make_response(request, ResponseCode.CONSUME_MSG_TIMEOUT,
+                                 f"consumer <{group}> <{client_id}> Timeout: {exc}")
+        except (RemotingError, OSError, EncodeError) as exc:
+            return make_response(request, ResponseCode.SYSTEM_ERROR,
+                                 f"invoke consumer <{group}> <{client_id}> Exception: {exc}")
+        return make_response(request, answer.code, answer.remark, answer.ext_fields, answer.body)

@@ -27,7 +27,7 @@ from broker.acl.config import load_acl_file
 from broker.acl.reloader import AclFileWatcher
 from broker.admin import ADMIN_CODES, AdminProcessor
 from broker.config import BrokerConfig, load_node_file
-from broker.consumers import ClientProcessor, ConsumerManager, QueueLocks
+from broker.consumers import ClientProcessor, ConsumerCallProcessor, ConsumerManager, QueueLocks
 from broker.context import BrokerContext
 from broker.delay import DelayService
 from broker.namesrv.model import TopicConfig as RouteTopicConfig
@@ -107,6 +107,8 @@ class BrokerNode:
         server.register((RequestCode.HEART_BEAT, RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP,
                          RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ),
                         ClientProcessor(broker, consumers, locks, offsets), queue_max=10_000, workers=16, name="clients")
+        server.register(RequestCode.GET_CONSUMER_RUNNING_INFO, ConsumerCallProcessor(consumers), queue_max=256,
+                        workers=8, name="consumer-calls")
         server.register(ADMIN_CODES, AdminProcessor(broker, offsets), queue_max=10_000, workers=64, name="admin")
         server.register(RequestCode.END_TRANSACTION, EndTransactionProcessor(broker), queue_max=10_000, workers=64,
                         name="end-transaction")

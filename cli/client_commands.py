@@ -45,6 +45,7 @@ from client.lite_pull_consumer import AsyncLitePullConsumer
 from client.message import Message, MessageExt, MessageQueue, PullStatus, SendResult
 from client.producer import AsyncProducer
 from client.pull_consumer import AsyncPullConsumer
+from client.running_info import ConsumerRunningInfo
 
 T = TypeVar("T")
 NAMESRV_ENV: Final = "RAFTMQ_NAMESRV"
@@ -631,6 +632,99 @@ def group_progress(name: str, topics: tuple[str, ...], as_json: bool, namesrv: s
                [[r["topic"], r["brokerName"], r["queueId"], r["brokerOffset"],
                  "-" if r["consumerOffset"] is None else r["consumerOffset"], r["lag"]] for r in rows])
     click.echo(f"total lag: {progress.total_lag}")
+
+
+def _clock(ms: object) -> str:
+    """A wall-clock millisecond timestamp as local time, or "-" for none."""
+    try:
+        value = int(str(ms))
+    except ValueError:
+        return "-"
+    if value <= 0:
+        return "-"
+    try:
+        return datetime.datetime.fromtimestamp(value / 1000).isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):  # the C++ client leaves some of them uninitialized
+        return str(value)
+
+
+def _echo_running_info(info: ConsumerRunningInfo) -> None:
+    props = info.properties
+    click.echo(f"consumer {info.client_id}")
+    click.echo(f"  {props.get('PROP_CONSUME_TYPE', '?')}, orderly {props.get('PROP_CONSUMEORDERLY', '?')}, "
+               f"{props.get('messageModel', '?')}, threads {props.get('PROP_THREADPOOL_CORE_SIZE', '?')}, "
+               f"started {_clock(props.get('PROP_CONSUMER_START_TIMESTAMP'))}, "
+               f"client {props.get('PROP_CLIENT_VERSION', '?')}")
+    subscriptions = ", ".join(f"{entry.get('topic')} ({entry.get('subString') or '*'})" for entry in info.subscriptions)
+    click.echo(f"  subscriptions: {subscriptions or '-'}")
+    if info.status:
+        echo_table(["  topic", "pull TPS", "pull RT ms", "consume OK TPS", "failed TPS", "consume RT ms",
+                    "failed (1 h)"],
+                   [[f"  {topic}", values.get("pullTPS", "-"), values.get("pullRT", "-"), values.get("consumeOKTPS", "-"),
+                     values.get("consumeFailedTPS", "-"), values.get("consumeRT", "-"),
+                     values.get("consumeFailedMsgs", "-")] for topic, values in sorted(info.status.items())])
+    if not info.queues:
+        click.echo("  holds no queue")
+        return
+    echo_table(["  topic", "broker", "queue", "commit offset", "cached", "cached offsets", "locked", "last pull",
+                "last consume"],
+               [[f"  {queue.topic}", queue.broker_name, queue.queue_id, row.get("commitOffset", "-"),
+                 row.get("cachedMsgCount", "-"),
+                 f"{row.get('cachedMsgMinOffset', '-')}..{row.get('cachedMsgMaxOffset', '-')}"
+                 if row.get("cachedMsgCount") else "-",
+                 "yes" if row.get("locked") else "no", _clock(row.get("lastPullTimestamp")),
+                 _clock(row.get("lastConsumeTimestamp"))]
+                for queue, row in sorted(info.queues.items())])
+
+
+@group.command("status", context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--client", "client_ids", multiple=True, metavar="CLIENT_ID",
+              help="Only this member (default: every live member of the group).")
+@click.option("--jstack", is_flag=True, help="Include each member's thread and task stacks.")
+@json_option
+@namesrv_option
+def group_status(name: str, client_ids: tuple[str, ...], jstack: bool, as_json: bool, namesrv: str) -> None:
+    """Show what each live member of GROUP reports about itself (mqadmin consumerStatus).
+
+    Asked through the broker each member is connected to (GET_CONSUMER_RUNNING_INFO): its
+    subscriptions, the queues it holds with their commit offsets, cached messages and locks, and its
+    pull and consume rates over the last minute. Exits 1 if a member could not be asked.
+
+    \b
+    Examples:
+      raftmq group status audit
+      raftmq group status audit --client 127.0.0.1@4242#1700000000000 --json
+    """
+    config = client_config(namesrv)
+
+    async def fetch() -> tuple[list[ConsumerRunningInfo], list[tuple[str, str]]]:
+        async with AsyncAdmin(config) as admin:
+            members = list(client_ids) or await admin.consumer_ids(name)
+            if not members:
+                raise click.ClickException(f"group {name} has no live consumer")
+            found: list[ConsumerRunningInfo] = []
+            failed: list[tuple[str, str]] = []
+            for client_id in members:
+                try:
+                    found.append(await admin.consumer_running_info(name, client_id, jstack=jstack))
+                except MQClientError as error:
+                    failed.append((client_id, str(error)))
+            return found, failed
+
+    found, failed = run(fetch())
+    if as_json:
+        echo_json({"group": name, "consumers": [info.to_json_object() for info in found],
+                   "errors": [{"clientId": client_id, "error": error} for client_id, error in failed]})
+    else:
+        for info in found:
+            _echo_running_info(info)
+            if info.jstack:
+                click.echo(info.jstack)
+    for client_id, error in failed:
+        click.echo(f"Error: {client_id}: {error}", err=True)
+    if failed:
+        sys.exit(1)
 
 
 # ------------------------------------------------------------------------------------------- bench

@@ -47,6 +47,7 @@ from client.push_consumer import (
     ConsumeContext,
     ConsumeOrderlyStatus,
 )
+from client.running_info import ConsumerRunningInfo
 from client.selector import MessageQueueSelector, select_by_hash, select_by_sharding_key
 from client.sync import Admin, LitePullConsumer, Producer, PullConsumer, PushConsumer, TransactionProducer
 from client.transaction import (
@@ -76,6 +77,7 @@ __all__ = [
     "ConsumeOrderlyStatus",
     "ConsumerConfig",
     "ConsumerProgress",
+    "ConsumerRunningInfo",
     "LitePullConsumer",
     "LocalTransactionState",
     "MQBrokerError",

@@ -1,5 +1,6 @@
 """Administration (Java's ``DefaultMQAdminExt`` / ``MQAdminImpl``, the parts users need): topics,
-routes, queue offsets, consumer progress, and looking messages up by key or id.
+routes, queue offsets, consumer progress, what a consumer reports about itself (running info), and looking
+messages up by key or id.
 
 Topic changes go to each broker group's leader (with the same failover as sends); reads go to the
 leader first and to followers when it cannot be reached.
@@ -18,7 +19,15 @@ from typing import Final, Self
 from broker.namesrv.model import PERM_READ, PERM_WRITE, ClusterInfo, decode_topic_list
 from broker.remoting import RequestCode, ResponseCode
 from client.config import AUTO_CREATE_TOPIC_KEY, ClientConfig
-from client.errors import MessageValidationError, MQBrokerError, MQClientError, TopicNotFoundError
+from client.errors import (
+    BrokerUnavailableError,
+    ClientErrorCode,
+    MessageValidationError,
+    MQBrokerError,
+    MQClientError,
+    RequestTimeoutError,
+    TopicNotFoundError,
+)
 from client.instance import ClientInstance, check_response, int_field
 from client.message import (
     DLQ_GROUP_TOPIC_PREFIX,
@@ -30,6 +39,7 @@ from client.message import (
     retry_topic,
 )
 from client.route import TopicRoute
+from client.running_info import ConsumerRunningInfo, RunningInfoError, decode_running_info
 from commitlog.message import RecordError, decode_message_id
 
 #: Java's ``MixAll.UNIQUE_MSG_QUERY_FLAG``
@@ -38,6 +48,8 @@ UNIQUE_MSG_QUERY_FLAG: Final = "_UNIQUE_KEY_QUERY"
 SYSTEM_TOPIC_PREFIXES: Final = ("RMQ_SYS_", "SCHEDULE_TOPIC_", "rmq_sys_")
 QUEUE_NUMS_MAX: Final = 1024
 _QUERY_MAX_NUM: Final = 64
+#: a broker waits 10 s for a consumer's running info (Java's ``Broker2Client``): the admin waits longer
+RUNNING_INFO_TIMEOUT_SECONDS: Final = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +285,30 @@ class AsyncAdmin:
                 continue
             return sorted(str(each) for each in ids)
         return []
+
+    async def consumer_running_info(self, group: str, client_id: str, *, jstack: bool = False) -> ConsumerRunningInfo:
+        """GET_CONSUMER_RUNNING_INFO (``mqadmin consumerStatus``): what the consumer ``client_id`` of ``group``
+        reports about itself (subscriptions, the queues it holds with their cached messages, commit
+        offsets and locks, pull and consume rates), asked through each member that knows it until one
+        answers. ``jstack``: with its threads' and tasks' stacks. Raises :class:`MQBrokerError` with the
+        broker's remark when no member has the consumer online, or with the consumer's own error."""
+        fields = {"consumerGroup": group, "clientId": client_id, "jstackEnable": "true" if jstack else "false"}
+        last: MQClientError | None = None
+        for name in await self.broker_names():
+            for address in self.instance.candidate_addresses(name):
+                try:
+                    response = await self.instance.invoke(address, RequestCode.GET_CONSUMER_RUNNING_INFO, fields,
+                                                          timeout_seconds=RUNNING_INFO_TIMEOUT_SECONDS)
+                    check_response(response, address)
+                except (BrokerUnavailableError, RequestTimeoutError, MQBrokerError) as error:
+                    last = error  # another member may have the consumer's connection
+                    continue
+                try:
+                    return decode_running_info(client_id, response.body)
+                except RunningInfoError as exc:
+                    raise MQClientError(ResponseCode.SYSTEM_ERROR,
+                                        f"consumer {client_id} answered an unreadable running info: {exc}") from None
+        raise last or MQClientError(ClientErrorCode.CONNECT_BROKER_EXCEPTION, "no broker group is known")
 
     async def consumer_progress(self, group: str, topics: Iterable[str] | None = None) -> ConsumerProgress:
         """Per queue: the broker's max offset, the group's committed offset, and the lag. Without

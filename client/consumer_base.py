@@ -14,15 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
+import io
 import logging
 import os
 import random
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Final, Self
 
 from broker.namesrv.model import MASTER_ID
-from broker.remoting import RemotingCommand, RequestCode
+from broker.remoting import RemotingCommand, RequestCode, ResponseCode, make_response
 from client.allocate import AllocateFunction, allocate_averagely, allocate_consistent_hash
 from client.config import AllocateStrategy, ClientConfig, ConsumeFromWhere, ConsumerConfig, MessageModel
 from client.consumer_api import (
@@ -47,6 +52,17 @@ from client.message import (
 )
 from client.offset_store import LocalFileOffsetStore, OffsetStore, RemoteOffsetStore
 from client.process_queue import ProcessQueue
+from client.running_info import (
+    JSTACK_CHARS_MAX,
+    PROP_CLIENT_VERSION,
+    PROP_CONSUME_ORDERLY,
+    PROP_CONSUME_TYPE,
+    PROP_CONSUMER_START_TIMESTAMP,
+    PROP_NAMESERVER_ADDR,
+    PROP_THREADPOOL_CORE_SIZE,
+    ConsumeStats,
+    encode_running_info,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +119,9 @@ class ConsumerBase:
         self._orderly = False
         #: manual assignment (lite pull ``assign``) instead of rebalance
         self._assigned: set[MessageQueue] | None = None
+        #: pull and consume figures per topic, for GET_CONSUMER_RUNNING_INFO
+        self.stats = ConsumeStats(self.instance.now)
+        self._start_ms = 0
 
     # ----------------------------------------------------------------------------- properties
 
@@ -174,6 +193,8 @@ class ConsumerBase:
         self._rebalance_lock = asyncio.Lock()
         self.instance.add_heartbeat_source(self._heartbeat_data)
         self.instance.register_request_handler(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_ids_changed)
+        self.instance.register_request_handler(RequestCode.GET_CONSUMER_RUNNING_INFO, self._on_running_info)
+        self._start_ms = time.time_ns() // 1_000_000
         await self.instance.start()
         topics = {*self._subscriptions, *(queue.topic for queue in self._assigned or ())}
         for topic in sorted(topics):
@@ -234,6 +255,61 @@ class ConsumerBase:
     def _check_running(self) -> None:
         if not self._started or self._closed:
             raise ClientNotRunningError("the consumer is not running (call start() first)")
+
+    # ---------------------------------------------------------------------------- running info
+
+    async def _on_running_info(self, address: str, request: RemotingCommand) -> RemotingCommand | None:
+        """GET_CONSUMER_RUNNING_INFO, passed on by a broker (``mqadmin consumerStatus``)."""
+        group = request.ext_fields.get("consumerGroup")
+        if group != self.group:
+            return make_response(request, ResponseCode.SYSTEM_ERROR,
+                                 f"The Consumer Group <{group}> not exist in this consumer")
+        jstack = request.ext_fields.get("jstackEnable", "false").strip().lower() == "true"
+        return make_response(request, ResponseCode.SUCCESS, body=self.running_info(jstack=jstack))
+
+    def _consume_threads(self) -> int:
+        """Listener calls at once (``PROP_THREADPOOL_CORE_SIZE``)."""
+        return self.config.consume_concurrency
+
+    def running_info(self, *, jstack: bool = False) -> bytes:
+        """This consumer's ``ConsumerRunningInfo`` body, as the reference clients write it."""
+        config = self.config
+        try:
+            version = importlib.metadata.version("raftmq")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown"
+        properties = {
+            PROP_NAMESERVER_ADDR: ";".join(self.instance.config.namesrv_addresses),
+            PROP_CONSUME_TYPE: self.consume_type,
+            PROP_CONSUME_ORDERLY: "true" if self._orderly else "false",
+            PROP_THREADPOOL_CORE_SIZE: str(self._consume_threads()),
+            PROP_CONSUMER_START_TIMESTAMP: str(self._start_ms),
+            PROP_CLIENT_VERSION: f"raftmq {version}",
+            "consumerGroup": config.group,
+            "messageModel": config.message_model.value,
+            "consumeFromWhere": config.consume_from_where.value,
+            "allocateMessageQueueStrategy": config.allocate_strategy.value,
+            "pullBatchSize": str(config.pull_batch_size),
+            "pullThresholdForQueue": str(config.pull_threshold_per_queue),
+            "consumeMessageBatchMaxSize": str(config.consume_batch_max),
+            "maxReconsumeTimes": str(config.max_reconsume_times),
+            "clientId": self.client_id,
+        }
+        now_ms = time.time_ns() // 1_000_000
+        now = self.instance.now()
+        queues = {}
+        for queue, process_queue in self._process_queues.items():
+            lock_ms = now_ms - int((now - process_queue.last_lock_time) * 1000) if process_queue.last_lock_time else 0
+            commit = self._offset_store.read_memory(queue)
+            queues[queue] = process_queue.info(-1 if commit is None else commit, lock_ms)
+        topics = sorted({*self._subscriptions, *(queue.topic for queue in self._process_queues)})
+        return encode_running_info(
+            properties,
+            [subscription.to_json_object() for subscription in self._subscriptions.values()],
+            queues,
+            {topic: self.stats.status(topic) for topic in topics},
+            python_stacks() if jstack else "",
+        )
 
     # ------------------------------------------------------------------------------- rebalance
 
@@ -397,6 +473,8 @@ class ConsumerBase:
                     await asyncio.sleep(backoff)
                     continue
                 commit = None if self.is_broadcasting else self._offset_store.read_memory(queue)
+                process_queue.last_pull_ms = time.time_ns() // 1_000_000
+                pull_started = self.instance.now()
                 result = await pull_message(
                     self.instance,
                     self.group,
@@ -412,6 +490,7 @@ class ConsumerBase:
                 logger.info("%s: pull of %s failed: %s", self.group, queue, error)
                 await asyncio.sleep(backoff)
                 continue
+            self.stats.pulled(queue.topic, len(result.messages), (self.instance.now() - pull_started) * 1000)
             if process_queue.is_dropped():
                 return
             self._pull_from[queue] = result.suggest_which_broker_id
@@ -499,3 +578,22 @@ class ConsumerBase:
         while True:
             await asyncio.sleep(self.config.lock_interval_seconds)
             await self._lock(list(self._process_queues))
+
+
+def python_stacks() -> str:
+    """Every thread's stack and every asyncio task's (the ``jstack`` of a running-info answer), cut to
+    ``JSTACK_CHARS_MAX`` characters."""
+    out = io.StringIO()
+    frames = sys._current_frames()
+    for thread in threading.enumerate():
+        out.write(f'"{thread.name}" daemon={thread.daemon} ident={thread.ident}\n')
+        frame = frames.get(thread.ident) if thread.ident is not None else None
+        if frame is not None:
+            out.writelines(traceback.format_stack(frame))
+        out.write("\n")
+    with contextlib.suppress(RuntimeError):  # no running loop: threads only
+        for task in sorted(asyncio.all_tasks(), key=lambda task: task.get_name()):
+            out.write(f"task {task.get_name()!r}\n")
+            task.print_stack(limit=20, file=out)
+            out.write("\n")
+    return out.getvalue()[:JSTACK_CHARS_MAX]

@@ -47,6 +47,9 @@ class AsyncLitePullConsumer(ConsumerBase):
         if self._started:
             self._request_rebalance()
 
+    def _consume_threads(self) -> int:
+        return 0  # no listener: the caller's poll() consumes
+
     def _deliver(self, process_queue: ProcessQueue, messages: list[MessageExt]) -> None:
         self._buffer.put_nowait((process_queue, messages))
 

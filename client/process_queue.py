@@ -31,6 +31,9 @@ class ProcessQueue:
         self._dropped = False
         self.locked = False
         self.last_lock_time = 0.0
+        #: wall-clock milliseconds of the last pull started and the last listener call started (running info)
+        self.last_pull_ms = 0
+        self.last_consume_ms = 0
         #: orderly: held while a batch runs, so a queue is unlocked only between batches
         self.consume_lock = asyncio.Lock()
         #: orderly: deliveries of a message that asked to be suspended, by offset
@@ -103,6 +106,27 @@ class ProcessQueue:
         self._messages.clear()
         self._consuming.clear()
         self._update_space()
+
+    def info(self, commit_offset: int, last_lock_ms: int) -> dict[str, object]:
+        """Java's ``ProcessQueueInfo`` of this queue now (GET_CONSUMER_RUNNING_INFO)."""
+        held = [*self._consuming.values(), *self._messages.values()]
+        offsets = [message.queue_offset for message in held]
+        return {
+            "commitOffset": commit_offset,
+            "cachedMsgMinOffset": min(offsets, default=0),
+            "cachedMsgMaxOffset": max(offsets, default=0),
+            "cachedMsgCount": len(held),
+            "cachedMsgSizeInMiB": sum(len(message.body) for message in held) >> 20,
+            "transactionMsgMinOffset": 0,
+            "transactionMsgMaxOffset": 0,
+            "transactionMsgCount": 0,
+            "locked": self.locked,
+            "tryUnlockTimes": 0,
+            "lastLockTimestamp": last_lock_ms,
+            "droped": self._dropped,  # sic: Java's field name
+            "lastPullTimestamp": self.last_pull_ms,
+            "lastConsumeTimestamp": self.last_consume_ms,
+        }
 
     def has_messages(self) -> bool:
         return bool(self._messages)

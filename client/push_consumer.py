@@ -166,6 +166,15 @@ class AsyncPushConsumer(ConsumerBase):
             logger.exception("%s: the listener failed on %d messages of %s", self.group, len(messages), context.message_queue)
             return ConsumeConcurrentlyStatus.RECONSUME_LATER
 
+    async def _listen(self, process_queue: ProcessQueue, messages: list[MessageExt], context: ConsumeContext) -> object:
+        """One listener call, counted for running info (its time, and whether it succeeded)."""
+        process_queue.last_consume_ms = time.time_ns() // 1_000_000
+        started = self.instance.now()
+        result = await self._call_listener(messages, context)
+        self.stats.consumed(process_queue.queue.topic, len(messages), _succeeded(result),
+                            (self.instance.now() - started) * 1000)
+        return result
+
     def _deliver(self, process_queue: ProcessQueue, messages: list[MessageExt]) -> None:
         if self._orderly:
             self._wake_orderly(process_queue)
@@ -183,7 +192,7 @@ class AsyncPushConsumer(ConsumerBase):
         async with self._slots:
             if process_queue.is_dropped() or self._closing:
                 return  # not consumed, not committed: delivered again after a restart or rebalance
-            result = await self._call_listener(messages, context)
+            result = await self._listen(process_queue, messages, context)
         if process_queue.is_dropped():
             return  # the queue moved to another member: it consumes these again
         done = messages
@@ -264,7 +273,7 @@ class AsyncPushConsumer(ConsumerBase):
                 context = ConsumeContext(process_queue.queue)
                 assert self._slots is not None
                 async with self._slots:
-                    result = await self._call_listener(messages, context)
+                    result = await self._listen(process_queue, messages, context)
                 if process_queue.is_dropped():
                     process_queue.rollback()
                     return

@@ -21,6 +21,7 @@ from client.producer import AsyncProducer
 from client.pull_consumer import AsyncPullConsumer
 from client.push_consumer import AsyncPushConsumer, MessageListener
 from client.route import TopicRoute
+from client.running_info import ConsumerRunningInfo
 from client.selector import MessageQueueSelector
 from client.transaction import AsyncTransactionProducer, TransactionListener, TransactionSendResult
 
@@ -162,6 +163,9 @@ class Admin(_Facade):
     def consumer_progress(self, group: str, topics: Sequence[str] | None = None) -> ConsumerProgress:
         return self._loop.run(self.async_admin.consumer_progress(group, topics))
 
+    def consumer_running_info(self, group: str, client_id: str, *, jstack: bool = False) -> ConsumerRunningInfo:
+        return self._loop.run(self.async_admin.consumer_running_info(group, client_id, jstack=jstack))
+
     def query_messages_by_key(self, topic: str, key: str, **options: Any) -> list[MessageExt]:
         return self._loop.run(self.async_admin.query_messages_by_key(topic, key, **options))
 
@@ -196,6 +200,11 @@ class PushConsumer(_Facade):
 
     def assigned_queues(self) -> list[MessageQueue]:
         return self._loop.call(self.async_consumer.assigned_queues)
+
+    @property
+    def client_id(self) -> str:
+        """The id brokers know this consumer by (``raftmq group status``, GET_CONSUMER_RUNNING_INFO)."""
+        return self.async_consumer.client_id
 
     def offsets(self) -> dict[MessageQueue, int]:
         return self._loop.call(self.async_consumer.offsets)
@@ -234,6 +243,11 @@ class LitePullConsumer(_Facade):
 
     def assigned_queues(self) -> list[MessageQueue]:
         return self._loop.call(self.async_consumer.assigned_queues)
+
+    @property
+    def client_id(self) -> str:
+        """The id brokers know this consumer by (``raftmq group status``, GET_CONSUMER_RUNNING_INFO)."""
+        return self.async_consumer.client_id
 
 
 class PullConsumer(_Facade):

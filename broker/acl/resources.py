@@ -14,6 +14,7 @@ QUERY_MESSAGE                           SUB on the topic
 HEART_BEAT                              SUB on each consumer group and each subscribed topic
 UNREGISTER_CLIENT                       SUB on the consumer group (if any)
 GET_CONSUMER_LIST_BY_GROUP              SUB on the consumer group
+GET_CONSUMER_RUNNING_INFO               SUB on the consumer group
 QUERY/UPDATE_CONSUMER_OFFSET            SUB on the consumer group and the topic
 LOCK_BATCH_MQ, UNLOCK_BATCH_MQ          SUB on the consumer group and each queue's topic
 CONSUMER_SEND_MSG_BACK                  SUB on the group, PUB on ``originTopic``
@@ -116,7 +117,8 @@ def required_permissions(request: RemotingCommand) -> dict[str, int]:
             for subscription in subscriptions:
                 topic = subscription.get("topic") if isinstance(subscription, dict) else None
                 needs.add(topic if isinstance(topic, str) else None, SUB)
-    elif code in (RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP):
+    elif code in (RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                  RequestCode.GET_CONSUMER_RUNNING_INFO):
         needs.group(fields.get("consumerGroup"))
     elif code in _OFFSET_CODES:
         needs.group(fields.get("consumerGroup"))

@@ -154,3 +154,11 @@ defaultGroupPerm = "SUB"
     send = refusal(signed(RequestCode.SEND_MESSAGE, send_fields("t1"), account), rules=rules)
     pull = refusal(signed(RequestCode.PULL_MESSAGE, pull_fields("t1", "g1"), account), rules=rules)
     assert (send is None) is needed_pub and (pull is None) is needed_sub
+
+
+def test_consumer_running_info_needs_sub_on_the_group() -> None:
+    fields = {"consumerGroup": "billing", "clientId": "c1", "jstackEnable": "false"}
+    assert required_permissions(signed(RequestCode.GET_CONSUMER_RUNNING_INFO, fields, None)) == {"%RETRY%billing": 8}
+    assert refusal(signed(RequestCode.GET_CONSUMER_RUNNING_INFO, fields, CONSUMER)) is None
+    denied = refusal(signed(RequestCode.GET_CONSUMER_RUNNING_INFO, {**fields, "consumerGroup": "reporting"}, CONSUMER))
+    assert denied is not None and "group:reporting" in denied

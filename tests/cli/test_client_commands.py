@@ -14,9 +14,10 @@ from click.testing import CliRunner, Result
 from cli.client_commands import BenchStats, parse_deliver_at
 from cli.cluster import LocalCluster
 from cli.main import main
+from client import ClientConfig, ConsumerConfig, PushConsumer
 from client.loop import EventLoopThread
 from tests.client.fake_broker import FakeGroup
-from tests.support import free_ports, small_store
+from tests.support import free_ports, small_store, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def json_lines(result: Result) -> list[dict[str, object]]:
     "command",
     [
         ["topic", "create"], ["topic", "update"], ["topic", "list"], ["topic", "describe"], ["send"], ["consume"],
-        ["msg", "query"], ["group", "progress"], ["bench", "produce"], ["bench", "consume"],
+        ["msg", "query"], ["group", "progress"], ["group", "status"], ["bench", "produce"], ["bench", "consume"],
     ],
 )
 def test_every_command_has_help_with_examples(command: list[str]) -> None:
@@ -193,6 +194,44 @@ def test_deliver_at_parsing_and_percentiles() -> None:
 def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster.start(tmp_path_factory.mktemp("cli-cluster"), overrides=small_store()) as started:
         yield started
+
+
+@pytest.mark.slow
+def test_group_status_asks_each_member_through_the_broker(real_cluster: LocalCluster) -> None:
+    env = {"RAFTMQ_NAMESRV": real_cluster.namesrv}
+    created = CliRunner().invoke(main, ["topic", "create", "CliInfo", "--queues", "2"], env=env)
+    assert created.exit_code == 0, created.output
+    config = ClientConfig((real_cluster.namesrv,), client_ip="127.0.0.1", request_timeout_seconds=2.0,
+                          heartbeat_interval_seconds=2.0)
+    received: list[object] = []
+    consumer = PushConsumer(config, ConsumerConfig(group="cli-info", pull_backoff_seconds=0.1,
+                                                   suspend_timeout_seconds=1.0, rebalance_interval_seconds=1.0),
+                            listener=lambda messages, context: received.extend(messages))
+    consumer.subscribe("CliInfo")
+    with consumer:
+        wait_for(lambda: len(consumer.assigned_queues()) == 3, 30.0, "the consumer to hold its queues")  # + retry
+        for index in range(4):
+            sent = CliRunner().invoke(main, ["send", "CliInfo", f"m{index}"], env=env)
+            assert sent.exit_code == 0, sent.output
+        wait_for(lambda: len(received) == 4, 30.0, "4 consumed messages")
+        result = CliRunner().invoke(main, ["group", "status", "cli-info", "--json"], env=env)
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.stdout)
+        (member,) = report["consumers"]
+        assert report["errors"] == [] and member["clientId"] == consumer.client_id
+        assert sorted((queue["topic"], queue["queueId"]) for queue in member["queues"]) == [
+            ("%RETRY%cli-info", 0), ("CliInfo", 0), ("CliInfo", 1)]
+        assert member["status"]["CliInfo"]["consumeOKTPS"] > 0
+        text = CliRunner().invoke(main, ["group", "status", "cli-info"], env=env)
+        assert text.exit_code == 0, text.output
+        assert f"consumer {consumer.client_id}" in text.stdout and "subscriptions: CliInfo (*)" in text.stdout
+        assert "commit offset" in text.stdout and "consume OK TPS" in text.stdout
+        missing = CliRunner().invoke(main, ["group", "status", "cli-info", "--client", "nobody@0"], env=env)
+        assert missing.exit_code == 1 and "The Consumer <cli-info> <nobody@0> not online" in missing.output
+        assert "Traceback" not in missing.output
+    empty = CliRunner().invoke(main, ["group", "status", "no-such-group"], env=env)
+    assert empty.exit_code == 1 and "group no-such-group has no live consumer" in empty.output
+    assert "Traceback" not in empty.output
 
 
 @pytest.mark.slow

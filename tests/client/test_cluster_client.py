@@ -22,6 +22,8 @@ from client import (
     LocalTransactionState,
     Message,
     MessageExt,
+    MessageQueue,
+    MQBrokerError,
     Producer,
     ProducerConfig,
     PushConsumer,
@@ -102,6 +104,42 @@ def test_sends_admin_and_push_consumer(cluster: LocalCluster) -> None:
             wait_until(lambda: admin.consumer_progress("it-push", ["ItOrders"]).total_lag == 0, "offsets committed")
         assert set(received) >= {result.msg_id for result in sent}
         assert admin.consumer_ids("it-push") == []  # unregistered at close
+
+
+def test_consumer_running_info_through_the_broker(cluster: LocalCluster) -> None:
+    """GET_CONSUMER_RUNNING_INFO, as ``mqadmin consumerStatus`` sends it: the broker asks the consumer over
+    its own connection and passes its answer back."""
+    config = client_config(cluster)
+    with Admin(config) as admin, Producer(config, ProducerConfig(group="it-info-producer")) as producer:
+        admin.create_topic("ItInfo", read_queue_nums=2, write_queue_nums=2)
+        for index in range(6):
+            producer.send(Message("ItInfo", f"i{index}".encode(), tags="T"))
+        received: list[MessageExt] = []
+        consumer = PushConsumer(config, consumer_config("it-info"),
+                                listener=lambda messages, context: received.extend(messages))
+        consumer.subscribe("ItInfo", "T")
+        with consumer:
+            wait_until(lambda: len(received) == 6, "6 consumed messages")
+            (client_id,) = admin.consumer_ids("it-info")
+            info = admin.consumer_running_info("it-info", client_id, jstack=True)
+            assert info.client_id == client_id
+            assert info.properties["PROP_CONSUME_TYPE"] == "CONSUME_PASSIVELY"
+            assert info.properties["PROP_CONSUMEORDERLY"] == "false"
+            assert info.properties["consumerGroup"] == "it-info"
+            assert {(entry["topic"], entry["subString"]) for entry in info.subscriptions} == {
+                ("ItInfo", "T"), ("%RETRY%it-info", "*")}
+            broker = admin.describe_topic("ItInfo").subscribe_queues[0].broker_name
+            mine = {queue: row for queue, row in info.queues.items() if queue.topic == "ItInfo"}
+            assert set(mine) == {MessageQueue("ItInfo", broker, 0), MessageQueue("ItInfo", broker, 1)}
+            assert sum(int(row["commitOffset"]) for row in mine.values()) == 6  # all consumed, nothing cached
+            assert all(row["cachedMsgCount"] == 0 and row["lastPullTimestamp"] > 0 for row in mine.values())
+            assert any(row["lastConsumeTimestamp"] > 0 for row in mine.values())
+            status = info.status["ItInfo"]
+            assert status["pullTPS"] > 0 and status["consumeOKTPS"] > 0 and status["consumeFailedMsgs"] == 0
+            assert "task" in info.jstack and "rebalance it-info" in info.jstack
+            assert admin.consumer_running_info("it-info", client_id).jstack == ""
+            with pytest.raises(MQBrokerError, match="The Consumer <it-info> <nobody@0> not online"):
+                admin.consumer_running_info("it-info", "nobody@0")
 
 
 def test_reconsume_later_is_redelivered_through_the_retry_topic(cluster: LocalCluster) -> None:

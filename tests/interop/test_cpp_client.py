@@ -23,9 +23,12 @@ from pathlib import Path
 from typing import Final
 
 import pytest
+from click.testing import CliRunner
 
 from broker.remoting import RequestCode, ResponseCode
 from cli.cluster import LocalCluster
+from cli.main import main as cli_main
+from client.running_info import decode_running_info
 from tests.interop.harness import (
     REPOSITORY,
     Driver,
@@ -284,6 +287,36 @@ def test_clustering_consumers_share_the_queues(group: Group, drivers: DriverPool
         wait_for(lambda: not committed(), 15.0, "the committed offsets to reach the queue ends")
     except AssertionError:
         fail_on(committed())
+
+
+def test_consumer_running_info_from_a_cpp_consumer(group: Group, drivers: DriverPool, topic: str) -> None:
+    """``mqadmin consumerStatus`` of a C++ consumer: the broker passes GET_CONSUMER_RUNNING_INFO to it over
+    its connection, and its answer (queue objects as keys, int64 fields as strings, some timestamps left
+    uninitialized) reads back, through the admin API and ``raftmq group status``."""
+    master = group.create_topic(topic)
+    consumer_group = f"{topic}_consumers"
+    reader = consumer(drivers, group, "consumer", topic, consumer_group, threads=1)
+    wait_for(lambda: assignment(reader) == set(range(QUEUES)), PROCESS_SECONDS, "the consumer to hold the queues")
+    listed = call(master, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": consumer_group})
+    (client_id,) = json.loads(listed.body)["consumerIdList"]
+    answer = call(master, RequestCode.GET_CONSUMER_RUNNING_INFO,
+                  {"consumerGroup": consumer_group, "clientId": client_id, "jstackEnable": "false"})
+    assert answer.code == ResponseCode.SUCCESS, describe(answer)
+    info = decode_running_info(client_id, answer.body)
+    assert {queue.queue_id for queue in info.queues if queue.topic == topic} == set(range(QUEUES))
+    assert info.properties["PROP_CONSUME_TYPE"] == "CONSUME_PASSIVELY"
+    assert topic in {entry["topic"] for entry in info.subscriptions}
+    wrong_group = call(master, RequestCode.GET_CONSUMER_RUNNING_INFO,
+                       {"consumerGroup": "nobody", "clientId": client_id, "jstackEnable": "false"})
+    assert wrong_group.code == ResponseCode.SYSTEM_ERROR and "not online" in (wrong_group.remark or "")
+
+    for extra in (["--json"], []):
+        result = CliRunner().invoke(cli_main, ["group", "status", consumer_group, "--namesrv", group.namesrv, *extra])
+        assert result.exit_code == 0, result.output
+    report = json.loads(CliRunner().invoke(
+        cli_main, ["group", "status", consumer_group, "--namesrv", group.namesrv, "--json"]).stdout)
+    assert [member["clientId"] for member in report["consumers"]] == [client_id]
+    assert reader.stop() == 0, "the consumer did not shut down cleanly"
 
 
 def test_broadcasting_consumers_each_get_everything(group: Group, drivers: DriverPool, topic: str) -> None:
