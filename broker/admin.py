@@ -1,20 +1,24 @@
 """Offsets, queries and administration: QUERY/UPDATE_CONSUMER_OFFSET, GET_MAX/MIN_OFFSET,
 SEARCH_OFFSET_BY_TIMESTAMP, GET_EARLIEST_MSG_STORETIME, QUERY_MESSAGE, VIEW_MESSAGE_BY_ID,
-UPDATE_AND_CREATE_TOPIC, DELETE_TOPIC_IN_BROKER, GET_ALL_TOPIC_CONFIG, GET_BROKER_RUNTIME_INFO."""
+UPDATE_AND_CREATE_TOPIC, DELETE_TOPIC_IN_BROKER, GET_ALL_TOPIC_CONFIG, GET_BROKER_RUNTIME_INFO, and what
+``mqadmin topicStatus`` and ``consumerProgress`` read: GET_TOPIC_STATS_INFO and GET_CONSUME_STATS (their
+bodies key each queue by a MessageQueue object, as fastjson writes such a map)."""
 
 from __future__ import annotations
 
 import json
 from typing import Final
 
+from broker.consumers import ConsumerManager
 from broker.context import BrokerContext
 from broker.offsets import OffsetCommitter
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import RequestContext
-from broker.requests import INT32_MAX, RequestError, integer, text
+from broker.requests import INT32_MAX, RequestError, integer, object_keyed_json, text
 from broker.topics import PERM_INHERIT, PERM_READ, PERM_WRITE, SYSTEM_TOPICS, check_topic_name
 from commitlog.errors import StoreError
+from commitlog.message import SYSFLAG_BORNHOST_V6
 from dledger.command import Command, TopicConfig
 
 QUERY_MESSAGES_MAX: Final = 64
@@ -24,13 +28,23 @@ ADMIN_CODES: Final = (
     RequestCode.GET_MIN_OFFSET, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, RequestCode.GET_EARLIEST_MSG_STORETIME,
     RequestCode.QUERY_MESSAGE, RequestCode.VIEW_MESSAGE_BY_ID, RequestCode.UPDATE_AND_CREATE_TOPIC,
     RequestCode.DELETE_TOPIC_IN_BROKER, RequestCode.GET_ALL_TOPIC_CONFIG, RequestCode.GET_BROKER_RUNTIME_INFO,
+    RequestCode.GET_TOPIC_STATS_INFO, RequestCode.GET_CONSUME_STATS,
 )
+#: where a stored record's store timestamp starts, by born host kind (the store host is always IPv4)
+_STORE_TIMESTAMP_AT: Final = (56, 68)
+
+
+def record_store_timestamp(record: bytes) -> int:
+    """The store timestamp of a stored record (after an 8- or a 20-byte born host)."""
+    at = _STORE_TIMESTAMP_AT[1 if int.from_bytes(record[36:40], "big") & SYSFLAG_BORNHOST_V6 else 0]
+    return int.from_bytes(record[at : at + 8], "big", signed=True)
 
 
 class AdminProcessor:
-    def __init__(self, broker: BrokerContext, offsets: OffsetCommitter) -> None:
+    def __init__(self, broker: BrokerContext, offsets: OffsetCommitter, consumers: ConsumerManager | None = None) -> None:
         self.broker = broker
         self.offsets = offsets
+        self.consumers = consumers or ConsumerManager()
 
     async def __call__(self, context: RequestContext) -> RemotingCommand | None:
         request = context.request
@@ -75,10 +89,10 @@ class AdminProcessor:
             return _ok(request, offset=store.offset_by_timestamp(topic, queue_id, integer(fields, "timestamp")))
         if code == RequestCode.GET_EARLIEST_MSG_STORETIME:
             topic, queue_id = text(fields, "topic"), integer(fields, "queueId", None, 0, INT32_MAX)
-            result = store.get_messages(topic, queue_id, store.min_queue_offset(topic, queue_id), 1)
-            if not result.messages:
+            timestamp = self._store_timestamp(topic, queue_id, store.min_queue_offset(topic, queue_id))
+            if timestamp is None:
                 return make_response(request, ResponseCode.SYSTEM_ERROR, f"no message in {topic} queue {queue_id}")
-            return _ok(request, timestamp=int.from_bytes(result.messages[0][56:64], "big", signed=True))
+            return _ok(request, timestamp=timestamp)
         if code == RequestCode.QUERY_MESSAGE:
             return self._query(request)
         if code == RequestCode.VIEW_MESSAGE_BY_ID:
@@ -103,6 +117,10 @@ class AdminProcessor:
             return make_response(request, ResponseCode.SUCCESS, body=json.dumps(
                 {"topicConfigTable": table, "dataVersion": {"timestamp": 0, "counter": broker.state.applied_index}}
             ).encode())
+        if code == RequestCode.GET_TOPIC_STATS_INFO:
+            return self._topic_stats(request)
+        if code == RequestCode.GET_CONSUME_STATS:
+            return self._consume_stats(request)
         if code == RequestCode.GET_BROKER_RUNTIME_INFO:
             return make_response(request, ResponseCode.SUCCESS, body=json.dumps({"table": self.runtime_info()}).encode())
         return make_response(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, "not an admin request")
@@ -124,6 +142,66 @@ class AdminProcessor:
             "commitLogMinOffset": str(status.commit_log_min_offset),
             "topics": str(len(broker.state.topics)),
         }
+
+    def _store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int | None:
+        """The store timestamp of a queue's message at ``queue_offset``; None when there is none."""
+        result = self.broker.store.get_messages(topic, queue_id, queue_offset, 1)
+        return record_store_timestamp(result.messages[0]) if result.messages else None
+
+    def _queue_key(self, topic: str, queue_id: int) -> dict[str, object]:
+        return {"brokerName": self.broker.config.broker_name, "queueId": queue_id, "topic": topic}
+
+    def _topic_stats(self, request: RemotingCommand) -> RemotingCommand:
+        """GET_TOPIC_STATS_INFO (``mqadmin topicStatus``): each write queue's offsets and when it was last
+        written (the store timestamp of its last message; 0 for an empty queue)."""
+        topic = text(request.ext_fields, "topic")
+        config = self.broker.topic_config(topic)
+        if config is None:
+            return make_response(request, ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
+        store = self.broker.store
+        rows = []
+        for queue_id in range(config.write_queue_nums):
+            low, high = store.min_queue_offset(topic, queue_id), store.max_queue_offset(topic, queue_id)
+            last = (self._store_timestamp(topic, queue_id, high - 1) or 0) if high > low else 0
+            rows.append((self._queue_key(topic, queue_id),
+                         {"minOffset": low, "maxOffset": high, "lastUpdateTimestamp": last}))
+        return make_response(request, ResponseCode.SUCCESS,
+                             body=('{"offsetTable":' + object_keyed_json(rows) + "}").encode())
+
+    def _consume_stats(self, request: RemotingCommand) -> RemotingCommand:
+        """GET_CONSUME_STATS (``mqadmin consumerProgress``): per queue of each topic the group consumes (the
+        topic asked, or every topic it committed on), the broker's max offset, the group's committed offset
+        and the store timestamp of the last message it consumed. As Java's, a topic the group's live
+        members do not subscribe is left out while it has members. ``consumeTps`` is 0: this broker keeps
+        no per-group pull rates (each consumer reports its own: GET_CONSUMER_RUNNING_INFO)."""
+        fields = request.ext_fields
+        group = text(fields, "consumerGroup")
+        asked = fields.get("topic") or None
+        broker = self.broker
+        if asked is not None:
+            topics = [asked]
+        else:
+            committed = {key[1] for key in broker.state.consumer_offsets if key[0] == group}
+            topics = sorted(committed | self.offsets.pending_topics(group))
+        members = self.consumers.live(self.consumers.consumers, group)
+        subscribed = {topic for entry in members for topic in entry.subscriptions}
+        rows = []
+        for topic in topics:
+            config = broker.topic_config(topic)
+            if config is None or (members and topic not in subscribed):
+                continue
+            for queue_id in range(config.read_queue_nums):
+                pending = self.offsets.pending_offset(group, topic, queue_id)
+                consumer_offset = pending if pending is not None else broker.state.consumer_offset(group, topic, queue_id)
+                consumer_offset = max(consumer_offset or 0, 0)
+                last = (self._store_timestamp(topic, queue_id, consumer_offset - 1) or 0) if consumer_offset > 0 else 0
+                rows.append((self._queue_key(topic, queue_id), {
+                    "brokerOffset": broker.store.max_queue_offset(topic, queue_id),
+                    "consumerOffset": consumer_offset, "lastTimestamp": last}))
+        if not rows and asked is not None and broker.topic_config(asked) is None:
+            return make_response(request, ResponseCode.TOPIC_NOT_EXIST, f"topic[{asked}] not exist")
+        return make_response(request, ResponseCode.SUCCESS,
+                             body=('{"consumeTps":0.0,"offsetTable":' + object_keyed_json(rows) + "}").encode())
 
     def _query(self, request: RemotingCommand) -> RemotingCommand:
         fields = request.ext_fields

@@ -2,7 +2,9 @@
 orderly consumers (RebalanceLockManager). Per-broker, in memory, as RocketMQ keeps them: clients
 heartbeat every 30 s and re-lock every 20 s, so a new leader learns them again within that time.
 
-Processors: HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, LOCK_BATCH_MQ, UNLOCK_BATCH_MQ; and
+Processors: HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, LOCK_BATCH_MQ, UNLOCK_BATCH_MQ,
+GET_CONSUMER_CONNECTION_LIST and GET_PRODUCER_CONNECTION_LIST (``mqadmin consumerConnection`` /
+``producerConnection``); and
 GET_CONSUMER_RUNNING_INFO, which an admin sends and the broker passes to the consumer's connection
 (:class:`ConsumerCallProcessor`).
 """
@@ -15,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from broker.context import BrokerContext
 from broker.offsets import OffsetCommitter
@@ -57,6 +59,38 @@ def _message_model(value: object) -> str:
     return MESSAGE_MODEL_CLUSTERING
 
 
+#: Java's ``ConsumeType`` and ``ConsumeFromWhere``, in ordinal order (C++ clients send the ordinal)
+CONSUME_TYPES: Final = ("CONSUME_ACTIVELY", "CONSUME_PASSIVELY")
+CONSUME_FROM_WHERE: Final = (
+    "CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_LAST_OFFSET_AND_FROM_MIN_WHEN_BOOT_FIRST", "CONSUME_FROM_MIN_OFFSET",
+    "CONSUME_FROM_MAX_OFFSET", "CONSUME_FROM_FIRST_OFFSET", "CONSUME_FROM_TIMESTAMP",
+)
+#: the fields of a heartbeat's subscription kept for GET_CONSUMER_CONNECTION_LIST (Java's SubscriptionData)
+_SUBSCRIPTION_FIELDS: Final = ("classFilterMode", "topic", "subString", "tagsSet", "codeSet", "subVersion",
+                               "expressionType")
+
+
+def _enum_name(value: object, names: tuple[str, ...], default: str) -> str:
+    """An enum a heartbeat sent by name (Java) or by ordinal (C++): its name; ``default`` if unknown."""
+    if isinstance(value, str) and value in names:
+        return value
+    if isinstance(value, (int, str)) and not isinstance(value, bool) and str(value).isdigit():
+        index = int(value)
+        if index < len(names):
+            return names[index]
+    return default
+
+
+def _subscription_data(entry: dict[str, object]) -> dict[str, object]:
+    """A subscription as GET_CONSUMER_CONNECTION_LIST shows it: SubscriptionData's fields, with Java's
+    defaults for those a client left out."""
+    data: dict[str, object] = {"classFilterMode": False, "tagsSet": [], "codeSet": [], "subVersion": 0,
+                               "expressionType": "TAG"}
+    data.update({key: entry[key] for key in _SUBSCRIPTION_FIELDS if key in entry})
+    data["subString"] = str(entry.get("subString") or "*")
+    return data
+
+
 @dataclass(slots=True)
 class ClientEntry:
     client_id: str
@@ -65,6 +99,18 @@ class ClientEntry:
     #: topic -> subscription expression ("*", "TagA || TagB")
     subscriptions: dict[str, str] = field(default_factory=dict)
     message_model: str = MESSAGE_MODEL_CLUSTERING
+    #: what the client's requests say it is (``language`` and ``version`` of its heartbeat)
+    language: str = "JAVA"
+    version: int = 0
+    consume_type: str = "CONSUME_PASSIVELY"
+    consume_from_where: str = "CONSUME_FROM_LAST_OFFSET"
+    #: topic -> the heartbeat's subscription, as GET_CONSUMER_CONNECTION_LIST shows it
+    subscription_data: dict[str, dict[str, object]] = field(default_factory=dict)
+
+    def connection_json(self) -> dict[str, object]:
+        """Java's ``Connection``: clientId, clientAddr, language, version."""
+        return {"clientId": self.client_id, "clientAddr": self.connection.remote_address,
+                "language": self.language, "version": self.version}
 
 
 class ConsumerManager:
@@ -76,8 +122,9 @@ class ConsumerManager:
         self.on_group_changed: Callable[[str], None] = lambda group: None
 
     def register_consumer(self, group: str, client_id: str, connection: Connection, subscriptions: dict[str, str],
-                          message_model: str) -> bool:
-        """Returns whether the group's membership changed."""
+                          message_model: str, **details: Any) -> bool:
+        """Returns whether the group's membership changed. ``details``: more :class:`ClientEntry` fields
+        (language, version, consume_type, consume_from_where, subscription_data)."""
         clients = self.consumers.get(group)
         if clients is None:
             if len(self.consumers) >= GROUPS_MAX:
@@ -87,14 +134,15 @@ class ConsumerManager:
         changed = entry is None or entry.connection is not connection
         if entry is None and len(clients) >= CLIENTS_PER_GROUP_MAX:
             raise RequestError(ResponseCode.SYSTEM_BUSY, f"too many consumers in group {group}")
-        clients[client_id] = ClientEntry(client_id, connection, self.clock(), subscriptions, message_model)
+        clients[client_id] = ClientEntry(client_id, connection, self.clock(), subscriptions, message_model, **details)
         return changed
 
-    def register_producer(self, group: str, client_id: str, connection: Connection) -> None:
+    def register_producer(self, group: str, client_id: str, connection: Connection, language: str = "JAVA",
+                          version: int = 0) -> None:
         clients = self.producers.setdefault(group, {})
         if client_id not in clients and len(clients) >= CLIENTS_PER_GROUP_MAX:
             raise RequestError(ResponseCode.SYSTEM_BUSY, f"too many producers in group {group}")
-        clients[client_id] = ClientEntry(client_id, connection, self.clock())
+        clients[client_id] = ClientEntry(client_id, connection, self.clock(), language=language, version=version)
 
     def unregister(self, client_id: str, producer_group: str | None, consumer_group: str | None) -> None:
         if producer_group:
@@ -116,6 +164,11 @@ class ConsumerManager:
 
     def consumer_ids(self, group: str) -> list[str]:
         return sorted(self.consumers.get(group, {}))
+
+    def live(self, table: dict[str, dict[str, ClientEntry]], group: str) -> list[ClientEntry]:
+        """The clients of ``group`` in ``table`` whose connection is open, by client id."""
+        entries = table.get(group, {})
+        return [entries[client_id] for client_id in sorted(entries) if not entries[client_id].connection.is_closed]
 
     def producer_connections(self, group: str) -> list[Connection]:
         return [entry.connection for entry in self.producers.get(group, {}).values() if not entry.connection.is_closed]
@@ -222,6 +275,15 @@ class ClientProcessor:
                 locked = self.locks.try_lock(group, client_id, _queues(body))
                 return make_response(request, ResponseCode.SUCCESS,
                                      body=json.dumps({"lockOKMQSet": _queue_json(locked)}).encode())
+            if request.code == RequestCode.GET_CONSUMER_CONNECTION_LIST:
+                return self.consumer_connections(request)
+            if request.code == RequestCode.GET_PRODUCER_CONNECTION_LIST:
+                group = text(request.ext_fields, "producerGroup")
+                producers = self.consumers.live(self.consumers.producers, group)
+                if not producers:
+                    return make_response(request, ResponseCode.SYSTEM_ERROR, f"the producer group[{group}] not exist")
+                return make_response(request, ResponseCode.SUCCESS, body=json.dumps(
+                    {"connectionSet": [entry.connection_json() for entry in producers]}).encode())
             if request.code == RequestCode.UNLOCK_BATCH_MQ:
                 body = _json_body(request.body, "UNLOCK_BATCH_MQ")
                 self.locks.unlock(str(body.get("consumerGroup") or ""), str(body.get("clientId") or ""),
@@ -230,6 +292,25 @@ class ClientProcessor:
             return make_response(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, "not a client request")
         except RequestError as error:
             return make_response(request, error.code, error.remark, error.ext_fields)
+
+    def consumer_connections(self, request: RemotingCommand) -> RemotingCommand:
+        """GET_CONSUMER_CONNECTION_LIST (Java's ``ConsumerConnection``): the group's live members, its
+        subscriptions and how it consumes. CONSUMER_NOT_ONLINE when it has no member here."""
+        group = text(request.ext_fields, "consumerGroup")
+        members = self.consumers.live(self.consumers.consumers, group)
+        if not members:
+            return make_response(request, ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group[{group}] not online")
+        subscriptions: dict[str, dict[str, object]] = {}
+        for entry in members:  # as Java's ConsumerGroupInfo: one subscription per topic, the latest heartbeat's
+            subscriptions.update(entry.subscription_data)
+        newest = max(members, key=lambda entry: entry.last_seen)
+        return make_response(request, ResponseCode.SUCCESS, body=json.dumps({
+            "connectionSet": [entry.connection_json() for entry in members],
+            "subscriptionTable": dict(sorted(subscriptions.items())),
+            "consumeType": newest.consume_type,
+            "messageModel": newest.message_model,
+            "consumeFromWhere": newest.consume_from_where,
+        }).encode())
 
     async def heartbeat(self, context: RequestContext) -> RemotingCommand:
         request = context.request
@@ -241,22 +322,32 @@ class ClientProcessor:
         consumers = body.get("consumerDataSet") or []
         if not isinstance(producers, list) or not isinstance(consumers, list):
             raise RequestError(ResponseCode.SYSTEM_ERROR, "producerDataSet and consumerDataSet must be lists")
+        language, version = request.language, request.version
         for producer in producers:
             if isinstance(producer, dict) and isinstance(producer.get("groupName"), str):
-                self.consumers.register_producer(producer["groupName"], client_id, context.connection)
+                self.consumers.register_producer(producer["groupName"], client_id, context.connection, language,
+                                                 version)
         for consumer in consumers:
             if not isinstance(consumer, dict) or not isinstance(consumer.get("groupName"), str):
                 raise RequestError(ResponseCode.SYSTEM_ERROR, "consumerDataSet entries need a groupName")
             group = consumer["groupName"]
             subscriptions: dict[str, str] = {}
+            subscription_data: dict[str, dict[str, object]] = {}
             subscription_list = consumer.get("subscriptionDataSet") or []
             if not isinstance(subscription_list, list):
                 raise RequestError(ResponseCode.SYSTEM_ERROR, "subscriptionDataSet must be a list")
             for subscription in subscription_list:
                 if isinstance(subscription, dict) and isinstance(subscription.get("topic"), str):
                     subscriptions[subscription["topic"]] = str(subscription.get("subString") or "*")
+                    subscription_data[subscription["topic"]] = _subscription_data(subscription)
             model = _message_model(consumer.get("messageModel"))
-            if self.consumers.register_consumer(group, client_id, context.connection, subscriptions, model):
+            details = {
+                "language": language, "version": version, "subscription_data": subscription_data,
+                "consume_type": _enum_name(consumer.get("consumeType"), CONSUME_TYPES, "CONSUME_PASSIVELY"),
+                "consume_from_where": _enum_name(consumer.get("consumeFromWhere"), CONSUME_FROM_WHERE,
+                                                 "CONSUME_FROM_LAST_OFFSET"),
+            }
+            if self.consumers.register_consumer(group, client_id, context.connection, subscriptions, model, **details):
                 self._group_changed(group)
             if model == MESSAGE_MODEL_CLUSTERING and self.broker.member.is_leader:
                 self._spawn(self._ensure_retry_topic(group))

@@ -105,11 +105,13 @@ class BrokerNode:
         server.register(RequestCode.CONSUMER_SEND_MSG_BACK, SendBackProcessor(broker, sender), queue_max=10_000,
                         workers=64, name="send-back")
         server.register((RequestCode.HEART_BEAT, RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP,
-                         RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ),
+                         RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ, RequestCode.GET_CONSUMER_CONNECTION_LIST,
+                         RequestCode.GET_PRODUCER_CONNECTION_LIST),
                         ClientProcessor(broker, consumers, locks, offsets), queue_max=10_000, workers=16, name="clients")
         server.register(RequestCode.GET_CONSUMER_RUNNING_INFO, ConsumerCallProcessor(consumers), queue_max=256,
                         workers=8, name="consumer-calls")
-        server.register(ADMIN_CODES, AdminProcessor(broker, offsets), queue_max=10_000, workers=64, name="admin")
+        server.register(ADMIN_CODES, AdminProcessor(broker, offsets, consumers), queue_max=10_000, workers=64,
+                        name="admin")
         server.register(RequestCode.END_TRANSACTION, EndTransactionProcessor(broker), queue_max=10_000, workers=64,
                         name="end-transaction")
         self.transactions = TransactionCheckService(broker, consumers)

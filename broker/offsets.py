@@ -67,6 +67,10 @@ class OffsetCommitter:
             return self._pending[key]
         return self._in_flight.get(key)
 
+    def pending_topics(self, group: str) -> set[str]:
+        """Topics where ``group`` committed an offset that has not applied yet."""
+        return {key[1] for table in (self._pending, self._in_flight) for key in table if key[0] == group}
+
     async def flush(self) -> None:
         """Wait until every offset committed so far has applied (or failed): a consumer that unregisters
         right after its last commit hands its queues over at the offsets it committed."""

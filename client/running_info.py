@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from broker.requests import object_keyed_json
 from client.message import MessageQueue
 
 #: ``ConsumerRunningInfo`` property names (Java's constants; the orderly one has no underscore there)
@@ -247,13 +248,11 @@ def encode_running_info(properties: Mapping[str, str], subscriptions: Iterable[M
                         jstack: str = "") -> bytes:
     """The body as Java writes it: ``mqTable`` keyed by queue objects (fastjson's form)."""
 
-    def dumps(value: object) -> str:
-        return json.dumps(value, separators=(",", ":"), sort_keys=True)
-
-    table = ",".join(f"{dumps(queue.to_json_object())}:{dumps(dict(info))}" for queue, info in sorted(queues.items()))
-    rest = dumps({"properties": dict(properties), "subscriptionSet": [dict(entry) for entry in subscriptions],
-                  "statusTable": {topic: dict(values) for topic, values in status.items()}, "jstack": jstack})
-    return ('{"mqTable":{' + table + "}," + rest[1:]).encode("utf-8")
+    table = object_keyed_json((queue.to_json_object(), info) for queue, info in sorted(queues.items()))
+    rest = json.dumps({"properties": dict(properties), "subscriptionSet": [dict(entry) for entry in subscriptions],
+                       "statusTable": {topic: dict(values) for topic, values in status.items()}, "jstack": jstack},
+                      separators=(",", ":"), sort_keys=True)
+    return ('{"mqTable":' + table + "," + rest[1:]).encode("utf-8")
 
 
 def _queue_of(key: str) -> MessageQueue:

@@ -15,6 +15,9 @@ HEART_BEAT                              SUB on each consumer group and each subs
 UNREGISTER_CLIENT                       SUB on the consumer group (if any)
 GET_CONSUMER_LIST_BY_GROUP              SUB on the consumer group
 GET_CONSUMER_RUNNING_INFO               SUB on the consumer group
+GET_CONSUMER_CONNECTION_LIST            SUB on the consumer group
+GET_CONSUME_STATS                       SUB on the consumer group (and the topic, if named)
+GET_TOPIC_STATS_INFO                    SUB on the topic
 QUERY/UPDATE_CONSUMER_OFFSET            SUB on the consumer group and the topic
 LOCK_BATCH_MQ, UNLOCK_BATCH_MQ          SUB on the consumer group and each queue's topic
 CONSUMER_SEND_MSG_BACK                  SUB on the group, PUB on ``originTopic``
@@ -118,8 +121,13 @@ def required_permissions(request: RemotingCommand) -> dict[str, int]:
                 topic = subscription.get("topic") if isinstance(subscription, dict) else None
                 needs.add(topic if isinstance(topic, str) else None, SUB)
     elif code in (RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP,
-                  RequestCode.GET_CONSUMER_RUNNING_INFO):
+                  RequestCode.GET_CONSUMER_RUNNING_INFO, RequestCode.GET_CONSUMER_CONNECTION_LIST):
         needs.group(fields.get("consumerGroup"))
+    elif code == RequestCode.GET_CONSUME_STATS:
+        needs.group(fields.get("consumerGroup"))
+        needs.add(fields.get("topic"), SUB)
+    elif code == RequestCode.GET_TOPIC_STATS_INFO:
+        needs.add(fields.get("topic"), SUB)
     elif code in _OFFSET_CODES:
         needs.group(fields.get("consumerGroup"))
         needs.add(fields.get("topic"), SUB)

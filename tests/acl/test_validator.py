@@ -162,3 +162,15 @@ def test_consumer_running_info_needs_sub_on_the_group() -> None:
     assert refusal(signed(RequestCode.GET_CONSUMER_RUNNING_INFO, fields, CONSUMER)) is None
     denied = refusal(signed(RequestCode.GET_CONSUMER_RUNNING_INFO, {**fields, "consumerGroup": "reporting"}, CONSUMER))
     assert denied is not None and "group:reporting" in denied
+
+
+def test_admin_reads_of_a_group_or_topic_need_sub() -> None:
+    group_only = {"consumerGroup": "billing"}
+    assert required_permissions(signed(RequestCode.GET_CONSUMER_CONNECTION_LIST, group_only, None)) == {
+        "%RETRY%billing": 8}
+    assert required_permissions(signed(RequestCode.GET_CONSUME_STATS, group_only, None)) == {"%RETRY%billing": 8}
+    assert required_permissions(signed(RequestCode.GET_CONSUME_STATS, {**group_only, "topic": "orders"}, None)) == {
+        "%RETRY%billing": 8, "orders": 8}
+    assert required_permissions(signed(RequestCode.GET_TOPIC_STATS_INFO, {"topic": "orders"}, None)) == {"orders": 8}
+    assert refusal(signed(RequestCode.GET_TOPIC_STATS_INFO, {"topic": "orders"}, CONSUMER)) is None
+    assert refusal(signed(RequestCode.GET_TOPIC_STATS_INFO, {"topic": "audit"}, CONSUMER)) is not None

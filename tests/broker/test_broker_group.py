@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from broker.remoting.client import RemotingError
+from broker.remoting.client import RemotingClient, RemotingError
 from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.command import DEFAULT_LANGUAGE, REMOTING_VERSION
 from cli.cluster import LocalCluster, route_master
+from client.loop import EventLoopThread
+from client.running_info import loads_lenient
 from commitlog.message import StoredMessage, decode_message_id
 from tests.broker import wire
 from tests.support import small_store, wait_for
@@ -268,3 +271,89 @@ def test_send_back_refuses_a_message_of_another_topic(cluster: LocalCluster) -> 
     code, _, _ = wire.call(address, RequestCode.CONSUMER_SEND_MSG_BACK, back)
     assert code == ResponseCode.SYSTEM_ERROR
     assert reachable_max_offset(address, "%RETRY%g-thief", 0) in (0, None)
+
+
+def test_topic_stats_and_consume_stats(cluster: LocalCluster) -> None:
+    """GET_TOPIC_STATS_INFO and GET_CONSUME_STATS, as ``mqadmin topicStatus`` / ``consumerProgress`` read
+    them: queues keyed by MessageQueue objects (fastjson's form)."""
+    address = leader(cluster)
+    create_topic(address, "Stats", queues=2)
+    for number in range(3):
+        code, _, remark = wire.send(address, "Stats", f"s{number}".encode(), queue_id=0)
+        assert code == ResponseCode.SUCCESS, remark
+    code, _, pulled = wire.pull(address, "Stats", 0, 2)
+    assert code == ResponseCode.SUCCESS and len(pulled) == 1
+    third_stored = pulled[0].store_timestamp
+    code, _, body = wire.call(address, RequestCode.GET_TOPIC_STATS_INFO, {"topic": "Stats"})
+    assert code == ResponseCode.SUCCESS
+    table = loads_lenient(body.decode())["offsetTable"]
+    queue0 = '{"brokerName":"broker-a","queueId":0,"topic":"Stats"}'
+    queue1 = '{"brokerName":"broker-a","queueId":1,"topic":"Stats"}'
+    assert set(table) == {queue0, queue1}
+    assert (table[queue0]["minOffset"], table[queue0]["maxOffset"]) == (0, 3)
+    assert table[queue0]["lastUpdateTimestamp"] == third_stored
+    assert table[queue1] == {"minOffset": 0, "maxOffset": 0, "lastUpdateTimestamp": 0}
+    code, _, _ = wire.call(address, RequestCode.GET_TOPIC_STATS_INFO, {"topic": "NoSuchTopic"})
+    assert code == ResponseCode.TOPIC_NOT_EXIST
+
+    code, _, _ = wire.call(address, RequestCode.UPDATE_CONSUMER_OFFSET,
+                           {"consumerGroup": "g-stats", "topic": "Stats", "queueId": "0", "commitOffset": "3"})
+    assert code == ResponseCode.SUCCESS
+    for asked in ({}, {"topic": "Stats"}):
+        code, _, body = wire.call(address, RequestCode.GET_CONSUME_STATS, {"consumerGroup": "g-stats", **asked})
+        assert code == ResponseCode.SUCCESS
+        stats = loads_lenient(body.decode())
+        assert stats["consumeTps"] == 0.0
+        assert stats["offsetTable"] == {
+            queue0: {"brokerOffset": 3, "consumerOffset": 3, "lastTimestamp": table[queue0]["lastUpdateTimestamp"]},
+            queue1: {"brokerOffset": 0, "consumerOffset": 0, "lastTimestamp": 0},
+        }
+    code, _, body = wire.call(address, RequestCode.GET_CONSUME_STATS, {"consumerGroup": "g-nothing"})
+    assert code == ResponseCode.SUCCESS and loads_lenient(body.decode())["offsetTable"] == {}
+    code, _, _ = wire.call(address, RequestCode.GET_CONSUME_STATS, {"consumerGroup": "g-stats", "topic": "Nope"})
+    assert code == ResponseCode.TOPIC_NOT_EXIST
+    code, answer, _ = wire.call(address, RequestCode.GET_CONSUME_STATS, {})
+    assert code == ResponseCode.SYSTEM_ERROR and "consumerGroup" in answer["remark"]
+
+
+def test_consumer_and_producer_connection_lists(cluster: LocalCluster) -> None:
+    """GET_CONSUMER_CONNECTION_LIST / GET_PRODUCER_CONNECTION_LIST (``mqadmin consumerConnection``): the
+    clients connected now, with what their heartbeats said (a C++-style heartbeat's enums by ordinal)."""
+    address = leader(cluster)
+    host, _, port = address.rpartition(":")
+    heartbeat = {"clientID": "client-conn", "producerDataSet": [{"groupName": "pg-conn"}],
+                 "consumerDataSet": [{"groupName": "g-conn", "consumeType": 1, "messageModel": 1,
+                                      "consumeFromWhere": 4,
+                                      "subscriptionDataSet": [{"topic": "Basic", "subString": "a || b",
+                                                               "tagsSet": ["a", "b"], "subVersion": "17"}]}]}
+    loop = EventLoopThread("connection-list")
+    try:
+        client = loop.run(RemotingClient.connect(host, int(port)))
+        response = loop.run(client.request(RequestCode.HEART_BEAT, body=json.dumps(heartbeat).encode()))
+        assert response.code == ResponseCode.SUCCESS
+        code, _, body = wire.call(address, RequestCode.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": "g-conn"})
+        assert code == ResponseCode.SUCCESS
+        connections = json.loads(body)
+        local = connections["connectionSet"][0]["clientAddr"]
+        assert local.startswith("127.0.0.1:") and int(local.rpartition(":")[2]) > 0
+        assert connections == {
+            "connectionSet": [{"clientId": "client-conn", "clientAddr": local, "language": DEFAULT_LANGUAGE,
+                               "version": REMOTING_VERSION}],
+            "subscriptionTable": {"Basic": {"classFilterMode": False, "topic": "Basic", "subString": "a || b",
+                                            "tagsSet": ["a", "b"], "codeSet": [], "subVersion": "17",
+                                            "expressionType": "TAG"}},
+            "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
+            "consumeFromWhere": "CONSUME_FROM_FIRST_OFFSET",
+        }
+        code, _, body = wire.call(address, RequestCode.GET_PRODUCER_CONNECTION_LIST, {"producerGroup": "pg-conn"})
+        assert code == ResponseCode.SUCCESS
+        assert json.loads(body) == {"connectionSet": [{"clientId": "client-conn", "clientAddr": local,
+                                                       "language": DEFAULT_LANGUAGE, "version": REMOTING_VERSION}]}
+        loop.run(client.close())
+    finally:
+        loop.stop()
+    # its connection closed: both groups are gone
+    code, answer, _ = wire.call(address, RequestCode.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": "g-conn"})
+    assert (code, answer["remark"]) == (ResponseCode.CONSUMER_NOT_ONLINE, "the consumer group[g-conn] not online")
+    code, answer, _ = wire.call(address, RequestCode.GET_PRODUCER_CONNECTION_LIST, {"producerGroup": "pg-conn"})
+    assert (code, answer["remark"]) == (ResponseCode.SYSTEM_ERROR, "the producer group[pg-conn] not exist")

@@ -9,14 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.admin import record_store_timestamp
 from broker.config import load_node_file
+from broker.consumers import CONSUME_FROM_WHERE, CONSUME_TYPES, _enum_name
 from broker.pull import tag_codes
 from broker.remoting.codes import ResponseCode
 from broker.requests import RequestError, SendHeader
 from broker.send import decode_batch, parse_properties
 from broker.timers import due_time_ms
 from commitlog.config import ConfigError
-from commitlog.message import java_string_hash
+from commitlog.message import MessageInput, decode_record, encode_host, encode_record, java_string_hash
 from tests.broker.wire import batch_body
 
 
@@ -128,3 +130,20 @@ def test_pulls_spot_a_damaged_record() -> None:
     damaged = bytearray(good[0])
     damaged[-20] ^= 0x01  # a body byte
     assert first_damaged([good[1], bytes(damaged)]) == 0
+
+
+@pytest.mark.parametrize("born_host", [encode_host("10.0.0.1", 5000), bytes(15) + b"\x01" + (5000).to_bytes(4, "big")])
+def test_store_timestamp_of_a_record_after_either_born_host(born_host: bytes) -> None:
+    message = MessageInput("T", 0, 0, 0, 111, born_host, 1_700_000_000_123, 0, 0, b"body", b"")
+    record = encode_record(message, 0, 0, encode_host("127.0.0.1", 10911))
+    assert record_store_timestamp(record) == 1_700_000_000_123 == decode_record(record).store_timestamp
+
+
+@pytest.mark.parametrize("value, name", [
+    ("CONSUME_FROM_TIMESTAMP", "CONSUME_FROM_TIMESTAMP"), (4, "CONSUME_FROM_FIRST_OFFSET"),
+    ("0", "CONSUME_FROM_LAST_OFFSET"), (6, "DEFAULT"), (-1, "DEFAULT"), (True, "DEFAULT"), (None, "DEFAULT"),
+    ("CONSUME_SOMEHOW", "DEFAULT"), (2.0, "DEFAULT"),
+])
+def test_heartbeat_enums_by_name_or_ordinal(value: object, name: str) -> None:
+    assert _enum_name(value, CONSUME_FROM_WHERE, "DEFAULT") == name
+    assert _enum_name(1, CONSUME_TYPES, "DEFAULT") == "CONSUME_PASSIVELY"
