@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 import io
 import logging
 import os
@@ -52,17 +51,7 @@ from client.message import (
 )
 from client.offset_store import LocalFileOffsetStore, OffsetStore, RemoteOffsetStore
 from client.process_queue import ProcessQueue
-from client.running_info import (
-    JSTACK_CHARS_MAX,
-    PROP_CLIENT_VERSION,
-    PROP_CONSUME_ORDERLY,
-    PROP_CONSUME_TYPE,
-    PROP_CONSUMER_START_TIMESTAMP,
-    PROP_NAMESERVER_ADDR,
-    PROP_THREADPOOL_CORE_SIZE,
-    ConsumeStats,
-    encode_running_info,
-)
+from client.running_info import JSTACK_CHARS_MAX, ConsumeStats, consumer_properties, encode_running_info
 
 logger = logging.getLogger(__name__)
 
@@ -273,28 +262,9 @@ class ConsumerBase:
 
     def running_info(self, *, jstack: bool = False) -> bytes:
         """This consumer's ``ConsumerRunningInfo`` body, as the reference clients write it."""
-        config = self.config
-        try:
-            version = importlib.metadata.version("raftmq")
-        except importlib.metadata.PackageNotFoundError:
-            version = "unknown"
-        properties = {
-            PROP_NAMESERVER_ADDR: ";".join(self.instance.config.namesrv_addresses),
-            PROP_CONSUME_TYPE: self.consume_type,
-            PROP_CONSUME_ORDERLY: "true" if self._orderly else "false",
-            PROP_THREADPOOL_CORE_SIZE: str(self._consume_threads()),
-            PROP_CONSUMER_START_TIMESTAMP: str(self._start_ms),
-            PROP_CLIENT_VERSION: f"raftmq {version}",
-            "consumerGroup": config.group,
-            "messageModel": config.message_model.value,
-            "consumeFromWhere": config.consume_from_where.value,
-            "allocateMessageQueueStrategy": config.allocate_strategy.value,
-            "pullBatchSize": str(config.pull_batch_size),
-            "pullThresholdForQueue": str(config.pull_threshold_per_queue),
-            "consumeMessageBatchMaxSize": str(config.consume_batch_max),
-            "maxReconsumeTimes": str(config.max_reconsume_times),
-            "clientId": self.client_id,
-        }
+        properties = consumer_properties(self.config, self.instance.config.namesrv_addresses, self.client_id,
+                                         consume_type=self.consume_type, orderly=self._orderly,
+                                         threads=self._consume_threads(), start_ms=self._start_ms)
         now_ms = time.time_ns() // 1_000_000
         now = self.instance.now()
         queues = {}

@@ -8,13 +8,14 @@ import time
 from collections.abc import Callable
 from typing import Self
 
-from broker.remoting import RequestCode
+from broker.remoting import RemotingCommand, RequestCode, ResponseCode, make_response
 from client.config import ClientConfig, ConsumerConfig, MessageModel
 from client.consumer_api import parse_subscription, pull_message, queue_offset, send_message_back
 from client.errors import ClientNotRunningError
 from client.instance import ClientInstance
 from client.message import MessageExt, MessageQueue, PullResult, check_topic
 from client.offset_store import LocalFileOffsetStore, OffsetStore, RemoteOffsetStore
+from client.running_info import consumer_properties, encode_running_info
 
 
 class AsyncPullConsumer:
@@ -36,6 +37,7 @@ class AsyncPullConsumer:
         self._topics: set[str] = set()
         self._started = False
         self._closed = False
+        self._start_ms = 0
 
     @property
     def group(self) -> str:
@@ -59,12 +61,28 @@ class AsyncPullConsumer:
             }
         ]
 
+    async def _on_running_info(self, address: str, request: RemotingCommand) -> RemotingCommand | None:
+        """GET_CONSUMER_RUNNING_INFO: its configuration and topics (the caller keeps queues and offsets, so it
+        reports none, as Java's pull consumer)."""
+        group = request.ext_fields.get("consumerGroup")
+        if group != self.group:
+            return make_response(request, ResponseCode.SYSTEM_ERROR,
+                                 f"The Consumer Group <{group}> not exist in this consumer")
+        properties = consumer_properties(self.config, self.instance.config.namesrv_addresses, self.instance.client_id,
+                                         consume_type="CONSUME_ACTIVELY", orderly=False, threads=0,
+                                         start_ms=self._start_ms)
+        subscriptions = [parse_subscription(topic, "*", 0).to_json_object() for topic in sorted(self._topics)]
+        return make_response(request, ResponseCode.SUCCESS,
+                             body=encode_running_info(properties, subscriptions, {}, {}))
+
     async def start(self) -> Self:
         if self._closed:
             raise ClientNotRunningError("the consumer was closed")
         if not self._started:
             await self._offset_store.load()
             self.instance.add_heartbeat_source(self._heartbeat_data)
+            self.instance.register_request_handler(RequestCode.GET_CONSUMER_RUNNING_INFO, self._on_running_info)
+            self._start_ms = time.time_ns() // 1_000_000
             await self.instance.start()
             self._started = True
         return self
@@ -108,6 +126,9 @@ class AsyncPullConsumer:
         if queue.topic not in self._topics:
             self._topics.add(queue.topic)
             self.instance.spawn(self.instance.send_heartbeat_to_all(), "heartbeat new topic")
+        if not self.instance.candidate_addresses(queue.broker_name):
+            # as Java's pullKernelImpl: a queue of a topic whose route it never fetched gets the route first
+            await self.instance.topic_route(queue.topic, refresh=True)
         subscription = parse_subscription(queue.topic, expression, 0)
         return await pull_message(
             self.instance, self.config.group, queue, subscription, offset, max_nums, suspend_seconds=block_seconds

@@ -16,6 +16,7 @@ last hour.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import time
 from collections import deque
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from broker.requests import object_keyed_json
+from client.config import ConsumerConfig
 from client.message import MessageQueue
 
 #: ``ConsumerRunningInfo`` property names (Java's constants; the orderly one has no underscore there)
@@ -241,6 +243,32 @@ class ConsumerRunningInfo:
             "status": {topic: dict(values) for topic, values in sorted(self.status.items())},
             "jstack": self.jstack,
         }
+
+
+def consumer_properties(config: ConsumerConfig, namesrv_addresses: Iterable[str], client_id: str, *,
+                        consume_type: str, orderly: bool, threads: int, start_ms: int) -> dict[str, str]:
+    """``properties`` of a consumer's running info: Java's ``PROP_*`` entries and its configuration."""
+    try:
+        version = importlib.metadata.version("raftmq")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return {
+        PROP_NAMESERVER_ADDR: ";".join(namesrv_addresses),
+        PROP_CONSUME_TYPE: consume_type,
+        PROP_CONSUME_ORDERLY: "true" if orderly else "false",
+        PROP_THREADPOOL_CORE_SIZE: str(threads),
+        PROP_CONSUMER_START_TIMESTAMP: str(start_ms),
+        PROP_CLIENT_VERSION: f"raftmq {version}",
+        "consumerGroup": config.group,
+        "messageModel": config.message_model.value,
+        "consumeFromWhere": config.consume_from_where.value,
+        "allocateMessageQueueStrategy": config.allocate_strategy.value,
+        "pullBatchSize": str(config.pull_batch_size),
+        "pullThresholdForQueue": str(config.pull_threshold_per_queue),
+        "consumeMessageBatchMaxSize": str(config.consume_batch_max),
+        "maxReconsumeTimes": str(config.max_reconsume_times),
+        "clientId": client_id,
+    }
 
 
 def encode_running_info(properties: Mapping[str, str], subscriptions: Iterable[Mapping[str, Any]],

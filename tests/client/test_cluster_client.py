@@ -26,12 +26,13 @@ from client import (
     MQBrokerError,
     Producer,
     ProducerConfig,
+    PullConsumer,
     PushConsumer,
     SendStatus,
     TransactionProducer,
     select_by_sharding_key,
 )
-from tests.support import small_store
+from tests.support import small_store, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -140,6 +141,14 @@ def test_consumer_running_info_through_the_broker(cluster: LocalCluster) -> None
             assert admin.consumer_running_info("it-info", client_id).jstack == ""
             with pytest.raises(MQBrokerError, match="The Consumer <it-info> <nobody@0> not online"):
                 admin.consumer_running_info("it-info", "nobody@0")
+        # a pull consumer keeps queues and offsets itself: it reports its configuration and topics only
+        with PullConsumer(config, consumer_config("it-info-pull")) as puller:
+            puller.pull(MessageQueue("ItInfo", broker, 0), offset=0)
+            (pull_id,) = wait_for(lambda: admin.consumer_ids("it-info-pull"), 30.0, "the pull consumer's heartbeat")
+            info = admin.consumer_running_info("it-info-pull", pull_id)
+            assert info.properties["PROP_CONSUME_TYPE"] == "CONSUME_ACTIVELY"
+            assert [entry["topic"] for entry in info.subscriptions] == ["ItInfo"]
+            assert info.queues == {} and info.status == {}
 
 
 def test_reconsume_later_is_redelivered_through_the_retry_topic(cluster: LocalCluster) -> None:
