@@ -59,7 +59,8 @@ CORRUPTION_UNNOTICED: Final = "unnoticed"
 CORRUPTION_OUTCOMES: Final = (CORRUPTION_REPAIRED, CORRUPTION_REFUSED, CORRUPTION_UNNOTICED)
 #: how long a corrupted member has, after its restart, to repair itself or exit
 CORRUPTION_SETTLE_SECONDS: Final = 20.0
-#: free space a member's tmpfs has beyond what its directory held when it was moved there
+#: free space a member's tmpfs has beyond what its directory held when it was moved there, and again
+#: before each fill and at heal time (it grows: the member keeps writing, for as long as a soak runs)
 TMPFS_HEADROOM_BYTES: Final = 32 << 20
 
 
@@ -192,6 +193,8 @@ class Faults:
             self.note("tmpfs", f"{node_id}'s data directory moved onto a tmpfs of {size + TMPFS_HEADROOM_BYTES} "
                                "bytes")
             await self._restart(node_id)
+        else:
+            await self._grow_tmpfs(node_id)
         start = self.recorder.now()
         filled = await asyncio.to_thread(disk.fill, node_dir)
         await asyncio.sleep(hold_seconds)
@@ -202,6 +205,12 @@ class Faults:
             await self._restart(node_id)
         return self._record("disk-full", node_id, start, f"{filled} filler bytes for {hold_seconds:.1f} s"
                             + ("" if alive else "; the member exited and was restarted"))
+
+    async def _grow_tmpfs(self, node_id: str) -> None:
+        """Give the member's tmpfs its headroom back (what it wrote since it was moved there used it up)."""
+        size = await asyncio.to_thread(disk.ensure_free, self.node_dir(node_id), TMPFS_HEADROOM_BYTES)
+        if size is not None:
+            self.note("tmpfs", f"{node_id}'s tmpfs grown to {size} bytes")
 
     async def corrupt(self, node_id: str, rng: random.Random) -> FaultEvent | None:
         """Stop ``node_id`` (SIGTERM: flushed, checkpointed), flip one byte inside a committed record of
@@ -349,6 +358,7 @@ class Faults:
         """Free filled disks, resume paused members, restart dead ones, heal every link (Raft and client)."""
         for node_id in self.cluster.node_ids:
             await asyncio.to_thread(disk.unfill, self.node_dir(node_id))
+            await self._grow_tmpfs(node_id)
         for node_id in sorted(self.paused):
             if self._alive(node_id):
                 await asyncio.to_thread(self.cluster.local.kill, node_id, signal.SIGCONT)

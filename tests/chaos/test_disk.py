@@ -46,6 +46,26 @@ def test_a_directory_moves_onto_a_tmpfs_fills_frees_and_comes_back(tmp_path: Pat
     assert (member / "store" / "segment").read_bytes() == b"x" * 10_000
 
 
+@needs_tmpfs
+def test_a_tmpfs_its_member_filled_grows_its_headroom_back(tmp_path: Path) -> None:
+    member = tmp_path / "n1"
+    member.mkdir()
+    assert disk.ensure_free(member, 1 << 20) is None  # not on a tmpfs: nothing to grow
+    try:
+        disk.mount_tmpfs(member, 1 << 20)
+        assert disk.ensure_free(member, 512 << 10) is None  # room enough
+        (member / "data").write_bytes(b"x" * (900 << 10))  # what the member wrote since
+        assert disk.free_bytes(member) < 200 << 10
+        size = disk.ensure_free(member, 512 << 10)
+        assert size is not None and size % 4096 == 0 and size >= (1 << 20) + (300 << 10)
+        assert disk.free_bytes(member) >= 512 << 10
+        assert (member / "data").read_bytes() == b"x" * (900 << 10)  # a remount keeps the contents
+        assert disk.ensure_free(member, 512 << 10) is None
+    finally:
+        disk.release_mounts(tmp_path)
+    assert (member / "data").stat().st_size == 900 << 10
+
+
 def test_filling_stops_at_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(disk, "FILL_MAX_BYTES", 3 << 20)
     assert disk.fill(tmp_path) == 3 << 20
