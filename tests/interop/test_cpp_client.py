@@ -306,6 +306,15 @@ def test_consumer_running_info_from_a_cpp_consumer(group: Group, drivers: Driver
     assert {queue.queue_id for queue in info.queues if queue.topic == topic} == set(range(QUEUES))
     assert info.properties["PROP_CONSUME_TYPE"] == "CONSUME_PASSIVELY"
     assert topic in {entry["topic"] for entry in info.subscriptions}
+    # mqadmin consumerConnection: its heartbeat's integer enums read back as Java's names
+    connections = call(master, RequestCode.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": consumer_group})
+    assert connections.code == ResponseCode.SUCCESS, describe(connections)
+    listed_connections = json.loads(connections.body)
+    assert [(entry["clientId"], entry["language"]) for entry in listed_connections["connectionSet"]] == [
+        (client_id, "CPP")]
+    assert (listed_connections["consumeType"], listed_connections["messageModel"],
+            listed_connections["consumeFromWhere"]) == ("CONSUME_PASSIVELY", "CLUSTERING", "CONSUME_FROM_LAST_OFFSET")
+    assert topic in listed_connections["subscriptionTable"]
     wrong_group = call(master, RequestCode.GET_CONSUMER_RUNNING_INFO,
                        {"consumerGroup": "nobody", "clientId": client_id, "jstackEnable": "false"})
     assert wrong_group.code == ResponseCode.SYSTEM_ERROR and "not online" in (wrong_group.remark or "")
