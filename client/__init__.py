@@ -7,7 +7,16 @@ background event loop). Configuration: :class:`ClientConfig`, :class:`ProducerCo
 :class:`ConsumerConfig`. Errors derive from :class:`MQClientError` and carry a RocketMQ response code.
 """
 
-from client.admin import AsyncAdmin, ConsumerProgress, QueueOffsets, QueueProgress
+from client.admin import (
+    AsyncAdmin,
+    ClientConnection,
+    ConsumerConnection,
+    ConsumerProgress,
+    QueueConsumeStats,
+    QueueOffsets,
+    QueueProgress,
+    TopicQueueStats,
+)
 from client.config import (
     AllocateStrategy,
     ClientConfig,
@@ -68,6 +77,7 @@ __all__ = [
     "AsyncTransactionProducer",
     "BrokerUnavailableError",
     "ClientConfig",
+    "ClientConnection",
     "ClientErrorCode",
     "ClientNotRunningError",
     "ConfigError",
@@ -76,6 +86,7 @@ __all__ = [
     "ConsumeFromWhere",
     "ConsumeOrderlyStatus",
     "ConsumerConfig",
+    "ConsumerConnection",
     "ConsumerProgress",
     "ConsumerRunningInfo",
     "LitePullConsumer",
@@ -96,12 +107,14 @@ __all__ = [
     "PullResult",
     "PullStatus",
     "PushConsumer",
+    "QueueConsumeStats",
     "QueueOffsets",
     "QueueProgress",
     "RequestTimeoutError",
     "SendResult",
     "SendStatus",
     "TopicNotFoundError",
+    "TopicQueueStats",
     "TransactionListener",
     "TransactionProducer",
     "TransactionSendResult",

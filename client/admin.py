@@ -14,7 +14,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final, Self
+from typing import Any, Final, Self
 
 from broker.namesrv.model import PERM_READ, PERM_WRITE, ClusterInfo, decode_topic_list
 from broker.remoting import RequestCode, ResponseCode
@@ -39,7 +39,13 @@ from client.message import (
     retry_topic,
 )
 from client.route import TopicRoute
-from client.running_info import ConsumerRunningInfo, RunningInfoError, decode_running_info
+from client.running_info import (
+    ConsumerRunningInfo,
+    RunningInfoError,
+    decode_running_info,
+    loads_lenient,
+    queue_of_key,
+)
 from commitlog.message import RecordError, decode_message_id
 
 #: Java's ``MixAll.UNIQUE_MSG_QUERY_FLAG``
@@ -83,6 +89,76 @@ class ConsumerProgress:
     @property
     def total_lag(self) -> int:
         return sum(queue.lag for queue in self.queues)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicQueueStats:
+    """One queue of GET_TOPIC_STATS_INFO (``mqadmin topicStatus``): its offsets and the store time of its
+    last message (0 when empty)."""
+
+    queue: MessageQueue
+    min_offset: int
+    max_offset: int
+    last_update_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConsumeStats:
+    """One queue of GET_CONSUME_STATS (``mqadmin consumerProgress``): the broker's max offset, the group's
+    committed offset, and the store time of the last message it consumed (0 when none)."""
+
+    queue: MessageQueue
+    broker_offset: int
+    consumer_offset: int
+    last_timestamp_ms: int
+
+    @property
+    def lag(self) -> int:
+        return self.broker_offset - self.consumer_offset
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConnection:
+    """A client connected to a broker (Java's ``Connection``)."""
+
+    client_id: str
+    address: str
+    language: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerConnection:
+    """GET_CONSUMER_CONNECTION_LIST (``mqadmin consumerConnection``): a group's live members, its
+    subscriptions (topic -> SubscriptionData fields) and how it consumes."""
+
+    connections: tuple[ClientConnection, ...]
+    subscriptions: dict[str, dict[str, Any]]
+    consume_type: str
+    message_model: str
+    consume_from_where: str
+
+
+def _connections(value: object, address: str) -> tuple[ClientConnection, ...]:
+    if not isinstance(value, list):
+        raise MQClientError(ResponseCode.SYSTEM_ERROR, f"connectionSet from {address} is not a list")
+    try:
+        return tuple(ClientConnection(str(entry["clientId"]), str(entry.get("clientAddr", "")),
+                                      str(entry.get("language", "")), int(entry.get("version", 0)))
+                     for entry in value)
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        raise MQClientError(ResponseCode.SYSTEM_ERROR, f"a connection from {address} is unreadable: {exc!r}") from None
+
+
+def _offset_table(body: bytes, address: str) -> list[tuple[MessageQueue, dict[str, Any]]]:
+    """The ``offsetTable`` of a TopicStatsTable or ConsumeStats body (fastjson's object keys)."""
+    try:
+        table = loads_lenient(body.decode("utf-8")).get("offsetTable") or {}
+        if not isinstance(table, dict):
+            raise RunningInfoError("offsetTable is not an object")
+        return [(queue_of_key(key), value) for key, value in table.items() if isinstance(value, dict)]
+    except (RunningInfoError, UnicodeDecodeError, AttributeError) as exc:
+        raise MQClientError(ResponseCode.SYSTEM_ERROR, f"unreadable offset table from {address}: {exc}") from None
 
 
 def is_system_topic(topic: str) -> bool:
@@ -261,6 +337,88 @@ class AsyncAdmin:
             return None
         check_response(response, address)
         return int_field(response, "offset", address)
+
+    async def topic_stats(self, topic: str) -> list[TopicQueueStats]:
+        """GET_TOPIC_STATS_INFO on every broker group of the topic: each write queue's offsets and when it
+        was last written."""
+        route = await self.instance.topic_route(topic, refresh=True)
+        rows: list[TopicQueueStats] = []
+        for name in route.broker_names:
+            response, address = await self.instance.invoke_any(name, RequestCode.GET_TOPIC_STATS_INFO, {"topic": topic})
+            check_response(response, address)
+            rows.extend(TopicQueueStats(queue, int(row.get("minOffset", 0)), int(row.get("maxOffset", 0)),
+                                        int(row.get("lastUpdateTimestamp", 0)))
+                        for queue, row in _offset_table(response.body, address))
+        return sorted(rows, key=lambda row: row.queue)
+
+    async def consume_stats(self, group: str, topic: str | None = None) -> list[QueueConsumeStats]:
+        """GET_CONSUME_STATS on every broker group (of ``topic``'s route when given): per queue of each topic
+        the group consumes there, the broker's offset, the group's committed offset and when the last
+        message it consumed was stored."""
+        names = list((await self.instance.topic_route(topic)).broker_names) if topic else await self.broker_names()
+        fields = {"consumerGroup": group, **({"topic": topic} if topic else {})}
+        rows: list[QueueConsumeStats] = []
+        for name in names:
+            response, address = await self.instance.invoke_any(name, RequestCode.GET_CONSUME_STATS, fields)
+            check_response(response, address)
+            rows.extend(QueueConsumeStats(queue, int(row.get("brokerOffset", 0)), int(row.get("consumerOffset", 0)),
+                                          int(row.get("lastTimestamp", 0)))
+                        for queue, row in _offset_table(response.body, address))
+        return sorted(rows, key=lambda row: row.queue)
+
+    async def consumer_connections(self, group: str) -> ConsumerConnection:
+        """GET_CONSUMER_CONNECTION_LIST from every broker group, merged: the group's live members (each once),
+        its subscriptions and how it consumes. Raises :class:`MQBrokerError` (CONSUMER_NOT_ONLINE) when no
+        broker group has a member of it."""
+        found: dict[str, ClientConnection] = {}
+        subscriptions: dict[str, dict[str, Any]] = {}
+        kind: tuple[str, str, str] | None = None
+        last: MQClientError | None = None
+        for name in await self.broker_names():
+            try:
+                response, address = await self.instance.invoke_any(
+                    name, RequestCode.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": group})
+                check_response(response, address)
+            except MQClientError as error:
+                last = error
+                continue
+            try:
+                body = json.loads(response.body)
+                subscription_table = body.get("subscriptionTable") or {}
+                kind = (str(body.get("consumeType", "")), str(body.get("messageModel", "")),
+                        str(body.get("consumeFromWhere", "")))
+            except (ValueError, AttributeError) as exc:
+                raise MQClientError(ResponseCode.SYSTEM_ERROR, f"unreadable consumer connections from {address}: "
+                                                               f"{exc}") from None
+            found.update((entry.client_id, entry) for entry in _connections(body.get("connectionSet"), address))
+            if isinstance(subscription_table, dict):
+                subscriptions.update(subscription_table)
+        if kind is None:
+            raise last or MQClientError(ClientErrorCode.CONNECT_BROKER_EXCEPTION, "no broker group is known")
+        return ConsumerConnection(tuple(found[client_id] for client_id in sorted(found)),
+                                  dict(sorted(subscriptions.items())), *kind)
+
+    async def producer_connections(self, group: str) -> list[ClientConnection]:
+        """GET_PRODUCER_CONNECTION_LIST from every broker group, merged: the group's connected producers.
+        Raises :class:`MQBrokerError` when no broker group knows the group."""
+        found: dict[str, ClientConnection] = {}
+        last: MQClientError | None = None
+        for name in await self.broker_names():
+            try:
+                response, address = await self.instance.invoke_any(
+                    name, RequestCode.GET_PRODUCER_CONNECTION_LIST, {"producerGroup": group})
+                check_response(response, address)
+                body = json.loads(response.body)
+            except MQClientError as error:
+                last = error
+                continue
+            except ValueError as exc:
+                raise MQClientError(ResponseCode.SYSTEM_ERROR, f"unreadable producer connections: {exc}") from None
+            found.update((entry.client_id, entry) for entry in _connections(
+                body.get("connectionSet") if isinstance(body, dict) else None, address))
+        if not found:
+            raise last or MQClientError(ClientErrorCode.CONNECT_BROKER_EXCEPTION, "no broker group is known")
+        return [found[client_id] for client_id in sorted(found)]
 
     # ----------------------------------------------------------------------------- consumers
 

@@ -283,7 +283,8 @@ def encode_running_info(properties: Mapping[str, str], subscriptions: Iterable[M
     return ('{"mqTable":' + table + "," + rest[1:]).encode("utf-8")
 
 
-def _queue_of(key: str) -> MessageQueue:
+def queue_of_key(key: str) -> MessageQueue:
+    """The queue a fastjson map key names (as :func:`loads_lenient` gives it: the key object's JSON text)."""
     try:
         fields = json.loads(key)
         return MessageQueue(str(fields["topic"]), str(fields["brokerName"]), int(fields["queueId"]))
@@ -312,7 +313,7 @@ def decode_running_info(client_id: str, body: bytes) -> ConsumerRunningInfo:
     if not (isinstance(properties, dict) and isinstance(subscriptions, list) and isinstance(table, dict)
             and isinstance(status, dict)):
         raise RunningInfoError("properties, subscriptionSet, mqTable or statusTable has the wrong type")
-    queues = {_queue_of(key): (info if isinstance(info, dict) else {}) for key, info in table.items()}
+    queues = {queue_of_key(key): (info if isinstance(info, dict) else {}) for key, info in table.items()}
     jstack = value.get("jstack")
     return ConsumerRunningInfo(
         client_id,

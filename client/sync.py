@@ -12,7 +12,15 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, Self
 
-from client.admin import AsyncAdmin, ConsumerProgress, QueueOffsets
+from client.admin import (
+    AsyncAdmin,
+    ClientConnection,
+    ConsumerConnection,
+    ConsumerProgress,
+    QueueConsumeStats,
+    QueueOffsets,
+    TopicQueueStats,
+)
 from client.config import ClientConfig, ConsumerConfig, ProducerConfig
 from client.lite_pull_consumer import AsyncLitePullConsumer
 from client.loop import EventLoopThread
@@ -162,6 +170,18 @@ class Admin(_Facade):
 
     def consumer_progress(self, group: str, topics: Sequence[str] | None = None) -> ConsumerProgress:
         return self._loop.run(self.async_admin.consumer_progress(group, topics))
+
+    def topic_stats(self, topic: str) -> list[TopicQueueStats]:
+        return self._loop.run(self.async_admin.topic_stats(topic))
+
+    def consume_stats(self, group: str, topic: str | None = None) -> list[QueueConsumeStats]:
+        return self._loop.run(self.async_admin.consume_stats(group, topic))
+
+    def consumer_connections(self, group: str) -> ConsumerConnection:
+        return self._loop.run(self.async_admin.consumer_connections(group))
+
+    def producer_connections(self, group: str) -> list[ClientConnection]:
+        return self._loop.run(self.async_admin.producer_connections(group))
 
     def consumer_running_info(self, group: str, client_id: str, *, jstack: bool = False) -> ConsumerRunningInfo:
         return self._loop.run(self.async_admin.consumer_running_info(group, client_id, jstack=jstack))

@@ -121,6 +121,8 @@ def test_consumer_running_info_through_the_broker(cluster: LocalCluster) -> None
         consumer.subscribe("ItInfo", "T")
         with consumer:
             wait_until(lambda: len(received) == 6, "6 consumed messages")
+            wait_until(lambda: sum(offset for queue, offset in consumer.offsets().items() if queue.topic == "ItInfo")
+                       == 6, "the consumed offsets recorded")
             (client_id,) = admin.consumer_ids("it-info")
             info = admin.consumer_running_info("it-info", client_id, jstack=True)
             assert info.client_id == client_id
@@ -141,6 +143,30 @@ def test_consumer_running_info_through_the_broker(cluster: LocalCluster) -> None
             assert admin.consumer_running_info("it-info", client_id).jstack == ""
             with pytest.raises(MQBrokerError, match="The Consumer <it-info> <nobody@0> not online"):
                 admin.consumer_running_info("it-info", "nobody@0")
+            # what mqadmin topicStatus, consumerProgress, consumerConnection and producerConnection read
+            topic_stats = admin.topic_stats("ItInfo")
+            assert [row.queue for row in topic_stats] == sorted(mine)
+            assert sum(row.max_offset for row in topic_stats) == 6 and all(row.min_offset == 0 for row in topic_stats)
+            assert all((row.last_update_ms > 0) == (row.max_offset > 0) for row in topic_stats)
+            consumer.persist_offsets()
+            consume_stats = admin.consume_stats("it-info", "ItInfo")
+            assert [(row.queue, row.broker_offset, row.consumer_offset, row.lag) for row in consume_stats] == [
+                (row.queue, row.max_offset, row.max_offset, 0) for row in topic_stats]
+            assert [row.last_timestamp_ms for row in consume_stats] == [row.last_update_ms for row in topic_stats]
+            assert {row.queue.topic for row in admin.consume_stats("it-info")} <= {"ItInfo", "%RETRY%it-info"}
+            connection = admin.consumer_connections("it-info")
+            assert [(entry.client_id, entry.language) for entry in connection.connections] == [(client_id, "PYTHON")]
+            assert connection.connections[0].address.startswith("127.0.0.1:")
+            assert set(connection.subscriptions) == {"ItInfo", "%RETRY%it-info"}
+            assert connection.subscriptions["ItInfo"]["subString"] == "T"
+            assert (connection.consume_type, connection.message_model, connection.consume_from_where) == (
+                "CONSUME_PASSIVELY", "CLUSTERING", "CONSUME_FROM_FIRST_OFFSET")
+            with pytest.raises(MQBrokerError, match="the consumer group\\[nobody\\] not online"):
+                admin.consumer_connections("nobody")
+        producers = admin.producer_connections("it-info-producer")
+        assert len(producers) == 1 and producers[0].language == "PYTHON"
+        with pytest.raises(MQBrokerError, match="the producer group\\[nobody\\] not exist"):
+            admin.producer_connections("nobody")
         # a pull consumer keeps queues and offsets itself: it reports its configuration and topics only
         with PullConsumer(config, consumer_config("it-info-pull")) as puller:
             puller.pull(MessageQueue("ItInfo", broker, 0), offset=0)
