@@ -366,58 +366,52 @@ class AsyncAdmin:
                         for queue, row in _offset_table(response.body, address))
         return sorted(rows, key=lambda row: row.queue)
 
+    async def _json_from_each_group(self, code: int, fields: dict[str, str]) -> list[tuple[dict[str, Any], str]]:
+        """``code`` to every broker group: the JSON bodies of those that answered SUCCESS, with their address.
+        Raises the last error when none did, and :class:`MQClientError` for a body that is not a JSON object."""
+        bodies: list[tuple[dict[str, Any], str]] = []
+        last: MQClientError | None = None
+        for name in await self.broker_names():
+            try:
+                response, address = await self.instance.invoke_any(name, code, fields)
+                check_response(response, address)
+            except MQClientError as error:
+                last = error
+                continue
+            try:
+                body = json.loads(response.body)
+            except ValueError as exc:
+                raise MQClientError(ResponseCode.SYSTEM_ERROR, f"unreadable answer from {address}: {exc}") from None
+            if not isinstance(body, dict):
+                raise MQClientError(ResponseCode.SYSTEM_ERROR, f"the answer from {address} is not a JSON object")
+            bodies.append((body, address))
+        if not bodies:
+            raise last or MQClientError(ClientErrorCode.CONNECT_BROKER_EXCEPTION, "no broker group is known")
+        return bodies
+
     async def consumer_connections(self, group: str) -> ConsumerConnection:
         """GET_CONSUMER_CONNECTION_LIST from every broker group, merged: the group's live members (each once),
         its subscriptions and how it consumes. Raises :class:`MQBrokerError` (CONSUMER_NOT_ONLINE) when no
         broker group has a member of it."""
+        bodies = await self._json_from_each_group(RequestCode.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": group})
         found: dict[str, ClientConnection] = {}
         subscriptions: dict[str, dict[str, Any]] = {}
-        kind: tuple[str, str, str] | None = None
-        last: MQClientError | None = None
-        for name in await self.broker_names():
-            try:
-                response, address = await self.instance.invoke_any(
-                    name, RequestCode.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": group})
-                check_response(response, address)
-            except MQClientError as error:
-                last = error
-                continue
-            try:
-                body = json.loads(response.body)
-                subscription_table = body.get("subscriptionTable") or {}
-                kind = (str(body.get("consumeType", "")), str(body.get("messageModel", "")),
-                        str(body.get("consumeFromWhere", "")))
-            except (ValueError, AttributeError) as exc:
-                raise MQClientError(ResponseCode.SYSTEM_ERROR, f"unreadable consumer connections from {address}: "
-                                                               f"{exc}") from None
+        for body, address in bodies:
             found.update((entry.client_id, entry) for entry in _connections(body.get("connectionSet"), address))
-            if isinstance(subscription_table, dict):
-                subscriptions.update(subscription_table)
-        if kind is None:
-            raise last or MQClientError(ClientErrorCode.CONNECT_BROKER_EXCEPTION, "no broker group is known")
+            table = body.get("subscriptionTable")
+            if isinstance(table, dict):
+                subscriptions.update(table)
+        body = bodies[-1][0]
         return ConsumerConnection(tuple(found[client_id] for client_id in sorted(found)),
-                                  dict(sorted(subscriptions.items())), *kind)
+                                  dict(sorted(subscriptions.items())), str(body.get("consumeType", "")),
+                                  str(body.get("messageModel", "")), str(body.get("consumeFromWhere", "")))
 
     async def producer_connections(self, group: str) -> list[ClientConnection]:
         """GET_PRODUCER_CONNECTION_LIST from every broker group, merged: the group's connected producers.
         Raises :class:`MQBrokerError` when no broker group knows the group."""
-        found: dict[str, ClientConnection] = {}
-        last: MQClientError | None = None
-        for name in await self.broker_names():
-            try:
-                response, address = await self.instance.invoke_any(
-                    name, RequestCode.GET_PRODUCER_CONNECTION_LIST, {"producerGroup": group})
-                check_response(response, address)
-                body = json.loads(response.body)
-            except MQClientError as error:
-                last = error
-                continue
-            except ValueError as exc:
-                raise MQClientError(ResponseCode.SYSTEM_ERROR, f"unreadable producer connections: {exc}") from None
-            found.update((entry.client_id, entry) for entry in _connections(
-                body.get("connectionSet") if isinstance(body, dict) else None, address))
-        if not found:
-            raise last or MQClientError(ClientErrorCode.CONNECT_BROKER_EXCEPTION, "no broker group is known")
+        bodies = await self._json_from_each_group(RequestCode.GET_PRODUCER_CONNECTION_LIST, {"producerGroup": group})
+        found = {entry.client_id: entry for body, address in bodies
+                 for entry in _connections(body.get("connectionSet"), address)}
         return [found[client_id] for client_id in sorted(found)]
 
     # ----------------------------------------------------------------------------- consumers
