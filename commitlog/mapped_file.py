@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from commitlog import reaper
 from commitlog.errors import DiskFullError, StoreError, invariant
 
 PAGE_SIZE = mmap.PAGESIZE
@@ -40,14 +41,15 @@ def fsync_directory(path: Path) -> None:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically: temp file, fsync, rename, fsync directory."""
+    """Replace ``path`` with ``data`` atomically: temp file, fsync, rename, fsync directory. The replaced
+    file's blocks are freed on the reaper's thread (commitlog.reaper)."""
     temp = path.with_name(path.name + ".tmp")
     try:
         with open(temp, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temp, path)
+        reaper.replace(temp, path)
     except OSError as exc:
         temp.unlink(missing_ok=True)
         if exc.errno == errno.ENOSPC:
@@ -175,4 +177,4 @@ class MappedFile:
         self._deleted = True
         self.unmap()
         self._close_write_fd()
-        self.path.unlink(missing_ok=True)
+        reaper.unlink(self.path)  # a segment's blocks are freed off this thread: the Raft thread in retention
