@@ -12,6 +12,7 @@ from typing import Final
 from broker.consumers import ConsumerManager
 from broker.context import BrokerContext
 from broker.offsets import OffsetCommitter
+from broker.pull_rates import PullRates
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import RequestContext
@@ -41,10 +42,12 @@ def record_store_timestamp(record: bytes) -> int:
 
 
 class AdminProcessor:
-    def __init__(self, broker: BrokerContext, offsets: OffsetCommitter, consumers: ConsumerManager | None = None) -> None:
+    def __init__(self, broker: BrokerContext, offsets: OffsetCommitter, consumers: ConsumerManager | None = None,
+                 rates: PullRates | None = None) -> None:
         self.broker = broker
         self.offsets = offsets
         self.consumers = consumers or ConsumerManager()
+        self.rates = rates if rates is not None else PullRates()
 
     async def __call__(self, context: RequestContext) -> RemotingCommand | None:
         request = context.request
@@ -172,8 +175,9 @@ class AdminProcessor:
         """GET_CONSUME_STATS (``mqadmin consumerProgress``): per queue of each topic the group consumes (the
         topic asked, or every topic it committed on), the broker's max offset, the group's committed offset
         and the store timestamp of the last message it consumed. As Java's, a topic the group's live
-        members do not subscribe is left out while it has members. ``consumeTps`` is 0: this broker keeps
-        no per-group pull rates (each consumer reports its own: GET_CONSUMER_RUNNING_INFO)."""
+        members do not subscribe is left out while it has members. ``consumeTps`` is, as Java's, the sum
+        over the topics reported of the messages per second this member served the group in the last
+        minute (broker.pull_rates)."""
         fields = request.ext_fields
         group = text(fields, "consumerGroup")
         asked = fields.get("topic") or None
@@ -186,10 +190,12 @@ class AdminProcessor:
         members = self.consumers.live(self.consumers.consumers, group)
         subscribed = {topic for entry in members for topic in entry.subscriptions}
         rows = []
+        consume_tps = 0.0
         for topic in topics:
             config = broker.topic_config(topic)
             if config is None or (members and topic not in subscribed):
                 continue
+            consume_tps += self.rates.messages_per_second(group, topic)
             for queue_id in range(config.read_queue_nums):
                 pending = self.offsets.pending_offset(group, topic, queue_id)
                 consumer_offset = pending if pending is not None else broker.state.consumer_offset(group, topic, queue_id)
@@ -201,7 +207,8 @@ class AdminProcessor:
         if not rows and asked is not None and broker.topic_config(asked) is None:
             return make_response(request, ResponseCode.TOPIC_NOT_EXIST, f"topic[{asked}] not exist")
         return make_response(request, ResponseCode.SUCCESS,
-                             body=('{"consumeTps":0.0,"offsetTable":' + object_keyed_json(rows) + "}").encode())
+                             body=('{"consumeTps":' + json.dumps(round(consume_tps, 3)) + ',"offsetTable":'
+                                   + object_keyed_json(rows) + "}").encode())
 
     def _query(self, request: RemotingCommand) -> RemotingCommand:
         fields = request.ext_fields

@@ -33,6 +33,7 @@ from broker.delay import DelayService
 from broker.namesrv.model import TopicConfig as RouteTopicConfig
 from broker.offsets import OffsetCommitter
 from broker.pull import PullProcessor, PullWaiters
+from broker.pull_rates import PullRates
 from broker.registration import Registrar
 from broker.remoting.codes import RequestCode
 from broker.remoting.server import RemotingServer, ServerLimits
@@ -100,7 +101,8 @@ class BrokerNode:
                 replicated_document=lambda: member.state.acl_document,
                 propose=lambda document: broker.propose(Command((AclDocument(document),))))
         server.register(SEND_CODES, sender, queue_max=10_000, workers=512, name="send")
-        server.register(RequestCode.PULL_MESSAGE, PullProcessor(broker, consumers, offsets, waiters),
+        rates = PullRates()  # what pulls served, per group and topic: GET_CONSUME_STATS's consumeTps
+        server.register(RequestCode.PULL_MESSAGE, PullProcessor(broker, consumers, offsets, waiters, rates),
                         queue_max=10_000, workers=1024, name="pull")
         server.register(RequestCode.CONSUMER_SEND_MSG_BACK, SendBackProcessor(broker, sender), queue_max=10_000,
                         workers=64, name="send-back")
@@ -110,7 +112,7 @@ class BrokerNode:
                         ClientProcessor(broker, consumers, locks, offsets), queue_max=10_000, workers=16, name="clients")
         server.register(RequestCode.GET_CONSUMER_RUNNING_INFO, ConsumerCallProcessor(consumers), queue_max=256,
                         workers=8, name="consumer-calls")
-        server.register(ADMIN_CODES, AdminProcessor(broker, offsets, consumers), queue_max=10_000, workers=64,
+        server.register(ADMIN_CODES, AdminProcessor(broker, offsets, consumers, rates), queue_max=10_000, workers=64,
                         name="admin")
         server.register(RequestCode.END_TRANSACTION, EndTransactionProcessor(broker), queue_max=10_000, workers=64,
                         name="end-transaction")

@@ -17,6 +17,7 @@ from typing import Final
 from broker.consumers import ConsumerManager
 from broker.context import BrokerContext
 from broker.offsets import OffsetCommitter
+from broker.pull_rates import PullRates
 from broker.remoting.codes import ResponseCode
 from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import RequestContext
@@ -117,11 +118,13 @@ class PullWaiters:
 
 class PullProcessor:
     def __init__(self, broker: BrokerContext, consumers: ConsumerManager, offsets: OffsetCommitter,
-                 waiters: PullWaiters) -> None:
+                 waiters: PullWaiters, rates: PullRates | None = None) -> None:
         self.broker = broker
         self.consumers = consumers
         self.offsets = offsets
         self.waiters = waiters
+        #: messages served per group and topic (GET_CONSUME_STATS's consumeTps)
+        self.rates = rates if rates is not None else PullRates()
 
     async def __call__(self, context: RequestContext) -> RemotingCommand | None:
         try:
@@ -173,10 +176,16 @@ class PullProcessor:
                     raise RequestError(ResponseCode.SYSTEM_ERROR,
                                        f"this replica holds a damaged record at commit-log offset {damaged}; "
                                        "read from another member")
-                return self._response(request, header, result, broker.member.is_leader)
+                return self._served(request, header, result, broker.member.is_leader)
             await self.waiters.wait(header.topic, header.queue_id, header.queue_offset, remaining)
             if loop.time() >= deadline and broker.store.max_queue_offset(header.topic, header.queue_id) <= header.queue_offset:
-                return self._response(request, header, result, broker.member.is_leader)
+                return self._served(request, header, result, broker.member.is_leader)
+
+    def _served(self, request: RemotingCommand, header: PullHeader, result: GetResult,
+                is_leader: bool) -> RemotingCommand:
+        if result.status is GetStatus.FOUND:
+            self.rates.record(header.consumer_group, header.topic, len(result.messages))
+        return self._response(request, header, result, is_leader)
 
     @staticmethod
     def _response(request: RemotingCommand, header: PullHeader, result: GetResult,

@@ -604,7 +604,8 @@ def group() -> None:
 @json_option
 @namesrv_option
 def group_progress(name: str, topics: tuple[str, ...], as_json: bool, namesrv: str) -> None:
-    """Show GROUP's committed offset and lag on every queue, and its live members.
+    """Show GROUP's committed offset and lag on every queue, its live members, and how fast it consumed
+    over the last minute (messages per second its pulls were served).
 
     \b
     Examples:
@@ -613,11 +614,15 @@ def group_progress(name: str, topics: tuple[str, ...], as_json: bool, namesrv: s
     """
     config = client_config(namesrv)
 
-    async def fetch() -> Any:
+    async def fetch() -> tuple[Any, float]:
         async with AsyncAdmin(config) as admin:
-            return await admin.consumer_progress(name, list(topics) or None)
+            progress = await admin.consumer_progress(name, list(topics) or None)
+            if topics:
+                rates = [await admin.consume_tps(name, topic) for topic in topics]
+                return progress, sum(rates)
+            return progress, await admin.consume_tps(name)
 
-    progress = run(fetch())
+    progress, consume_tps = run(fetch())
     rows = [
         {"topic": row.queue.topic, "brokerName": row.queue.broker_name, "queueId": row.queue.queue_id,
          "brokerOffset": row.broker_offset, "consumerOffset": row.consumer_offset, "lag": row.lag}
@@ -625,13 +630,13 @@ def group_progress(name: str, topics: tuple[str, ...], as_json: bool, namesrv: s
     ]
     if as_json:
         echo_json({"group": name, "consumers": list(progress.consumer_ids), "totalLag": progress.total_lag,
-                   "queues": rows})
+                   "consumeTps": round(consume_tps, 3), "queues": rows})
         return
     click.echo(f"group {name}: {len(progress.consumer_ids)} live consumer(s) {', '.join(progress.consumer_ids)}".rstrip())
     echo_table(["topic", "broker", "queue", "broker offset", "consumer offset", "lag"],
                [[r["topic"], r["brokerName"], r["queueId"], r["brokerOffset"],
                  "-" if r["consumerOffset"] is None else r["consumerOffset"], r["lag"]] for r in rows])
-    click.echo(f"total lag: {progress.total_lag}")
+    click.echo(f"total lag: {progress.total_lag}, consumed over the last minute: {consume_tps:.1f} msgs/s")
 
 
 def _clock(ms: object) -> str:

@@ -355,16 +355,35 @@ class AsyncAdmin:
         """GET_CONSUME_STATS on every broker group (of ``topic``'s route when given): per queue of each topic
         the group consumes there, the broker's offset, the group's committed offset and when the last
         message it consumed was stored."""
+        rows: list[QueueConsumeStats] = []
+        for body, address in await self._consume_stats_bodies(group, topic):
+            rows.extend(QueueConsumeStats(queue, int(row.get("brokerOffset", 0)), int(row.get("consumerOffset", 0)),
+                                          int(row.get("lastTimestamp", 0)))
+                        for queue, row in _offset_table(body, address))
+        return sorted(rows, key=lambda row: row.queue)
+
+    async def consume_tps(self, group: str, topic: str | None = None) -> float:
+        """GET_CONSUME_STATS's ``consumeTps`` summed over the broker groups: the messages per second the
+        group was served over the last minute (by the members that served its pulls), on ``topic`` or on
+        every topic it consumes."""
+        total = 0.0
+        for body, address in await self._consume_stats_bodies(group, topic):
+            try:
+                value = loads_lenient(body.decode("utf-8")).get("consumeTps", 0.0)
+                total += float(value)
+            except (RunningInfoError, UnicodeDecodeError, AttributeError, TypeError, ValueError) as exc:
+                raise MQClientError(ResponseCode.SYSTEM_ERROR, f"unreadable consumeTps from {address}: {exc}") from None
+        return total
+
+    async def _consume_stats_bodies(self, group: str, topic: str | None) -> list[tuple[bytes, str]]:
         names = list((await self.instance.topic_route(topic)).broker_names) if topic else await self.broker_names()
         fields = {"consumerGroup": group, **({"topic": topic} if topic else {})}
-        rows: list[QueueConsumeStats] = []
+        bodies: list[tuple[bytes, str]] = []
         for name in names:
             response, address = await self.instance.invoke_any(name, RequestCode.GET_CONSUME_STATS, fields)
             check_response(response, address)
-            rows.extend(QueueConsumeStats(queue, int(row.get("brokerOffset", 0)), int(row.get("consumerOffset", 0)),
-                                          int(row.get("lastTimestamp", 0)))
-                        for queue, row in _offset_table(response.body, address))
-        return sorted(rows, key=lambda row: row.queue)
+            bodies.append((response.body, address))
+        return bodies
 
     async def _json_from_each_group(self, code: int, fields: dict[str, str]) -> list[tuple[dict[str, Any], str]]:
         """``code`` to every broker group: the JSON bodies of those that answered SUCCESS, with their address.

@@ -177,6 +177,9 @@ class Admin(_Facade):
     def consume_stats(self, group: str, topic: str | None = None) -> list[QueueConsumeStats]:
         return self._loop.run(self.async_admin.consume_stats(group, topic))
 
+    def consume_tps(self, group: str, topic: str | None = None) -> float:
+        return self._loop.run(self.async_admin.consume_tps(group, topic))
+
     def consumer_connections(self, group: str) -> ConsumerConnection:
         return self._loop.run(self.async_admin.consumer_connections(group))
 

@@ -299,11 +299,16 @@ def test_topic_stats_and_consume_stats(cluster: LocalCluster) -> None:
     code, _, _ = wire.call(address, RequestCode.UPDATE_CONSUMER_OFFSET,
                            {"consumerGroup": "g-stats", "topic": "Stats", "queueId": "0", "commitOffset": "3"})
     assert code == ResponseCode.SUCCESS
+    code, _, body = wire.call(address, RequestCode.GET_CONSUME_STATS, {"consumerGroup": "g-stats"})
+    assert code == ResponseCode.SUCCESS and loads_lenient(body.decode())["consumeTps"] == 0.0  # nothing pulled yet
+    code, _, pulled = wire.pull(address, "Stats", 0, 0, group="g-stats")
+    assert code == ResponseCode.SUCCESS and len(pulled) == 3
     for asked in ({}, {"topic": "Stats"}):
         code, _, body = wire.call(address, RequestCode.GET_CONSUME_STATS, {"consumerGroup": "g-stats", **asked})
         assert code == ResponseCode.SUCCESS
         stats = loads_lenient(body.decode())
-        assert stats["consumeTps"] == 0.0
+        # 3 messages served in the last minute, over at least one 10 s bucket and at most two
+        assert 3 / 20 < stats["consumeTps"] <= 3 / 10
         assert stats["offsetTable"] == {
             queue0: {"brokerOffset": 3, "consumerOffset": 3, "lastTimestamp": table[queue0]["lastUpdateTimestamp"]},
             queue1: {"brokerOffset": 0, "consumerOffset": 0, "lastTimestamp": 0},

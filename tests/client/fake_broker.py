@@ -30,6 +30,7 @@ from broker.namesrv import (
     TopicConfig,
     UnregisterBrokerRequestHeader,
 )
+from broker.pull_rates import PullRates
 from broker.remoting import (
     Connection,
     RemotingClient,
@@ -40,6 +41,7 @@ from broker.remoting import (
     ResponseCode,
     make_response,
 )
+from broker.requests import object_keyed_json
 from client.message import decode_batch_body
 from commitlog.message import (
     MessageInput,
@@ -220,6 +222,7 @@ class FakeGroup:
         self.lock_requests = 0
         self.unlocked: list[tuple[str, str, int]] = []
         self.pulls = 0
+        self.pull_rates = PullRates()  # messages served per group and topic (GET_CONSUME_STATS's consumeTps)
         self.sent_back: list[dict[str, str]] = []
         self.auto_create = True
         self.notify_consumers = True
@@ -381,6 +384,7 @@ async def _pull(node: FakeNode, context: RequestContext) -> RemotingCommand:
            "suggestWhichBrokerId": "0"}
     if not chosen:
         return make_response(request, ResponseCode.PULL_RETRY_IMMEDIATELY, "no matched message", ext)
+    node.group.pull_rates.record(fields.get("consumerGroup", ""), topic, len(chosen))
     return make_response(request, ResponseCode.SUCCESS, ext_fields=ext, body=b"".join(chosen))
 
 
@@ -390,6 +394,27 @@ async def _query_offset(node: FakeNode, context: RequestContext) -> RemotingComm
     if key not in node.group.store.offsets:
         return make_response(context.request, ResponseCode.QUERY_NOT_FOUND, "no offset")
     return make_response(context.request, ResponseCode.SUCCESS, ext_fields={"offset": str(node.group.store.offsets[key])})
+
+
+async def _consume_stats(node: FakeNode, context: RequestContext) -> RemotingCommand:
+    """GET_CONSUME_STATS as the real broker answers it, without the subscription filter."""
+    fields = context.request.ext_fields
+    group, asked = fields["consumerGroup"], fields.get("topic")
+    store = node.group.store
+    topics = [asked] if asked else sorted({topic for (owner, topic, _) in store.offsets if owner == group})
+    rows: list[tuple[dict[str, object], dict[str, object]]] = []
+    consume_tps = 0.0
+    for topic in topics:
+        state = store.topics.get(topic)
+        if state is None:
+            return make_response(context.request, ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
+        consume_tps += node.group.pull_rates.messages_per_second(group, topic)
+        for queue_id in range(state.read_queue_nums):
+            rows.append(({"brokerName": BROKER_NAME, "queueId": queue_id, "topic": topic},
+                         {"brokerOffset": len(state.queues.get(queue_id, [])),
+                          "consumerOffset": max(store.offsets.get((group, topic, queue_id), 0), 0), "lastTimestamp": 0}))
+    body = '{"consumeTps":' + json.dumps(round(consume_tps, 3)) + ',"offsetTable":' + object_keyed_json(rows) + "}"
+    return make_response(context.request, ResponseCode.SUCCESS, body=body.encode())
 
 
 async def _update_offset(node: FakeNode, context: RequestContext) -> RemotingCommand:
@@ -578,6 +603,7 @@ _PROCESSORS: dict[int, Handler] = {
     RequestCode.PULL_MESSAGE: _pull,
     RequestCode.QUERY_CONSUMER_OFFSET: _query_offset,
     RequestCode.UPDATE_CONSUMER_OFFSET: _update_offset,
+    RequestCode.GET_CONSUME_STATS: _consume_stats,
     RequestCode.HEART_BEAT: _heartbeat,
     RequestCode.UNREGISTER_CLIENT: _unregister_client,
     RequestCode.GET_CONSUMER_LIST_BY_GROUP: _consumer_list,

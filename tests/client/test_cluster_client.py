@@ -154,6 +154,9 @@ def test_consumer_running_info_through_the_broker(cluster: LocalCluster) -> None
                 (row.queue, row.max_offset, row.max_offset, 0) for row in topic_stats]
             assert [row.last_timestamp_ms for row in consume_stats] == [row.last_update_ms for row in topic_stats]
             assert {row.queue.topic for row in admin.consume_stats("it-info")} <= {"ItInfo", "%RETRY%it-info"}
+            # 6 messages served to the group's pulls within the last minute (the leader's own count)
+            assert 6 / 20 < admin.consume_tps("it-info", "ItInfo") <= 6 / 10
+            assert admin.consume_tps("it-info") == pytest.approx(admin.consume_tps("it-info", "ItInfo"), rel=0.01)
             connection = admin.consumer_connections("it-info")
             assert [(entry.client_id, entry.language) for entry in connection.connections] == [(client_id, "PYTHON")]
             assert connection.connections[0].address.startswith("127.0.0.1:")
