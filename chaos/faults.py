@@ -21,6 +21,7 @@ HTTP API) runs in a worker thread so the workload on the event loop keeps going.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import shutil
 import signal
@@ -62,6 +63,8 @@ CORRUPTION_SETTLE_SECONDS: Final = 20.0
 #: free space a member's tmpfs has beyond what its directory held when it was moved there, and again
 #: before each fill and at heal time (it grows: the member keeps writing, for as long as a soak runs)
 TMPFS_HEADROOM_BYTES: Final = 32 << 20
+#: how often a member moved onto a tmpfs gets its headroom back between disk-full faults
+TMPFS_CHECK_SECONDS: Final = 5.0
 
 
 class Faults:
@@ -71,6 +74,35 @@ class Faults:
         self.recorder = recorder
         self.paused: set[str] = set()
         self.cut: set[str] = set()
+        #: members whose disk is being filled on purpose: their tmpfs is not grown meanwhile
+        self.filling: set[str] = set()
+        self._tmpfs_lock = asyncio.Lock()
+        self._keeper: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Keep the headroom of members moved onto a tmpfs (see :meth:`_keep_headroom`) until :meth:`stop`."""
+        self._keeper = asyncio.get_running_loop().create_task(self._keep_headroom(), name="tmpfs-headroom")
+
+    async def stop(self) -> None:
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+
+    async def _keep_headroom(self) -> None:
+        """A member on a tmpfs keeps writing between disk-full faults; growing its tmpfs only before a fill
+        and at heal time let a long soak fill it in between (after ~32 MB), stalling that member until the
+        next fault. Every few seconds, each tmpfs not being filled on purpose gets its headroom back."""
+        while True:
+            await asyncio.sleep(TMPFS_CHECK_SECONDS)
+            await self.keep_headroom_once()
+
+    async def keep_headroom_once(self) -> None:
+        for node_id in self.cluster.node_ids:
+            async with self._tmpfs_lock:
+                if node_id not in self.filling:
+                    await self._grow_tmpfs(node_id)
 
     # ------------------------------------------------------------------------------------ helpers
 
@@ -193,12 +225,20 @@ class Faults:
             self.note("tmpfs", f"{node_id}'s data directory moved onto a tmpfs of {size + TMPFS_HEADROOM_BYTES} "
                                "bytes")
             await self._restart(node_id)
-        else:
-            await self._grow_tmpfs(node_id)
         start = self.recorder.now()
-        filled = await asyncio.to_thread(disk.fill, node_dir)
-        await asyncio.sleep(hold_seconds)
-        await asyncio.to_thread(disk.unfill, node_dir)
+        async with self._tmpfs_lock:
+            await self._grow_tmpfs(node_id)
+            self.filling.add(node_id)
+            try:
+                filled = await asyncio.to_thread(disk.fill, node_dir)
+            except BaseException:
+                self.filling.discard(node_id)
+                raise
+        try:
+            await asyncio.sleep(hold_seconds)
+        finally:
+            await asyncio.to_thread(disk.unfill, node_dir)
+            self.filling.discard(node_id)
         alive = self._alive(node_id)
         if not alive:
             self.note("member died", f"{node_id} exited while its disk was full (see broker.log)")
@@ -357,8 +397,10 @@ class Faults:
     async def heal_everything(self) -> None:
         """Free filled disks, resume paused members, restart dead ones, heal every link (Raft and client)."""
         for node_id in self.cluster.node_ids:
-            await asyncio.to_thread(disk.unfill, self.node_dir(node_id))
-            await self._grow_tmpfs(node_id)
+            async with self._tmpfs_lock:
+                await asyncio.to_thread(disk.unfill, self.node_dir(node_id))
+                self.filling.discard(node_id)
+                await self._grow_tmpfs(node_id)
         for node_id in sorted(self.paused):
             if self._alive(node_id):
                 await asyncio.to_thread(self.cluster.local.kill, node_id, signal.SIGCONT)

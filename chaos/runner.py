@@ -230,6 +230,7 @@ async def _drive(options: RunOptions, scenario: Scenario, cluster: ChaosCluster,
     loop = asyncio.get_running_loop()
     monitor.start()
     workload.start()
+    faults.start()
     try:
         await asyncio.sleep(options.warmup_seconds)
         print(f"  faults for {options.duration_seconds:g} s", file=out, flush=True)
@@ -248,6 +249,7 @@ async def _drive(options: RunOptions, scenario: Scenario, cluster: ChaosCluster,
         if failure is not None:
             raise RuntimeError(f"a workload task failed: {failure!r}") from failure
     finally:
+        await faults.stop()
         await workload.stop()
         await monitor.stop()
 

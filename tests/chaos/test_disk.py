@@ -3,13 +3,22 @@ flipped inside a committed record's body."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import random
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
 from chaos import disk
+from chaos import faults as faults_module
+from chaos.cluster import ChaosCluster
+from chaos.faults import Faults
+from chaos.history import NoteEvent
+from chaos.monitor import LeaderMonitor
+from chaos.workload import Recorder
 from commitlog.message import RecordError, decode_record
 from commitlog.store import MessageStore
 from tests.commitlog.helpers import message, small_config
@@ -110,3 +119,46 @@ def test_the_report_names_each_corruption_outcome() -> None:
         {"node": "n2", "outcome": "unnoticed", "corruption": "00000000000000000000 byte 9: 0x01 -> 0xfe"},
         {"node": "n1", "outcome": "repaired", "corruption": "00000000000000000000 byte 5"},
     ]
+
+
+@needs_tmpfs
+def test_the_headroom_keeper_grows_a_members_tmpfs_unless_it_is_being_filled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between disk-full faults a member keeps writing; its tmpfs gets its headroom back every few seconds,
+    except while the disk-full fault fills it on purpose."""
+    monkeypatch.setattr(faults_module, "TMPFS_HEADROOM_BYTES", 512 << 10)
+    monkeypatch.setattr(faults_module, "TMPFS_CHECK_SECONDS", 0.01)
+    member = tmp_path / "n1"
+    member.mkdir()
+    (member / "node.toml").write_text("")
+    node = SimpleNamespace(config=str(member / "node.toml"))
+    cluster = SimpleNamespace(node_ids=["n1"], local=SimpleNamespace(info=SimpleNamespace(node=lambda _: node)))
+    events: list[object] = []
+    recorder = SimpleNamespace(now=lambda: 0.0, record=events.append)
+    faults = Faults(cast(ChaosCluster, cluster), cast(LeaderMonitor, None), cast(Recorder, recorder))
+    try:
+        disk.mount_tmpfs(member, 1 << 20)
+        (member / "data").write_bytes(b"x" * (900 << 10))  # what the member wrote since it was moved
+        faults.filling.add("n1")
+        asyncio.run(faults.keep_headroom_once())
+        assert disk.free_bytes(member) < 200 << 10 and events == []  # filled on purpose: left full
+        faults.filling.clear()
+        asyncio.run(faults.keep_headroom_once())
+        assert disk.free_bytes(member) >= 512 << 10
+        assert [event.what for event in events if isinstance(event, NoteEvent)] == ["tmpfs"]
+
+        async def keeper_at_work() -> None:
+            faults.start()
+            try:
+                (member / "more").write_bytes(b"y" * disk.free_bytes(member))
+                deadline = asyncio.get_running_loop().time() + 30
+                while disk.free_bytes(member) < 512 << 10:
+                    assert asyncio.get_running_loop().time() < deadline, "the keeper never grew the tmpfs"
+                    await asyncio.sleep(0.01)  # polling the condition the keeper brings about
+            finally:
+                await faults.stop()
+
+        asyncio.run(keeper_at_work())
+        assert (member / "data").read_bytes() == b"x" * (900 << 10)
+    finally:
+        disk.release_mounts(tmp_path)
