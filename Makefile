@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test demo lint typecheck unit bench chaos clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py commitlog/_native.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)

@@ -39,6 +39,11 @@ from commitlog.message import (
 )
 from commitlog.message import crc32 as _crc32
 
+try:  # the record builder in C (setup.py builds it where a compiler is; the Python one below is the reference)
+    from commitlog import _native
+except ImportError:  # pragma: no cover - a machine that could not build it
+    _native = None  # type: ignore[assignment]
+
 #: per record: size, topic (index into the batch's topics), flags, queue id, tag code, reconsume count,
 #: number of key-index hashes
 META: Final = struct.Struct(">IHBiqiH")
@@ -74,6 +79,9 @@ Meta = tuple[int, int, int, int, int, int, int]
 
 #: prepared (0x4) and rolled-back (0xC) transaction messages are the ones with this sys_flag bit
 _SPECIAL_TRANSACTION_BIT: Final = TRANSACTION_PREPARED_TYPE
+invariant(_native is None or (MESSAGE_MAGIC, PROPERTIES_BYTES_MAX, META.size, HAS_UNIQ_KEY, BORN_HOST_V6)
+          == (_native.MESSAGE_MAGIC, _native.PROPERTIES_BYTES_MAX, _native.META_BYTES, _native.HAS_UNIQ_KEY,
+              _native.BORN_HOST_V6), "the C record builder has the constants of this module")
 invariant(bool(TRANSACTION_ROLLBACK_TYPE & _SPECIAL_TRANSACTION_BIT)
           and not TRANSACTION_COMMIT_TYPE & _SPECIAL_TRANSACTION_BIT, "prepared and rollback share a bit commit lacks")
 
@@ -269,7 +277,20 @@ class RecordBuilder:
         return entry
 
     def build(self, messages: Sequence[MessageInput], stamp: int) -> PreparedRecords | None:
-        """The records of ``messages``, all stamped ``stamp``; None when the batch must go as messages."""
+        """The records of ``messages``, all stamped ``stamp``; None when the batch must go as messages. Laid
+        out in C where commitlog._native is built (the same bytes: it hands anything it is not sure of to
+        :meth:`build_python`, which decides)."""
+        if _native is not None:
+            built = _native.build_records(messages, stamp, self.store_host, self.body_size_max_bytes,
+                                          self.segment_size_bytes - FILLER_HEADER_BYTES, self._topic,
+                                          self._tag_codes, cached_tag_code, _crc32)
+            if built is not NotImplemented:
+                topics, metas, key_hashes, records = built
+                return PreparedRecords(stamp, self.store_host, topics, metas, key_hashes, records)
+        return self.build_python(messages, stamp)
+
+    def build_python(self, messages: Sequence[MessageInput], stamp: int) -> PreparedRecords | None:
+        """:meth:`build` in Python: the reference, and what decides whatever the C builder hands over."""
         batch_topics: dict[str, tuple[int, bytes, int]] = {}  # topic -> (index, segment, prefix CRC)
         topics: list[str] = []
         metas: list[bytes] = []
