@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -62,40 +63,33 @@ def _hand_over(fd: int) -> None:
     _pending.put(fd)
 
 
-def _open_for_release(path: Path) -> int | None:
+def _freed_here(held: Path, operation: Callable[[], None]) -> None:
+    """Run ``operation`` (which removes the name ``held``) with ``held`` open, and hand the descriptor over:
+    its blocks are freed when the reaper closes it. A file that cannot be opened (gone, permissions, no
+    descriptors left) is freed by the operation itself, as without the reaper."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError:  # cannot hold it open (permissions, descriptors): it is freed by the caller
-        return None
-
-
-def unlink(path: Path, missing_ok: bool = True) -> None:
-    """``path.unlink()``, with the blocks freed on the reaper's thread."""
-    fd = _open_for_release(path)
+        fd: int | None = os.open(held, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        fd = None
     try:
-        path.unlink(missing_ok=missing_ok)
+        operation()
     except BaseException:
         if fd is not None:
             _release(fd)
         raise
     if fd is not None:
         _hand_over(fd)
+
+
+def unlink(path: Path, missing_ok: bool = True) -> None:
+    """``path.unlink()``, with the blocks freed on the reaper's thread."""
+    _freed_here(path, lambda: path.unlink(missing_ok=missing_ok))
 
 
 def replace(source: Path, target: Path) -> None:
     """``os.replace(source, target)``, with the blocks of the file ``target`` named before freed on the
     reaper's thread."""
-    fd = _open_for_release(target)
-    try:
-        os.replace(source, target)
-    except BaseException:
-        if fd is not None:
-            _release(fd)
-        raise
-    if fd is not None:
-        _hand_over(fd)
+    _freed_here(target, lambda: os.replace(source, target))
 
 
 def drain() -> None:
