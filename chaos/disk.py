@@ -101,15 +101,16 @@ def mount_tmpfs(directory: Path, size_bytes: int) -> None:
     staging.rmdir()
 
 
-def ensure_free(directory: Path, free_wanted: int) -> int | None:
+def ensure_free(directory: Path, free_wanted: int, grow_below: int | None = None) -> int | None:
     """Grow the tmpfs mounted at ``directory`` (``mount -o remount,size=``) until ``free_wanted`` bytes are
     free: its member keeps writing for as long as the run lasts, and a tmpfs sized once would run full for
-    good in a long soak. The new size, or None when it had the room already or is not a tmpfs."""
+    good in a long soak. With ``grow_below``, only once less than that is free. The new size, or None when
+    it had the room already or is not a tmpfs."""
     if directory.resolve() not in mounted_tmpfs(directory):
         return None
     stats = os.statvfs(directory)
     free = stats.f_bavail * stats.f_frsize
-    if free >= free_wanted:
+    if free >= (free_wanted if grow_below is None else min(grow_below, free_wanted)):
         return None
     size = -(-(stats.f_blocks * stats.f_frsize + free_wanted - free) // 4096) * 4096
     grown = _run("mount", "-o", f"remount,size={size}", str(directory))

@@ -101,8 +101,8 @@ class Faults:
     async def keep_headroom_once(self) -> None:
         for node_id in self.cluster.node_ids:
             async with self._tmpfs_lock:
-                if node_id not in self.filling:
-                    await self._grow_tmpfs(node_id)
+                if node_id not in self.filling:  # half the headroom used: a remount per ~16 MB written
+                    await self._grow_tmpfs(node_id, TMPFS_HEADROOM_BYTES // 2)
 
     # ------------------------------------------------------------------------------------ helpers
 
@@ -246,9 +246,10 @@ class Faults:
         return self._record("disk-full", node_id, start, f"{filled} filler bytes for {hold_seconds:.1f} s"
                             + ("" if alive else "; the member exited and was restarted"))
 
-    async def _grow_tmpfs(self, node_id: str) -> None:
-        """Give the member's tmpfs its headroom back (what it wrote since it was moved there used it up)."""
-        size = await asyncio.to_thread(disk.ensure_free, self.node_dir(node_id), TMPFS_HEADROOM_BYTES)
+    async def _grow_tmpfs(self, node_id: str, grow_below: int | None = None) -> None:
+        """Give the member's tmpfs its headroom back (what it wrote since it was moved there used it up);
+        with ``grow_below``, only once less than that is free."""
+        size = await asyncio.to_thread(disk.ensure_free, self.node_dir(node_id), TMPFS_HEADROOM_BYTES, grow_below)
         if size is not None:
             self.note("tmpfs", f"{node_id}'s tmpfs grown to {size} bytes")
 

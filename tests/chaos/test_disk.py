@@ -65,7 +65,8 @@ def test_a_tmpfs_its_member_filled_grows_its_headroom_back(tmp_path: Path) -> No
         assert disk.ensure_free(member, 512 << 10) is None  # room enough
         (member / "data").write_bytes(b"x" * (900 << 10))  # what the member wrote since
         assert disk.free_bytes(member) < 200 << 10
-        size = disk.ensure_free(member, 512 << 10)
+        assert disk.ensure_free(member, 512 << 10, grow_below=100 << 10) is None  # not yet below that
+        size = disk.ensure_free(member, 512 << 10, grow_below=300 << 10)
         assert size is not None and size % 4096 == 0 and size >= (1 << 20) + (300 << 10)
         assert disk.free_bytes(member) >= 512 << 10
         assert (member / "data").read_bytes() == b"x" * (900 << 10)  # a remount keeps the contents
