@@ -143,6 +143,7 @@ class AdminProcessor:
             "appliedIndex": str(status.applied_index),
             "commitLogMaxOffset": str(status.commit_log_max_offset),
             "commitLogMinOffset": str(status.commit_log_min_offset),
+            "uniqKeyCollisions": str(status.uniq_key_collisions),
             "topics": str(len(broker.state.topics)),
         }
 

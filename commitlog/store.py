@@ -80,6 +80,7 @@ from commitlog.records import (
     restamp,
     scatter,
 )
+from commitlog.retries import KeyCollision, retry_digest
 
 log = logging.getLogger(__name__)
 
@@ -1081,24 +1082,26 @@ class MessageStore:
                         break
             return found
 
-    def find_recent_send(self, topic: str, uniq_key: bytes, reconsume_times: int,
-                         since_timestamp: int) -> AppendResult | None:
-        """The stored message of ``topic`` with this UNIQ_KEY and reconsume count whose store timestamp is
-        at or after ``since_timestamp`` (a retried send), or None. Deterministic: it reads only the key
-        index and the commit log, which are identical on every replica at the same applied index."""
-        return self.find_recent_sends([(topic, uniq_key, reconsume_times)], since_timestamp)[0]
+    def find_recent_send(self, topic: str, uniq_key: bytes, reconsume_times: int, digest: bytes,
+                         since_timestamp: int) -> AppendResult | KeyCollision | None:
+        """The stored message a send is a retry of (:mod:`commitlog.retries`): of ``topic``, with this
+        UNIQ_KEY, reconsume count and content ``digest`` (:func:`retry_digest`), stored at or after
+        ``since_timestamp``. A :class:`KeyCollision` when messages match all but the content, None when
+        none matches. Deterministic: it reads only the key index and the commit log, which are identical on
+        every replica at the same applied index."""
+        return self.find_recent_sends([(topic, uniq_key, reconsume_times, digest)], since_timestamp)[0]
 
-    def find_recent_sends(self, sends: Sequence[tuple[str, bytes, int]],
-                          since_timestamp: int) -> list[AppendResult | None]:
-        """:meth:`find_recent_send` for each (topic, UNIQ_KEY, reconsume count), under one lock (apply
-        asks for every send of a command at once)."""
-        found: list[AppendResult | None] = []
+    def find_recent_sends(self, sends: Sequence[tuple[str, bytes, int, bytes]],
+                          since_timestamp: int) -> list[AppendResult | KeyCollision | None]:
+        """:meth:`find_recent_send` for each (topic, UNIQ_KEY, reconsume count, digest), under one lock
+        (apply asks for every send of a command at once)."""
+        found: list[AppendResult | KeyCollision | None] = []
         with self._lock:
             lookup = self.index.lookup
             recent = self._recent_keys if self._recent_keys.authoritative(since_timestamp) else None
             min_offset = self.commit_log.min_offset
             end_offset = self.commit_log.end_offset
-            for topic, uniq_key, reconsume_times in sends:
+            for topic, uniq_key, reconsume_times, digest in sends:
                 found.append(None)
                 if not uniq_key.isascii():
                     try:
@@ -1122,6 +1125,9 @@ class MessageStore:
                     if (message.topic == topic and message.reconsume_times == reconsume_times
                             and message.store_timestamp >= since_timestamp
                             and _dispatch_fields(message.properties)[2] == uniq_key):
+                        if retry_digest(message.flag, message.body, message.properties) != digest:
+                            found[-1] = KeyCollision(physical)  # unless an older match is the retried one
+                            continue
                         found[-1] = AppendResult(AppendStatus.OK, physical, message.queue_offset,
                                                  message.total_size, message.store_host)
                         break

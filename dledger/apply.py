@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from commitlog.errors import DiskFullError
-from commitlog.message import MessageInput, StoredMessage
+from commitlog.message import MessageInput, StoredMessage, decode_record
 from commitlog.records import (
     HAS_UNIQ_KEY,
     HASH_DTYPE,
@@ -39,6 +39,7 @@ from commitlog.records import (
     meta_list,
     uniq_key_of,
 )
+from commitlog.retries import KeyCollision, retry_digest
 from commitlog.store import AppendOutcome, AppendResult, MessageStore
 from dledger.command import (
     AclDocument,
@@ -67,9 +68,9 @@ NOOP_HISTORY_MAX = 100
 DISK_FULL_RETRY_SECONDS = 1.0
 #: the topic of transaction half messages (queue 0); its queue offsets name the halves
 TRANSACTION_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
-#: a send whose topic, UNIQ_KEY and reconsume count match a message stored this recently is a client's
-#: retry and is not stored again (its answer is the stored message's). Part of apply: every member must
-#: use the same value, so it is a constant of the command format, not a setting.
+#: a send whose topic, UNIQ_KEY, reconsume count and content (commitlog.retries) match a message stored this
+#: recently is a client's retry and is not stored again (its answer is the stored message's). Part of apply:
+#: every member must use the same value, so it is a constant of the command format, not a setting.
 UNIQ_KEY_WINDOW_MS = 120_000
 #: TimerProgress(TIMER_DELIVER_KEY, second * TIMER_CURSOR_SCALE + start) releases due timers (dledger.timers)
 TIMER_DELIVER_KEY = "timer-deliver"
@@ -110,6 +111,9 @@ class StateMachine:
         #: Nothing that takes a store lock runs under it (a flush holds those while it encodes the state).
         self.state_lock: AbstractContextManager[object] = state_lock if state_lock is not None else threading.Lock()
         self.noops: deque[tuple[int, str]] = deque(maxlen=NOOP_HISTORY_MAX)
+        #: sends whose UNIQ_KEY matched a recent message's but whose content did not, stored as new messages
+        #: (commitlog.retries): ids that repeat by accident, which a dedupe by key alone would have lost
+        self.key_collisions = 0
 
     @property
     def applied_index(self) -> int:
@@ -249,7 +253,11 @@ class StateMachine:
         def uniq_key(position: int) -> bytes:
             return uniq_key_of(batch.records, int(layout.starts[position]), int(metas["flags"][position])) or b""
 
+        def digest(position: int) -> bytes:
+            return _record_digest(batch, int(layout.starts[position]))
+
         duplicates: dict[int, AppendResult | int] = {}
+        collided: dict[int, tuple[str, bytes]] = {}
         ordered = hashes.copy()
         ordered.sort()
         if (ordered[1:] == ordered[:-1]).any():
@@ -261,36 +269,68 @@ class StateMachine:
             for position, identity in zip(positions.tolist(), identities, strict=True):
                 if first.setdefault(identity, position) != position:
                     again.append((position, identity))
-            self._repeated_sends(first, again, uniq_key, duplicates)
+            self._repeated_sends(batch.topics, first, again, uniq_key, digest, duplicates, collided)
             sent_first = np.array([position not in duplicates for position in positions.tolist()], dtype=np.bool_)
             positions, hashes = positions[sent_first], hashes[sent_first]
         candidates = positions[self.store.recently_stored_mask(hashes, since_timestamp)].tolist()
         if candidates:
-            sends = [(batch.topics[int(metas["topic"][position])], uniq_key(position), int(metas["reconsume"][position]))
-                     for position in candidates]
-            for position, stored in zip(candidates, self.store.find_recent_sends(sends, since_timestamp), strict=True):
-                if stored is not None:
-                    duplicates[position] = stored
+            sends = [(batch.topics[int(metas["topic"][position])], uniq_key(position), int(metas["reconsume"][position]),
+                      digest(position)) for position in candidates]
+            self._stored_sends(candidates, sends, since_timestamp, duplicates, collided)
+        self._count_collisions(collided, duplicates)
         return duplicates
 
-    @staticmethod
-    def _repeated_sends(first: dict[tuple[int, int, int], int], again: list[tuple[int, tuple[int, int, int]]],
-                        uniq_key: Callable[[int], bytes], duplicates: dict[int, AppendResult | int]) -> list[tuple[int, int]]:
+    def _repeated_sends(self, topics: Sequence[str], first: dict[tuple[int, int, int], int],
+                        again: list[tuple[int, tuple[int, int, int]]], uniq_key: Callable[[int], bytes],
+                        digest: Callable[[int], bytes], duplicates: dict[int, AppendResult | int],
+                        collided: dict[int, tuple[str, bytes]]) -> list[tuple[int, int]]:
         """Of the sends in ``again``, whose (topic, UNIQ_KEY hash, reconsume count) an earlier send of the
-        command has (``first``: identity -> its first position): those whose key is an earlier one's too go
-        into ``duplicates`` (position -> that earlier position); the others, a CRC collision of distinct
-        keys and so first sends after all, are returned as (position, hash)."""
-        exact: dict[tuple[int, bytes, int], int] = {}
+        command has (``first``: identity -> its first position): those whose key and content are an earlier
+        one's too go into ``duplicates`` (position -> that earlier position); the others (a CRC collision of
+        distinct keys, or a key collision of distinct contents) are first sends after all and are returned
+        as (position, hash); of those, a key collision goes into ``collided`` (position -> topic, UNIQ_KEY)."""
+        exact: dict[tuple[int, bytes, int, bytes], int] = {}
+        digests: dict[tuple[int, bytes, int], set[bytes]] = {}  # (topic, UNIQ_KEY, reconsume count) -> contents
         distinct = []
         for position, identity in again:
             earlier = first[identity]
-            exact.setdefault((identity[0], uniq_key(earlier), identity[2]), earlier)
-            found = exact.setdefault((identity[0], uniq_key(position), identity[2]), position)
+            key, content = (identity[0], uniq_key(earlier), identity[2]), digest(earlier)
+            exact.setdefault((*key, content), earlier)
+            digests.setdefault(key, set()).add(content)
+            key, content = (identity[0], uniq_key(position), identity[2]), digest(position)
+            found = exact.setdefault((*key, content), position)
             if found != position:
                 duplicates[position] = found
             else:
                 distinct.append((position, identity[1]))
+                contents = digests.setdefault(key, set())
+                if contents:
+                    collided[position] = (topics[key[0]], key[1])
+                contents.add(content)
         return distinct
+
+    def _stored_sends(self, positions: Sequence[int], sends: Sequence[tuple[str, bytes, int, bytes]],
+                      since_timestamp: int, duplicates: dict[int, AppendResult | int],
+                      collided: dict[int, tuple[str, bytes]]) -> None:
+        """Look ``sends`` (topic, UNIQ_KEY, reconsume count, digest; of the sends at ``positions``) up among
+        the messages stored since ``since_timestamp``: retries go into ``duplicates``, key collisions into
+        ``collided``."""
+        for position, send, stored in zip(positions, sends, self.store.find_recent_sends(sends, since_timestamp),
+                                          strict=True):
+            if isinstance(stored, KeyCollision):
+                collided[position] = (send[0], send[1])
+            elif stored is not None:
+                duplicates[position] = stored
+
+    def _count_collisions(self, collided: dict[int, tuple[str, bytes]], duplicates: dict[int, AppendResult | int]) -> None:
+        """Count and log the sends stored as new messages though their UNIQ_KEY matched a recent message's
+        (those in ``collided`` that are not a retry of another message after all)."""
+        for position, (topic, uniq_key) in collided.items():
+            if position not in duplicates:
+                self.key_collisions += 1
+                log.warning("UNIQ_KEY %s of topic %s is a recent message's too, with other content: stored as a "
+                            "new message (%d such sends)", uniq_key.decode("utf-8", "replace"), topic,
+                            self.key_collisions)
 
     def _record_duplicates_each(self, batch: PreparedRecords, since_timestamp: int) -> dict[int, AppendResult | int]:
         """:meth:`_record_duplicates` record by record."""
@@ -313,22 +353,28 @@ class StateMachine:
             return {}
         starts: list[int] = []
 
-        def uniq_key(position: int) -> bytes:
+        def record_start(position: int) -> int:
             if not starts:
                 starts.extend(itertools.accumulate((meta[0] for meta in metas), initial=0))
-            return uniq_key_of(batch.records, starts[position], metas[position][2]) or b""
+            return starts[position]
+
+        def uniq_key(position: int) -> bytes:
+            return uniq_key_of(batch.records, record_start(position), metas[position][2]) or b""
+
+        def digest(position: int) -> bytes:
+            return _record_digest(batch, record_start(position))
 
         duplicates: dict[int, AppendResult | int] = {}
+        collided: dict[int, tuple[str, bytes]] = {}
         if again:  # equal hashes: equal keys, or (rarely) a CRC collision of two distinct keys
-            uniq_hashes.update(self._repeated_sends(first, again, uniq_key, duplicates))
+            uniq_hashes.update(self._repeated_sends(batch.topics, first, again, uniq_key, digest, duplicates, collided))
         candidates = self.store.recently_stored(uniq_hashes, since_timestamp)
         if candidates:
             candidates.sort()
-            sends = [(batch.topics[metas[position][1]], uniq_key(position), metas[position][5])
+            sends = [(batch.topics[metas[position][1]], uniq_key(position), metas[position][5], digest(position))
                      for position in candidates]
-            for position, stored in zip(candidates, self.store.find_recent_sends(sends, since_timestamp), strict=True):
-                if stored is not None:
-                    duplicates[position] = stored
+            self._stored_sends(candidates, sends, since_timestamp, duplicates, collided)
+        self._count_collisions(collided, duplicates)
         return duplicates
 
     def _append_records(self, raft_index: int, batch: PreparedRecords, duplicates: dict[int, AppendResult | int],
@@ -390,23 +436,27 @@ class StateMachine:
 
     def _split_duplicates(self, messages: Sequence[MessageInput], since_timestamp: int
                           ) -> tuple[list[MessageInput], dict[int, AppendResult | int]]:
-        """Messages to store, and for each retried send (same topic, UNIQ_KEY and reconsume count as a
+        """Messages to store, and for each retried send (same topic, UNIQ_KEY, reconsume count and content as a
         message stored within UNIQ_KEY_WINDOW_MS, or earlier in this command) its position mapped to the
         stored message's result (or to the position of the earlier message of this command)."""
         duplicates: dict[int, AppendResult | int] = {}
-        first: dict[tuple[str, bytes, int], int] = {}  # identity -> position of its first send here
+        collided: dict[int, tuple[str, bytes]] = {}
+        first: dict[tuple[str, bytes, int, bytes], int] = {}  # identity -> position of its first send here
+        keys: set[tuple[str, bytes, int]] = set()
         for position, message in enumerate(messages):
             match = _UNIQ_KEY_PROPERTY.search(message.properties)
             if match is not None:
-                identity = (message.topic, match.group(1), message.reconsume_times)
+                key = (message.topic, match.group(1), message.reconsume_times)
+                identity = (*key, retry_digest(message.flag, message.body, message.properties))
                 earlier = first.setdefault(identity, position)
                 if earlier != position:
                     duplicates[position] = earlier
+                elif key in keys:
+                    collided[position] = (key[0], key[1])
+                keys.add(key)
         if first:
-            stored_sends = self.store.find_recent_sends(list(first), since_timestamp)
-            for position, stored in zip(first.values(), stored_sends, strict=True):
-                if stored is not None:
-                    duplicates[position] = stored
+            self._stored_sends(list(first.values()), list(first), since_timestamp, duplicates, collided)
+            self._count_collisions(collided, duplicates)
         if not duplicates:
             return list(messages), duplicates
         return [message for position, message in enumerate(messages) if position not in duplicates], duplicates
@@ -469,3 +519,9 @@ class StateMachine:
             with self.state_lock:
                 self.state.applied_index = raft_index
         return ApplyResult(raft_index, noop_reason=reason)
+
+
+def _record_digest(batch: PreparedRecords, start: int) -> bytes:
+    """The :func:`retry_digest` of the record at ``start`` of a batch."""
+    record = decode_record(batch.records, start, check_crc=False)
+    return retry_digest(record.flag, record.body, record.properties)

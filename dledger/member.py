@@ -91,6 +91,8 @@ class MemberStatus:
     applied_index: int
     commit_log_max_offset: int
     commit_log_min_offset: int
+    #: sends stored as new messages though their UNIQ_KEY matched a recent message's (dledger.apply)
+    uniq_key_collisions: int = 0
 
 
 #: how our commands sit in pysyncobj's log: its REGULAR command type byte, then a byte no pickle starts
@@ -544,6 +546,7 @@ class GroupMember:
             applied_index=self.machine.applied_index,
             commit_log_max_offset=self.store.max_physical_offset,
             commit_log_min_offset=self.store.commit_log.min_offset,
+            uniq_key_collisions=self.machine.key_collisions,
         )
 
     # ------------------------------------------------------------------ writes

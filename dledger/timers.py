@@ -18,16 +18,15 @@ import re
 from typing import Final
 
 from commitlog.message import MessageInput, decode_properties, encode_properties
+from commitlog.retries import PROPERTY_TIMER_OUT_MS, TIMER_KEY_PREFIX
 
 TIMER_TOPIC: Final = "RMQ_SYS_TIMER_TOPIC"
 TIMER_PROGRESS_KEY: Final = "timer"
 #: timers of the second after the progress already delivered (a second's timers can span commands)
 TIMER_CURSOR_KEY: Final = "timer-cursor"
-PROPERTY_TIMER_OUT_MS: Final = "TIMER_OUT_MS"
 PROPERTY_REAL_TOPIC: Final = "REAL_TOPIC"
 PROPERTY_REAL_QUEUE_ID: Final = "REAL_QID"
 PROPERTY_KEYS: Final = "KEYS"
-TIMER_KEY_PREFIX: Final = "RMQ_TIMER_"
 _TIMER_OUT = re.compile(rb"(?:^|\x02)TIMER_OUT_MS\x01(\d{1,19})(?:\x02|$)")
 
 

@@ -53,6 +53,7 @@ from commitlog.message import (
     encode_record,
     tags_hash_code,
 )
+from commitlog.retries import retry_digest
 
 LOOPBACK = "127.0.0.1"
 BROKER_NAME = "broker-a"
@@ -84,14 +85,15 @@ class EndTransaction:
 
 
 class FakeStore:
-    """What Raft would replicate: records, topics, offsets; plus dedupe by UNIQ_KEY."""
+    """What Raft would replicate: records, topics, offsets; plus dedupe of retries by UNIQ_KEY and content,
+    as apply's (commitlog.retries), without its time window."""
 
     def __init__(self) -> None:
         self.records: dict[int, bytes] = {}
         self.next_physical = 0
         self.topics: dict[str, TopicState] = {"TBW102": TopicState(8, 8)}
         self.offsets: dict[tuple[str, str, int], int] = {}
-        self.dedupe: dict[str, tuple[str, int, int]] = {}
+        self.dedupe: dict[tuple[str, str, int, bytes], tuple[str, int, int]] = {}
         self.end_transactions: list[EndTransaction] = []
         self.new_data = asyncio.Condition()
 
@@ -103,10 +105,11 @@ class FakeStore:
     def append(self, topic: str, queue_id: int, body: bytes, properties: dict[str, str], *,
                sys_flag: int = 0, flag: int = 0, born_ms: int = 0, reconsume: int = 0,
                dedupe: bool = True) -> tuple[str, int, int]:
-        """Store one record; a UNIQ_KEY seen before returns the first result (deduplication)."""
+        """Store one record; a retry (a UNIQ_KEY and content seen before) returns the first result."""
         unique = properties.get("UNIQ_KEY") if dedupe else None
-        if unique and unique in self.dedupe:
-            return self.dedupe[unique]
+        identity = (topic, unique or "", reconsume, retry_digest(flag, body, encode_properties(properties)))
+        if unique and identity in self.dedupe:
+            return self.dedupe[identity]
         state = self.topic(topic)
         queue = state.queues[queue_id]
         record = encode_record(
@@ -122,7 +125,7 @@ class FakeStore:
             queue.append(physical)
         result = (encode_message_id(STORE_HOST, physical), queue_id, len(queue) - 1)
         if unique:
-            self.dedupe[unique] = result
+            self.dedupe[identity] = result
         return result
 
     def messages(self, topic: str, queue_id: int) -> list[bytes]:

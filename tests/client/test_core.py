@@ -3,7 +3,6 @@ selectors, errors. No network."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
@@ -37,7 +36,6 @@ from client.message import (
 )
 from client.route import borrowed_route, topic_route_from_data
 from client.selector import RoundRobin, java_hash_code, select_by_hash, select_by_sharding_key
-from client.unique_id import UniqueIdGenerator, is_unique_id, month_start_ms
 from commitlog.message import (
     SYSFLAG_COMPRESSED,
     MessageInput,
@@ -97,35 +95,6 @@ def test_producer_and_consumer_configs_validate() -> None:
         ConsumerConfig(message_model="sideways")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="pull_threshold_per_queue"):
         ConsumerConfig(pull_batch_size=64, pull_threshold_per_queue=10)
-
-
-# ------------------------------------------------------------------------------------- unique ids
-
-
-def test_unique_ids_have_java_layout_and_do_not_repeat() -> None:
-    now = 1_700_000_000_000
-    generator = UniqueIdGenerator("10.1.2.3", pid=0x12345, rng=random.Random(7), clock_ms=lambda: now)
-    ids = [generator.next_id() for _ in range(1000)]
-    assert len(set(ids)) == 1000
-    first = bytes.fromhex(ids[0])
-    assert all(is_unique_id(each) for each in ids)
-    assert first[:4] == bytes([10, 1, 2, 3])
-    assert first[4:6] == (0x2345).to_bytes(2, "big")  # the pid's low 16 bits, as Java's short
-    start, following = month_start_ms(now)
-    assert int.from_bytes(first[10:14], "big") == now - start
-    assert start < now < following
-    # the fixed prefix (ip, pid, random) is shared; only time and counter change
-    assert {each[:20] for each in ids} == {ids[0][:20]}
-
-
-def test_unique_id_generator_rolls_over_at_the_month() -> None:
-    clock = [month_start_ms(1_700_000_000_000)[1] - 1]
-    generator = UniqueIdGenerator("127.0.0.1", rng=random.Random(1), clock_ms=lambda: clock[0])
-    before = bytes.fromhex(generator.next_id())
-    clock[0] += 2
-    after = bytes.fromhex(generator.next_id())
-    assert int.from_bytes(before[10:14], "big") > 2_000_000_000 - 2**31 + 1  # late in the month
-    assert int.from_bytes(after[10:14], "big") == 1
 
 
 # ---------------------------------------------------------------------------------------- messages

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from commitlog.config import StoreConfig
-from commitlog.message import MessageInput, encode_host, encode_properties
+from commitlog.message import MessageInput, decode_properties, encode_host, encode_properties
+from commitlog.retries import retry_digest
 
 BORN_HOST = encode_host("192.168.0.10", 40123)
 
@@ -68,3 +69,10 @@ def data_bytes(root: Path) -> dict[str, bytes]:
     (the apply marker's sequence number differs between a replica that applied and one that copied)."""
     return {name: data for name, data in tree_bytes(root).items()
             if name.startswith(("commitlog/", "consumequeue/", "index/"))}
+
+
+def retry_of(stored: MessageInput) -> tuple[str, bytes, int, bytes]:
+    """What apply asks the store of a send that may be a retry of ``stored``: (topic, UNIQ_KEY, reconsume
+    count, content digest)."""
+    uniq_key = decode_properties(stored.properties)["UNIQ_KEY"].encode()
+    return stored.topic, uniq_key, stored.reconsume_times, retry_digest(stored.flag, stored.body, stored.properties)

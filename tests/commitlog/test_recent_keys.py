@@ -10,7 +10,7 @@ import numpy as np
 from commitlog.key_index import index_columns
 from commitlog.recent_keys import RecentKeys
 from commitlog.store import MessageStore
-from tests.commitlog.helpers import message, small_config
+from tests.commitlog.helpers import message, retry_of, small_config
 
 
 def test_no_false_negatives_across_rotations_against_a_model() -> None:
@@ -54,17 +54,15 @@ def test_the_store_finds_retried_sends_across_a_reopen_and_after_it(tmp_path: Pa
     store.close()
     store = MessageStore(small_config(tmp_path))
     try:
-        uniq = b"C0A8000A9CB3" + b"%020X" % 1
         # stored before the reopen: not in the filter, found through the index all the same
-        found = store.find_recent_send("TopicTest", uniq, 0, 999_000)
+        found = store.find_recent_send(*retry_of(first), 999_000)
         assert found is not None and found.physical_offset == 0
         # after the newest stored stamp the filter answers; a send stored after the reopen is found
         second = message(2)._replace(store_timestamp=1_000_500)
         store.append(2, [second])
-        uniq2 = b"C0A8000A9CB3" + b"%020X" % 2
-        assert store.find_recent_send("TopicTest", uniq2, 0, 1_000_001) is not None
-        assert store.find_recent_send("TopicTest", b"never-sent", 0, 1_000_001) is None
-        assert store.find_recent_send("TopicTest", uniq, 0, 1_000_001) is None  # older than asked
+        assert store.find_recent_send(*retry_of(second), 1_000_001) is not None
+        assert store.find_recent_send("TopicTest", b"never-sent", 0, b"", 1_000_001) is None
+        assert store.find_recent_send(*retry_of(first), 1_000_001) is None  # older than asked
     finally:
         store.close()
 

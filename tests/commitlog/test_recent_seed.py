@@ -13,7 +13,7 @@ import pytest
 from commitlog.key_index import key_hash
 from commitlog.recent_keys import SEED_SPAN_MS
 from commitlog.store import MessageStore
-from tests.commitlog.helpers import message, small_config
+from tests.commitlog.helpers import message, retry_of, small_config
 
 TOPIC = "TopicTest"
 BASE_MS = 1_700_000_000_000  # a whole second
@@ -47,7 +47,7 @@ def test_a_reopened_store_answers_no_exactly_for_the_last_window(tmp_path: Path)
     floor = (newest - SEED_SPAN_MS) // 1000 * 1000 - 1
     assert floor == BASE_MS + 178_999
     asked_times = [floor, floor + 1, BASE_MS + 179_500, BASE_MS + 179_999, BASE_MS + 180_000, newest, newest + 1]
-    before = {since: store.find_recent_sends([(TOPIC, uniq_key(n), 0) for n in order], since) for since in asked_times}
+    before = {since: store.find_recent_sends([retry_of(message(n)) for n in order], since) for since in asked_times}
     assert len(store.index.files) > 3
     store.close()
 
@@ -63,9 +63,9 @@ def test_a_reopened_store_answers_no_exactly_for_the_last_window(tmp_path: Path)
         assert not store.recently_stored_mask(probes, floor + 1).any()
         # the index answers as before the restart, for every time asked
         for since in asked_times:
-            sends = [(TOPIC, uniq_key(n), 0) for n in order]
+            sends = [retry_of(message(n)) for n in order]
             assert store.find_recent_sends(sends, since) == before[since], since
-        assert store.find_recent_send(TOPIC, b"never-sent", 0, floor + 1) is None
+        assert store.find_recent_send(TOPIC, b"never-sent", 0, b"", floor + 1) is None
     finally:
         store.close()
 
@@ -95,9 +95,9 @@ def test_the_boundary_second_is_taken_whole(tmp_path: Path) -> None:
         assert store.recently_stored_mask(hashes, 7_999).all()
         # from 8_000 on, exact: keys of second 8 stamped before newest - span (8_000, 8_100) included
         assert store.recently_stored_mask(hashes, 8_000).tolist() == [False, False, True, True, True, True, True, True]
-        assert store.find_recent_send(TOPIC, uniq_key(3), 0, 8_000) is not None
-        assert store.find_recent_send(TOPIC, uniq_key(2), 0, 8_000) is None
-        assert store.find_recent_send(TOPIC, uniq_key(2), 0, 7_999) is not None
+        assert store.find_recent_send(*retry_of(message(3)), 8_000) is not None
+        assert store.find_recent_send(*retry_of(message(2)), 8_000) is None
+        assert store.find_recent_send(*retry_of(message(2)), 7_999) is not None
     finally:
         store.close()
 
@@ -118,7 +118,7 @@ def test_a_file_beginning_in_the_boundary_second_does_not_hide_the_file_before(t
     try:
         hashes = np.array([uniq_hash(n) for n in stamps], dtype=np.uint32)
         assert store.recently_stored_mask(hashes, 8_000).tolist() == [stamp >= 8_000 for stamp in stamps.values()]
-        assert store.find_recent_send(TOPIC, uniq_key(7), 0, 8_000) is not None
+        assert store.find_recent_send(*retry_of(message(7)), 8_000) is not None
     finally:
         store.close()
 
@@ -171,7 +171,7 @@ def test_answers_after_reopen_equal_a_brute_force_model(tmp_path: Path) -> None:
         must be denied by the filter (it answers without the index)."""
         never_sent = [9_999_999 - n for n in range(20)]
         numbers = sorted({n for n, _, _ in records}) + never_sent
-        sends = [(TOPIC, uniq_key(n), 0) for n in numbers]
+        sends = [retry_of(message(n)) for n in numbers]
         hashes = np.array([uniq_hash(n) for n in numbers], dtype=np.uint32)
         newest = records[-1][1]
         denied = 0
@@ -226,7 +226,7 @@ def assert_exact_over_the_window(store: MessageStore, stamps: dict[int, int]) ->
     hashes = np.array([uniq_hash(n) for n in numbers], dtype=np.uint32)
     for since in range(newest - SEED_SPAN_MS - 1_000, newest + 2, 250):
         maybe = store.recently_stored_mask(hashes, since).tolist()
-        found = store.find_recent_sends([(TOPIC, uniq_key(n), 0) for n in numbers], since)
+        found = store.find_recent_sends([retry_of(message(n)) for n in numbers], since)
         for n, answer, result in zip(numbers, maybe, found, strict=True):
             assert (result is not None) == (stamps[n] >= since), (n, since)
             assert answer or stamps[n] < since, (n, since)

@@ -395,6 +395,69 @@ def test_records_deduplicate_by_key_not_by_hash(tmp_path: Path) -> None:
     assert data_bytes(tmp_path / "plain") == data_bytes(tmp_path / "records")
 
 
+def test_a_repeated_uniq_key_with_other_content_is_a_new_message(tmp_path: Path) -> None:
+    """A UNIQ_KEY match alone never drops a send (commitlog.retries): a send with a stored message's key
+    but other content is stored and counted; one with the same content is a retry. The same on the
+    Messages path, a follower's records and the leader's own records."""
+    key = "C0A8000A9CB3000000000000000000AA"
+    a, b, c = (message(number, UNIQ_KEY=key) for number in (1, 2, 3))
+    batches = [[a], [b, a._replace(queue_id=2, born_timestamp=1), b, c, message(4)], [c, message(5, UNIQ_KEY=key)]]
+    build = record_builder(tmp_path)
+    replicas = {name: machine(tmp_path / name) for name in ("messages", "follower", "leader")}
+    results = []
+    for index, batch in enumerate(batches, start=1):
+        stamp = 1_700_000_000_000 + index * 1000
+        records = build.build(batch, stamp)
+        assert records is not None
+        results.append(replicas["messages"].apply(index, encode_messages_command(batch, store_timestamp=stamp)))
+        replicas["follower"].apply(index, encode_records_command(records))
+        assert replicas["leader"].apply(index, encode_records_command(records), own=records) == results[-1]
+    (stored_a,), (of_b, of_a, again_b, of_c, _) = results[0].message_results[0], results[1].message_results[0]
+    assert of_a == stored_a and again_b == of_b  # retries: the stored message's answer
+    assert len({stored_a.physical_offset, of_b.physical_offset, of_c.physical_offset}) == 3
+    assert results[2].message_results[0][0] == of_c
+    assert [replica.store.max_queue_offset("TopicTest", 0) for replica in replicas.values()] == [5, 5, 5]
+    # b against a (stored), c against a and b (stored, or earlier in the command), message 5 likewise
+    assert [replica.key_collisions for replica in replicas.values()] == [3, 3, 3]
+    for replica in replicas.values():
+        replica.store.close()
+    assert (data_bytes(tmp_path / "messages") == data_bytes(tmp_path / "follower")
+            == data_bytes(tmp_path / "leader"))
+
+
+def test_ids_that_repeat_every_65536_sends_lose_nothing(tmp_path: Path) -> None:
+    """What a producer did from the 25th of each month: its ids repeated after 65,536 sends, and the dedupe
+    window took every repeat for a retry. Distinct messages under repeated ids are all stored."""
+    sm = machine(tmp_path / "a")
+    build = record_builder(tmp_path)
+    keys = [f"C0A8000A9CB3000000007FFFFFFF{counter:04X}" for counter in range(8)]
+    stored = 0
+    for index in range(1, 5):  # four rounds through the same eight ids, one command each
+        batch = [message(index * 100 + n, UNIQ_KEY=keys[n]) for n in range(8)]
+        records = build.build(batch, 1_700_000_000_000 + index)
+        assert records is not None
+        outcome = sm.apply(index, encode_records_command(records), own=records)
+        stored += len({result.physical_offset for result in outcome.message_results[0]})
+    assert stored == 32 and sm.store.max_queue_offset("TopicTest", 0) == 32
+    assert sm.key_collisions == 24
+
+
+def test_a_retried_timed_message_is_one_message_though_its_due_time_moved(tmp_path: Path) -> None:
+    """A relative delay (TIMER_DELAY_SEC) gives each attempt its own due time and timer token: they are
+    not content, so the retry is still a retry."""
+    sm = machine(tmp_path / "a")
+    sent = message(1, TIMER_DELAY_SEC="60")
+    first = sm.apply(1, encode_messages_command([schedule(sent, 1_700_000_060_000)], store_timestamp=1_700_000_000_000))
+    retry = sm.apply(2, encode_messages_command([schedule(sent._replace(queue_id=1), 1_700_000_062_000)],
+                                                store_timestamp=1_700_000_002_000))
+    assert retry.message_results[0][0] == first.message_results[0][0]
+    assert sm.store.max_queue_offset(TIMER_TOPIC, 0) == 1 and sm.key_collisions == 0
+    other = sm.apply(3, encode_messages_command([schedule(message(2, TIMER_DELAY_SEC="60", UNIQ_KEY=message(1).properties
+                                                                  .split(b"UNIQ_KEY\x01")[1].split(b"\x02")[0].decode()),
+                                                          1_700_000_063_000)], store_timestamp=1_700_000_003_000))
+    assert other.message_results[0][0] != first.message_results[0][0] and sm.key_collisions == 1
+
+
 def test_bad_records_commands_are_noops_on_every_replica(tmp_path: Path) -> None:
     sm = machine(tmp_path / "a")
     records = record_builder(tmp_path).build([message(1), message(2)], 1_700_000_000_000)
