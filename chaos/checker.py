@@ -15,6 +15,9 @@ What counts as a violation (each breaks a promise of shared/DESIGN.md, "Failure 
 - ``phantom``: a message received that no producer ever sent.
 - ``rolled_back_consumed``: a transactional message whose local transaction decided to roll back was
   received (whether it answered at once or only to the check-back; whether or not its half was acked).
+- ``reused_id``: one UNIQ_KEY given to two different messages (another producer, sharding key or
+  sequence). Every other check folds a message's attempts by UNIQ_KEY, so a reused id would hide the
+  loss of one of its messages; a client's ids must not repeat, whatever the date or the send rate.
 
 A transactional message whose half was acknowledged and whose local transaction decided to commit counts
 as an acknowledged send: ``lost`` and ``stored_twice`` apply to it (each group receives it, from one
@@ -64,7 +67,7 @@ VIOLATIONS_SHOWN_MAX: Final = 20
 SLICE_MARGIN_SECONDS: Final = 2.0
 
 VIOLATION_KINDS: Final = ("lost", "stored_twice", "queue_order", "key_order", "ack_mismatch", "position_conflict",
-                          "phantom", "rolled_back_consumed")
+                          "phantom", "rolled_back_consumed", "reused_id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,6 +453,21 @@ def check_rolled_back(history: History, messages: dict[str, SentMessage] | None 
     return violations
 
 
+def check_reused_ids(history: History) -> list[Violation]:
+    """UNIQ_KEYs sent for more than one message (producer, sharding key, sequence)."""
+    named: dict[str, dict[tuple[str, str, int], SendEvent]] = defaultdict(dict)
+    for send in history.sends:
+        named[send.uniq_key].setdefault((send.producer, send.sharding_key, send.sequence), send)
+    violations = []
+    for uniq_key, messages in named.items():
+        if len(messages) > 1:
+            firsts = sorted(messages.values(), key=lambda send: send.send_time)
+            which = ", ".join(f"{send.producer} {send.sharding_key}#{send.sequence}" for send in firsts[:4])
+            violations.append(Violation("reused_id", f"one UNIQ_KEY named {len(messages)} messages: {which}",
+                                        (uniq_key,), None, None, firsts[0].send_time, firsts[-1].end_time))
+    return violations
+
+
 def transaction_figures(messages: dict[str, SentMessage], delivered: set[str]) -> dict[str, int]:
     """Transactional messages by decision, and how many of each were acked (half) and received."""
     figures = dict.fromkeys(("messages", "committed", "committed_acked", "committed_received", "rolled_back",
@@ -544,6 +562,7 @@ def check(history: History) -> CheckResult:
         *check_position_conflicts(history),
         *check_phantoms(history),
         *check_rolled_back(history, messages),
+        *check_reused_ids(history),
     ]
     delivered = {delivery.uniq_key for delivery in history.deliveries}
     acked = sum(1 for message in messages.values() if message.acked)

@@ -8,6 +8,13 @@ order. Each message gets its UNIQ_KEY before the first attempt; a failed send is
 with the same UNIQ_KEY (the broker deduplicates) up to ``send_attempts_max`` attempts, then given up
 (an unknown outcome). A small fraction carries a delay level. Every attempt is recorded.
 
+Ids are the client's own (Java's layout, :mod:`client.unique_id`), and two settings aim at where they once
+went wrong: ``id_clock_month_offset_ms`` starts the producers' id clock that far into the current month
+(2^31 ms minus a few seconds: the run crosses the wrap of the id's int32 time field, on any day), and
+``burst_messages`` makes the first producer send that many messages at the start, in batches, as fast as
+the group takes them (more than 65,536 ids of one producer within the broker's dedupe window: the 16-bit
+counter wraps). The checker's ``reused_id`` and ``lost`` then show any id that repeats.
+
 Another small fraction is sent as a transaction (:class:`client.transaction.AsyncTransactionProducer`:
 every producer is one, in one producer group, so any of them can answer a check-back). The
 :class:`ChaosTransactionListener` decides commit or rollback from the run's seed and the UNIQ_KEY alone,
@@ -57,6 +64,7 @@ from chaos.history import (
 from client import ClientConfig, Message, MQClientError, ProducerConfig, select_by_sharding_key
 from client.message import PROPERTY_UNIQ_KEY, MessageExt
 from client.transaction import AsyncTransactionProducer, LocalTransactionState
+from client.unique_id import month_start_ms
 from commitlog.message import RecordError, decode_properties, decode_record
 
 PRODUCER_GROUP: Final = "chaos-producer"
@@ -94,6 +102,12 @@ class WorkloadConfig:
     pull_batch: int = 32
     long_poll_ms: int = 500
     request_timeout_seconds: float = 2.0
+    #: None: the producers' UNIQ_KEY clock is the system's; else it starts this many ms into the current
+    #: month (local time) and runs on at the system clock's pace
+    id_clock_month_offset_ms: int | None = None
+    #: messages the first producer sends at the start in batches of ``burst_batch`` (0: none)
+    burst_messages: int = 0
+    burst_batch: int = 256
 
     def validate(self) -> WorkloadConfig:
         checks = [
@@ -114,6 +128,10 @@ class WorkloadConfig:
             (0 < self.session_seconds_min <= self.session_seconds_max, "session seconds must be positive and ordered"),
             (self.commit_interval_seconds > 0 and self.pull_batch >= 1 and self.long_poll_ms >= 0,
              "commit interval, pull batch and long poll must be positive"),
+            (self.id_clock_month_offset_ms is None or 0 <= self.id_clock_month_offset_ms < 28 * 86_400_000,
+             "id_clock_month_offset_ms must be within the shortest month"),
+            (0 <= self.burst_messages <= 1_000_000 and 1 <= self.burst_batch <= 1024,
+             "burst_messages must be 0..1000000 and burst_batch 1..1024"),
         ]
         for holds, message in checks:
             if not holds:
@@ -204,6 +222,7 @@ class ProducerWorker:
     def __init__(self, index: int, namesrv: str, config: WorkloadConfig, recorder: Recorder, rng: random.Random,
                  transaction_salt: int = 0) -> None:
         self.name = f"p{index}"
+        self.index = index
         self.namesrv = namesrv
         self.config = config
         self.recorder = recorder
@@ -229,11 +248,13 @@ class ProducerWorker:
             client_config, ProducerConfig(group=PRODUCER_GROUP, send_timeout_seconds=config.send_timeout_seconds,
                                           default_topic_queue_nums=config.queues),
             listener=ChaosTransactionListener(self.transaction_salt, config, self.recorder),
-            rng=random.Random(self.rng.getrandbits(64)))
+            rng=random.Random(self.rng.getrandbits(64)), id_clock_ms=id_clock(config.id_clock_month_offset_ms))
         await producer.start()
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         try:
+            if self.index == 0 and config.burst_messages:
+                await self.send_burst(producer, stop)
             while not stop.is_set():
                 await self.send_one(producer)
                 next_at = max(next_at + 1 / config.rate_per_producer, loop.time() - 1.0)
@@ -288,6 +309,48 @@ class ProducerWorker:
                                            result.queue_offset, delay_level, result.broker_address, transaction,
                                            checked_back))
             return
+
+    async def send_burst(self, producer: AsyncTransactionProducer, stop: asyncio.Event) -> None:
+        """``burst_messages`` messages of one sharding key in batches (each batch is stored whole in the key's
+        queue, in order): every message of a batch is recorded as a send, with its own queue offset."""
+        config = self.config
+        key = f"{self.name}-burst"
+        sequence = 0
+        filler = b"x" * max(0, config.body_bytes - 32)  # not random: the burst is about ids, not bytes
+        while sequence < config.burst_messages and not stop.is_set():
+            count = min(config.burst_batch, config.burst_messages - sequence)
+            messages = [Message(config.topic, f"{key}#{sequence + n}#".encode() + filler, sharding_key=key)
+                        for n in range(count)]
+            for message in messages:
+                message.unique_id = producer.new_unique_id()
+            queue = select_by_sharding_key(await producer.fetch_publish_queues(config.topic), messages[0], key)
+            for attempt in range(config.send_attempts_max):
+                started = self.recorder.now()
+                try:
+                    result = await producer.send_batch(messages, queue=queue)
+                except MQClientError as error:
+                    for number, message in enumerate(messages):
+                        self.recorder.record(SendEvent(self.name, message.unique_id or "", key, sequence + number,
+                                                       attempt, started, self.recorder.now(), False, error.code,
+                                                       str(error)[:200]))
+                    continue
+                ended = self.recorder.now()
+                for number, message in enumerate(messages):
+                    self.recorder.record(SendEvent(self.name, message.unique_id or "", key, sequence + number, attempt,
+                                                   started, ended, True, None, "", result.message_queue.queue_id,
+                                                   result.queue_offset + number, 0, result.broker_address))
+                break
+            sequence += count
+
+
+def id_clock(month_offset_ms: int | None) -> Callable[[], int] | None:
+    """The producers' UNIQ_KEY clock: None (the system clock), or one that starts ``month_offset_ms`` into
+    the current month and runs at the system clock's pace."""
+    if month_offset_ms is None:
+        return None
+    now_ms = time.time_ns() // 1_000_000
+    shift = month_start_ms(now_ms)[0] + month_offset_ms - now_ms
+    return lambda: time.time_ns() // 1_000_000 + shift
 
 
 # ------------------------------------------------------------------------------------- consumers

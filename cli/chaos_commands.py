@@ -33,10 +33,16 @@ def chaos() -> None:
               help="Report directory (default: ./chaos-report/SCENARIO-SEED).")
 @click.option("--rate", type=click.FloatRange(1, 10_000), default=40.0, show_default=True,
               help="Messages per second per producer (3 producers).")
+@click.option("--burst", "burst_messages", type=click.IntRange(0, 1_000_000), default=0, show_default=True,
+              help="Messages the first producer sends at the start, in batches (above 65,536: its ids' 16-bit "
+                   "counter wraps within the dedupe window).")
+@click.option("--id-clock-month-offset-ms", type=click.IntRange(0, 28 * 86_400_000 - 1), default=None,
+              help="Start the producers' id clock this many ms into the current month (2147483448: 0.2 s "
+                   "before the wrap of the id's time field, on any day).")
 @click.option("--no-verify", is_flag=True, help="Skip the Spark byte-equality check (the verdict is then partial).")
 @click.option("--keep-data", is_flag=True, help="Keep the members' data after a clean run too.")
 def run_command(scenario: str, duration: float, seed: int | None, report_dir: Path | None, rate: float,
-                no_verify: bool, keep_data: bool) -> None:
+                burst_messages: int, id_clock_month_offset_ms: int | None, no_verify: bool, keep_data: bool) -> None:
     """Run one scenario: a three-member group (Raft links through Toxiproxy for network faults), producers
     and consumers recording a history throughout, faults on a seeded schedule, heal, drain, check, and the
     Spark check that the replicas are byte-identical.
@@ -55,7 +61,9 @@ def run_command(scenario: str, duration: float, seed: int | None, report_dir: Pa
     chosen_seed = seed if seed is not None else secrets.randbits(31)
     directory = report_dir if report_dir is not None else Path("chaos-report") / f"{scenario}-{chosen_seed}"
     options = RunOptions(scenario, directory, duration_seconds=duration, seed=chosen_seed,
-                         workload=dataclasses.replace(WorkloadConfig(), rate_per_producer=rate),
+                         workload=dataclasses.replace(WorkloadConfig(), rate_per_producer=rate,
+                                                      burst_messages=burst_messages,
+                                                      id_clock_month_offset_ms=id_clock_month_offset_ms),
                          verify=not no_verify, keep_data=keep_data)
     try:
         outcome = run(options)
@@ -71,7 +79,8 @@ run_command.help = inspect.cleandoc(run_command.help or "") + "".join(
 \b
 Example:
   raftmq chaos run --scenario kill-leader --duration 120 --seed 7
-  raftmq chaos run --scenario mixed --duration 600 --report ./chaos-mixed"""
+  raftmq chaos run --scenario mixed --duration 600 --report ./chaos-mixed
+  raftmq chaos run --scenario kill-leader --burst 70000 --id-clock-month-offset-ms 2147483448"""
 
 
 @chaos.command("check")

@@ -126,12 +126,14 @@ class AsyncProducer:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
         clock_ms: Callable[[], int] = current_time_ms,
+        id_clock_ms: Callable[[], int] | None = None,
     ) -> None:
+        """``clock_ms`` stamps born timestamps and, unless ``id_clock_ms`` is given, UNIQ_KEYs."""
         self.config = (config or ProducerConfig()).validate()
         self._rng = rng if rng is not None else random.Random()
         self.instance = ClientInstance(ClientConfig.of(namesrv), clock=clock, rng=self._rng)
         self._clock_ms = clock_ms
-        self._ids = UniqueIdGenerator(self.instance.client_ip, rng=self._rng, clock_ms=clock_ms)
+        self._ids = UniqueIdGenerator(self.instance.client_ip, rng=self._rng, clock_ms=id_clock_ms or clock_ms)
         self._round_robin = RoundRobin(self._rng.randrange(1 << 16))
         self._inflight: asyncio.Semaphore | None = None
         self._pending: set[asyncio.Task[SendResult]] = set()

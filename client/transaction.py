@@ -101,8 +101,9 @@ class AsyncTransactionProducer(AsyncProducer):
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
         clock_ms: Callable[[], int] = current_time_ms,
+        id_clock_ms: Callable[[], int] | None = None,
     ) -> None:
-        super().__init__(namesrv, config, rng=rng, clock=clock, clock_ms=clock_ms)
+        super().__init__(namesrv, config, rng=rng, clock=clock, clock_ms=clock_ms, id_clock_ms=id_clock_ms)
         self.listener = listener
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=CHECKS_IN_FLIGHT_MAX, thread_name_prefix=f"transaction-{self.group}"

@@ -362,3 +362,31 @@ def test_consumer_and_producer_connection_lists(cluster: LocalCluster) -> None:
     assert (code, answer["remark"]) == (ResponseCode.CONSUMER_NOT_ONLINE, "the consumer group[g-conn] not online")
     code, answer, _ = wire.call(address, RequestCode.GET_PRODUCER_CONNECTION_LIST, {"producerGroup": "pg-conn"})
     assert (code, answer["remark"]) == (ResponseCode.SYSTEM_ERROR, "the producer group[pg-conn] not exist")
+
+
+def runtime_table(address: str) -> dict[str, str]:
+    code, _, body = wire.call(address, RequestCode.GET_BROKER_RUNTIME_INFO)
+    assert code == ResponseCode.SUCCESS
+    table: dict[str, str] = json.loads(body)["table"]
+    return table
+
+
+def test_a_stock_clients_repeated_uniq_key_loses_no_message(cluster: LocalCluster) -> None:
+    """Clients make their own ids (C++, ali-ons, 5.x SDKs): a UNIQ_KEY that repeats with other content is a
+    new message, stored on every member and counted; with the same content it is a retry."""
+    address = leader(cluster)
+    create_topic(address, "RepeatedKey", queues=1)
+    before = int(runtime_table(address)["uniqKeyCollisions"])
+    key = {"UNIQ_KEY": "7F00000100002A9F0000000000000001"}
+    answers = []
+    for body in (b"first", b"second", b"first", b"second", b"third"):
+        code, fields, remark = wire.send(address, "RepeatedKey", body, queue_id=0, properties=key)
+        assert code == ResponseCode.SUCCESS, remark
+        answers.append(fields["msgId"])
+    assert answers[2] == answers[0] and answers[3] == answers[1]  # retries: the stored message's answer
+    assert len({answers[0], answers[1], answers[4]}) == 3
+    for node in [address, *followers(cluster)]:
+        wait_for(lambda: max_offset(node, "RepeatedKey", 0) == 3, 20, f"three messages on {node}")  # noqa: B023
+        _, _, messages = wire.pull(node, "RepeatedKey", 0, 0)
+        assert [m.body for m in messages] == [b"first", b"second", b"third"]
+    assert int(runtime_table(address)["uniqKeyCollisions"]) == before + 2

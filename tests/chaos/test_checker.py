@@ -107,6 +107,16 @@ def test_an_acknowledged_message_never_received_is_lost() -> None:
     assert "never received by g2" in violation.detail
 
 
+def test_one_id_for_two_messages_is_a_reused_id_though_every_other_check_passes() -> None:
+    """What the broker did from the 25th of each month: a second message under a repeated id was answered
+    with the first one's position and never stored. Folded by UNIQ_KEY, it looks like a retry."""
+    history = History.of([run_header(), ack("A", 0, 0, 1.0, sequence=0), ack("A", 0, 0, 2.0, sequence=1),
+                          deliver("A", 0, 0, 3.0)])
+    [violation] = check(history).violations
+    assert violation.kind == "reused_id" and violation.uniq_keys == ("A",)
+    assert "named 2 messages" in violation.detail and "k#0" in violation.detail and "k#1" in violation.detail
+
+
 def test_a_message_at_two_queue_positions_was_stored_twice() -> None:
     history = History.of([
         run_header(), error("A", 1.0), ack("A", 0, 1, 2.0, attempt=1),

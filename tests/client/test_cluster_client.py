@@ -4,6 +4,7 @@ topic, and a leader kill that loses no acknowledged message. One cluster for the
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.remoting.codes import RequestCode, ResponseCode
 from cli.cluster import LocalCluster
 from client import (
     Admin,
@@ -32,6 +34,8 @@ from client import (
     TransactionProducer,
     select_by_sharding_key,
 )
+from client.unique_id import month_start_ms
+from tests.broker import wire
 from tests.support import small_store, wait_for
 
 pytestmark = pytest.mark.slow
@@ -258,3 +262,34 @@ def test_transactions_commit_roll_back_and_answer_check_backs(cluster: LocalClus
     assert seen[committed.msg_id] == b"commit" and seen[later.msg_id] == b"later"
     assert b"rollback" not in seen.values()
     assert [message.msg_id for message in listener.checked][:1] == [later.msg_id]
+
+
+def test_more_than_65536_sends_of_one_producer_within_the_dedupe_window_are_all_stored(cluster: LocalCluster) -> None:
+    """From the 25th of each month (2^31 ms into it) our ids stopped changing but for their 16-bit counter:
+    one producer's 65,537th send within the dedupe window was taken for a retry and never stored. The
+    producer's clock is frozen there (the time field can only change by running out of counter values)."""
+    frozen_ms = month_start_ms(1_700_000_000_000)[0] + 2**31 + 1_000
+    config = client_config(cluster)
+    count, batch_size = 70_000, 500
+    ids: set[str] = set()
+    with Admin(config) as admin, Producer(config, ProducerConfig(group="it-many"), clock_ms=lambda: frozen_ms) as producer:
+        admin.create_topic("ItMany", read_queue_nums=4, write_queue_nums=4)
+        before = collisions(cluster)
+        for start in range(0, count, batch_size):
+            messages = [Message("ItMany", f"m{number}".encode()) for number in range(start, start + batch_size)]
+            result = producer.send_batch(messages)
+            assert result.status is SendStatus.SEND_OK and len(result.msg_ids) == batch_size
+            ids.update(message.unique_id or "" for message in messages)
+        assert len(ids) == count  # no id repeated
+        assert sum(entry.max_offset for entry in admin.topic_offsets("ItMany")) == count
+        assert collisions(cluster) == before  # and none stored as a collision either
+
+
+def collisions(cluster: LocalCluster) -> int:
+    """uniqKeyCollisions summed over the members (GET_BROKER_RUNTIME_INFO)."""
+    total = 0
+    for node in cluster.info.nodes:
+        code, _, body = wire.call(node.broker_address, RequestCode.GET_BROKER_RUNTIME_INFO)
+        assert code == ResponseCode.SUCCESS
+        total += int(json.loads(body)["table"]["uniqKeyCollisions"])
+    return total
