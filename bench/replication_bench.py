@@ -7,6 +7,10 @@
   already (sent again for nothing; 0.39 before the leader stopped moving a follower's next index back on
   success replies).
 * ``commit_p50_ms`` / ``commit_p99_ms``: acknowledgement latency at an offered 1,000 msgs/s.
+* ``journal_syncs_per_s`` / ``journal_syncs_per_msg``: Raft journal flushes (msync) per second and per acked
+  message, of the leader and of a follower, in the single run. Every figure above is of the durable default
+  (an entry counts toward a majority once flushed on that member); ``page_cache`` repeats the single and the
+  latency run with ``journal_flush = "page_cache"`` in the same bench run, for the ratio.
 * ``rss_MB_max``: the largest resident set of each member while at least ``--volume-mb`` is written;
   ``rss_anon_MB_max_by_half``: the largest anonymous RSS in the first and in the second half of that run.
 * ``machine_loop_s``: a fixed Python loop's seconds before and after the runs: the host's speed, which every
@@ -63,10 +67,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def throughput(root: Path, duration: float, env: dict[str, str]) -> dict[str, Any]:
+def throughput(root: Path, duration: float, env: dict[str, str], raft: dict[str, Any] | None = None) -> dict[str, Any]:
     """Acked msgs/s, and the CPU each member spent per acked message (µs): steadier than msgs/s on a shared
     machine, whose speed drifts by tens of percent from one run to the next."""
-    with running_group(root, store=STORE, group_commit=GROUP_COMMIT, env=env) as group:
+    with running_group(root, store=STORE, group_commit=GROUP_COMMIT, raft=raft or {}, env=env) as group:
         leader = group.wait_leader(60)
         group.load(True)
         wait_for(lambda: leader.request("status")["acked"] > 1000, 60, "the load to start")
@@ -74,10 +78,12 @@ def throughput(root: Path, duration: float, env: dict[str, str]) -> dict[str, An
         pids = {node.node_id: node.process.pid for node in group.nodes if node.process is not None}
         first = leader.request("status")
         cpu_first = {node: cpu_seconds(pid) for node, pid in pids.items()}
+        syncs_first = {node.node_id: node.request("status")["journal_syncs"] for node in group.nodes}
         started = time.monotonic()
         time.sleep(duration)  # a benchmark measures over a fixed interval
         last = leader.request("status")
         cpu_last = {node: cpu_seconds(pid) for node, pid in pids.items()}
+        syncs_last = {node.node_id: node.request("status")["journal_syncs"] for node in group.nodes}
         elapsed = time.monotonic() - started
         group.load(False)
         statuses = group.wait_converged()
@@ -91,15 +97,21 @@ def throughput(root: Path, duration: float, env: dict[str, str]) -> dict[str, An
     messages = acked / elapsed
     per_message = {node: (cpu_last[node] - cpu_first[node]) / max(1, acked) * 1e6 for node in pids}
     followers = [value for node, value in per_message.items() if node != leader.node_id]
+    syncs = {node: syncs_last[node] - syncs_first[node] for node in syncs_first}
+    follower_syncs = sum(count for node, count in syncs.items() if node != leader.node_id) / max(1, len(syncs) - 1)
     return {"msgs_per_s": round(messages), "MB_per_s": round(messages * MESSAGE_BYTES / 1e6, 1),
+            "journal_syncs_per_s": {"leader": round(syncs[leader.node_id] / elapsed),
+                                    "follower": round(follower_syncs / elapsed)},
+            "journal_syncs_per_msg": {"leader": round(syncs[leader.node_id] / max(1, acked), 4),
+                                      "follower": round(follower_syncs / max(1, acked), 4)},
             "cpu_us_per_msg": {"leader": round(per_message[leader.node_id], 1),
                                "follower": round(sum(followers) / max(1, len(followers)), 1)},
             "resent_entries_share": round(sum(held for held, _ in resent) / max(1, sum(got for _, got in resent)), 3)}
 
 
-def latency(root: Path, duration: float) -> dict[str, float]:
+def latency(root: Path, duration: float, raft: dict[str, Any] | None = None) -> dict[str, float]:
     env = {"RAFTMQ_TEST_RATE": "1000", "RAFTMQ_TEST_IN_FLIGHT": "1000", **NO_ACK_LOG}
-    with running_group(root, store=STORE, group_commit=GROUP_COMMIT, env=env) as group:
+    with running_group(root, store=STORE, group_commit=GROUP_COMMIT, raft=raft or {}, env=env) as group:
         leader = group.wait_leader(60)
         group.load(True)
         time.sleep(2)  # warm-up
@@ -178,6 +190,10 @@ def run(root: Path, arguments: argparse.Namespace) -> None:
     batch = throughput(root / "batch", arguments.duration,
                        {"RAFTMQ_TEST_REQUEST_MESSAGES": "32", "RAFTMQ_TEST_IN_FLIGHT": "256", **NO_ACK_LOG})
     low_load = latency(root / "latency", arguments.duration)
+    page_cache = {"journal_flush": "page_cache"}
+    single_page_cache = throughput(root / "single-page-cache", arguments.duration,
+                                   {"RAFTMQ_TEST_IN_FLIGHT": "4096", **NO_ACK_LOG}, page_cache)
+    low_load_page_cache = latency(root / "latency-page-cache", arguments.duration, page_cache)
     rss = memory(root / "memory", arguments.volume_mb)
     result: dict[str, Any] = {
         "acked_msgs_per_s": single["msgs_per_s"],
@@ -189,6 +205,13 @@ def run(root: Path, arguments: argparse.Namespace) -> None:
         "resent_entries_share": {"single": single["resent_entries_share"], "batch32": batch["resent_entries_share"]},
         "commit_p50_ms": low_load["p50_ms"],
         "commit_p99_ms": low_load["p99_ms"],
+        "journal_syncs_per_s": single["journal_syncs_per_s"],
+        "journal_syncs_per_msg": single["journal_syncs_per_msg"],
+        "page_cache": {"acked_msgs_per_s": single_page_cache["msgs_per_s"],
+                       "cpu_us_per_msg": single_page_cache["cpu_us_per_msg"],
+                       "commit_p50_ms": low_load_page_cache["p50_ms"], "commit_p99_ms": low_load_page_cache["p99_ms"],
+                       "durable_over_page_cache_msgs": round(single["msgs_per_s"] / max(1, single_page_cache["msgs_per_s"]),
+                                                             2)},
         **rss,
         "cores": os.cpu_count(),
     }

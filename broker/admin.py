@@ -144,6 +144,7 @@ class AdminProcessor:
             "commitLogMaxOffset": str(status.commit_log_max_offset),
             "commitLogMinOffset": str(status.commit_log_min_offset),
             "uniqKeyCollisions": str(status.uniq_key_collisions),
+            "raftJournalSyncs": str(status.journal_syncs),
             "topics": str(len(broker.state.topics)),
         }
 

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 from commitlog.config import ConfigError, StoreConfig
 
 SECRET_LENGTH_MIN = 16
+JOURNAL_FLUSH_POLICIES = ("durable", "page_cache")
 SettingsT = TypeVar("SettingsT", "RaftSettings", "GroupCommitSettings")
 
 
@@ -86,6 +87,11 @@ class RaftSettings:
     log_compaction_entries: int = 10_000
     log_compaction_bytes: int = 32 << 20
     log_compaction_seconds: int = 60
+    #: when a Raft entry counts as held by this member (toward a majority, and before it is applied here):
+    #: "durable", once the journal is flushed to the disk (msync) with it; "page_cache", once it is written to
+    #: the journal's pages (faster; a power loss of a majority can lose acknowledged messages). README.md,
+    #: "Flush policy", says what each survives.
+    journal_flush: str = "durable"
 
     def validate(self) -> None:
         _check_range(self, "election_timeout_min_ms", 50, 60_000)
@@ -94,6 +100,9 @@ class RaftSettings:
         _check_range(self, "log_compaction_entries", 2, 10_000_000)
         _check_range(self, "log_compaction_bytes", 1 << 20, 1 << 34)
         _check_range(self, "log_compaction_seconds", 1, 86_400)
+        if self.journal_flush not in JOURNAL_FLUSH_POLICIES:
+            raise ConfigError(f"RaftSettings.journal_flush must be one of {', '.join(JOURNAL_FLUSH_POLICIES)}, "
+                              f"got {self.journal_flush!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,10 +251,13 @@ def _reject_unknown(values: Mapping[str, Any], allowed: set[str], where: str) ->
 def _dataclass_from(kind: type[SettingsT], values: object, where: str) -> SettingsT:
     if not isinstance(values, dict):
         raise ConfigError(f"[{where}] must be a table")
-    names = {f.name for f in dataclasses.fields(kind)}
-    _reject_unknown(values, names, where)
+    textual = {f.name for f in dataclasses.fields(kind) if isinstance(f.default, str)}
+    _reject_unknown(values, {f.name for f in dataclasses.fields(kind)}, where)
     for key, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool):
+        if key in textual:
+            if not isinstance(value, str):
+                raise ConfigError(f"{where}.{key} must be a string, got {value!r}")
+        elif not isinstance(value, int) or isinstance(value, bool):
             raise ConfigError(f"{where}.{key} must be an integer, got {value!r}")
     return kind(**values)
 

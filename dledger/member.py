@@ -18,15 +18,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from pysyncobj import SyncObj, replicated
 from pysyncobj.journal import FileJournal, MetaStorer
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 from pysyncobj.pickle import dumps as pysyncobj_dumps
 
-from commitlog import reaper
 from commitlog.errors import StoreError
+from commitlog.mapped_file import atomic_write
 from commitlog.message import MessageInput, RecordError
 from commitlog.records import RecordBuilder
 from commitlog.store import AppendResult, MessageStore
@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 STOP_TICK_WAIT_SECONDS = 30.0
 #: exit status when apply meets a programmer error: stopping beats a replica stalled or diverged
 EXIT_APPLY_INVARIANT = 70
+#: a failed fsync or msync (EX_IOERR)
+EXIT_DISK_ERROR = 74
 RAFT_STATES = {0: "follower", 1: "candidate", 2: "leader"}
 _LEADING: Final[tuple[bool, str | None]] = (True, None)
 RAFT_STATE_LEADER = 2
@@ -93,6 +95,8 @@ class MemberStatus:
     commit_log_min_offset: int
     #: sends stored as new messages though their UNIQ_KEY matched a recent message's (dledger.apply)
     uniq_key_collisions: int = 0
+    #: Raft journal flushes made so far (the "durable" journal policy makes one per batch of new entries)
+    journal_syncs: int = 0
 
 
 #: how our commands sit in pysyncobj's log: its REGULAR command type byte, then a byte no pickle starts
@@ -117,11 +121,50 @@ _JOURNAL_HEAD = struct.Struct("<IQQ")  # record size, Raft index, term
 _JOURNAL_TAIL = struct.Struct("<I")  # record size
 
 
+def _stop_on_disk_error(what: str, exc: OSError) -> NoReturn:
+    """A failed fsync or msync is fatal: retrying can report success for data the kernel dropped. The member
+    stops; on restart it recovers from what is on the disk."""
+    log.critical("%s failed: %s: stopping this member", what, exc)
+    logging.shutdown()
+    os._exit(EXIT_DISK_ERROR)
+
+
 class _FileJournal(FileJournal):  # type: ignore[misc]  # pysyncobj ships no type hints
     """pysyncobj's file journal, writing each entry without joining it into new bytes first: its ``add``
     built the record by two concatenations, copying every entry (~300 KB) twice before writing it (~7% of a
     follower's time). The record is the same: size u32 | index u64 | term u64 | command | size u32,
-    little-endian, with size = 16 + the command's length."""
+    little-endian, with size = 16 + the command's length.
+
+    Durability: pysyncobj only writes the journal's pages (an mmap) and flushes them when it stops.
+    :meth:`make_durable` flushes what changed since its last call; the Raft node calls it before an entry
+    counts as held here (``_RaftNode``)."""
+
+    #: records were written (or cut) since the last flush (the attributes are class defaults: an instance is
+    #: pysyncobj's FileJournal given this class after it was built)
+    unsynced = False
+    #: False for the "page_cache" journal policy: records stay in the page cache
+    sync_enabled = True
+    #: flushes made (status, benchmarks)
+    syncs = 0
+
+    def make_durable(self) -> None:
+        """Flush (msync) every record written since the last call: then they survive a power loss."""
+        if not self.unsynced or not self.sync_enabled:
+            return
+        try:
+            self.flush()
+        except OSError as exc:
+            _stop_on_disk_error("flushing the Raft journal", exc)
+        self.unsynced = False
+        self.syncs += 1
+
+    def clear(self) -> None:
+        FileJournal.clear(self)
+        self.unsynced = True
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:  # pysyncobj's name
+        FileJournal.deleteEntriesFrom(self, entryFrom)
+        self.unsynced = True
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         self._FileJournal__journal.append((command, idx, term))
@@ -133,31 +176,35 @@ class _FileJournal(FileJournal):  # type: ignore[misc]  # pysyncobj ships no typ
         journal_file.write(offset + _JOURNAL_HEAD.size + len(command), _JOURNAL_TAIL.pack(size))
         self._FileJournal__currentOffset = offset + size + 8
         self._FileJournal__setLastRecordOffset(self._FileJournal__currentOffset)
+        self.unsynced = True
 
 
 class _MetaStorer(MetaStorer):  # type: ignore[misc]  # pysyncobj ships no type hints
-    """pysyncobj's meta file (term, vote, commit index), written as pysyncobj writes it (a temp file renamed
-    over the old one, no fsync) but with the old file's blocks freed off the Raft thread. pysyncobj rewrites
-    it every second, on its tick thread; on a disk mounted with online discard, freeing the replaced file
-    waited for the device, behind whatever a flush had queued, and stalled the whole group for up to a
-    second (commitlog.reaper)."""
+    """pysyncobj's meta file (term, vote, commit index) in pysyncobj's format, replaced durably: temp file,
+    fsync, rename, fsync of the directory (pysyncobj renamed without an fsync: after a power loss the file
+    could come back empty, the term back at 0 and the vote forgotten, so a member could vote twice in one
+    term). pysyncobj stores it before it sends any message that reflects a new term or vote, and every second.
+    The old file's blocks are freed off the Raft thread: pysyncobj rewrites it every second, on its tick
+    thread, and on a disk mounted with online discard freeing the replaced file waited for the device and
+    stalled the whole group for up to a second (commitlog.reaper)."""
 
     def storeMeta(self, meta: dict[str, Any]) -> None:  # pysyncobj's name
-        path = Path(self.getPath())
-        temp = path.with_name(path.name + ".tmp")
-        with open(temp, "wb") as handle:
-            handle.write(pysyncobj_dumps(meta))
-        reaper.replace(temp, path)
+        try:
+            atomic_write(Path(self.getPath()), pysyncobj_dumps(meta))
+        except OSError as exc:  # DiskFullError included: a vote that cannot be stored must not be sent
+            _stop_on_disk_error("storing the Raft term and vote", exc)
 
 
 class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
-    def __init__(self, member: GroupMember, self_address: str, peers: list[str], conf: Any, transport: Any) -> None:
+    def __init__(self, member: GroupMember, self_address: str, peers: list[str], conf: Any, transport: Any,
+                 durable_journal: bool = True) -> None:
         self._member = member
         self._serializer: BackgroundSnapshots | None = None
         super().__init__(self_address, peers, conf=conf, transportClass=transport)
         journal = self._SyncObj__raftLog
         if type(journal) is FileJournal:
             journal.__class__ = _FileJournal  # same state, same records: only add differs
+            journal.sync_enabled = durable_journal
             # read already (same file, same format): only how it is replaced differs
             journal._FileJournal__metaStorer = _MetaStorer(journal._FileJournal__metaStorer.getPath())
 
@@ -311,6 +358,33 @@ class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
             return None
         return int(raft_log[index - first][2])
 
+    # Durability: an entry counts as held by this member only once its journal is flushed with it.
+    #
+    # 5. A follower flushes before it answers success (the leader counts that answer toward a majority).
+    # 6. The leader flushes the entries it appends right after sending them to the followers (the flush and
+    #    the round trip overlap) and the no-op it appends on becoming leader; and every tick starts with a
+    #    flush of anything still unflushed, so the leader's count of itself in the tick's commit step, and any
+    #    apply (follower or leader), covers only flushed entries: the store is never ahead of its own log.
+    #
+    # pysyncobj counts the leader itself in every commit step without asking; these hooks are the calls that
+    # precede each such step (tests/dledger/test_durable_journal.py checks that the pinned pysyncobj still
+    # calls them).
+
+    def _make_durable(self) -> None:
+        """Flush the journal's new records (pysyncobj's tick thread starts before __init__ returns, so this
+        looks the journal up each time; a journal in memory, as some tests use, has nothing to flush)."""
+        journal = self._SyncObj__raftLog
+        if isinstance(journal, _FileJournal):
+            journal.make_durable()
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # pysyncobj's name
+        self._make_durable()
+        SyncObj._onTick(self, timeToWait)
+
+    def _SyncObj__onBecomeLeader(self) -> None:
+        SyncObj._SyncObj__onBecomeLeader(self)
+        self._make_durable()
+
     def _checkCommandsToApply(self) -> None:
         """Commit latency: in batch mode pysyncobj sends new entries only every ``appendEntriesPeriod``, so
         an entry waited up to a period (5 ms) before it left. Entries this tick added are now sent at once.
@@ -323,6 +397,7 @@ class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
         if self._SyncObj__raftState != RAFT_STATE_LEADER or self._SyncObj__getCurrentLogIndex() <= before:
             return
         self._SyncObj__sendAppendEntries()
+        self._make_durable()  # fix 6
 
     def _SyncObj__sendNextNodeIdx(self, node: Any, reset: bool = False, nextNodeIdx: int | None = None,
                                   success: bool = False) -> None:
@@ -334,6 +409,8 @@ class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
             if nextNodeIdx is None:
                 nextNodeIdx = self._SyncObj__getCurrentLogIndex() + 1
             nextNodeIdx = min(nextNodeIdx, self._reply_index_max)
+        if success:
+            self._make_durable()  # fix 5
         SyncObj._SyncObj__sendNextNodeIdx(self, node, reset=reset, nextNodeIdx=nextNodeIdx, success=success)
 
 
@@ -399,7 +476,8 @@ class GroupMember:
         self._next_preference_check = 0.0
         preferred = [p.raft_address for p in config.peers if p.id == config.preferred_leader]
         self._preferred_address: str | None = preferred[0] if preferred else None
-        self.raft = _RaftNode(self, config.raft_address, peers, conf, transport_class(config.secret))
+        self.raft = _RaftNode(self, config.raft_address, peers, conf, transport_class(config.secret),
+                              durable_journal=raft.journal_flush == "durable")
         self.raft.addOnTickCallback(self._on_tick)
         self._stop_scrubber = threading.Event()
         self._scrubber = threading.Thread(target=self._scrub_loop, name="scrubber", daemon=True)
@@ -547,7 +625,13 @@ class GroupMember:
             commit_log_max_offset=self.store.max_physical_offset,
             commit_log_min_offset=self.store.commit_log.min_offset,
             uniq_key_collisions=self.machine.key_collisions,
+            journal_syncs=self.journal_syncs,
         )
+
+    @property
+    def journal_syncs(self) -> int:
+        journal = self.raft._SyncObj__raftLog
+        return journal.syncs if isinstance(journal, _FileJournal) else 0
 
     # ------------------------------------------------------------------ writes
 

@@ -89,6 +89,8 @@ def test_usage_errors_exit_2_without_traceback(tmp_path: Path) -> None:
     ("store.segment_size_bytes=1", "segment_size_bytes must be an integer"),
     ("store.no_such_key=1", "unknown store settings: no_such_key"),
     ("store.flush_policy=sometimes", "flush_policy must be 'async' or 'sync'"),
+    ("raft.journal_flush=sometimes", "journal_flush must be one of durable, page_cache"),
+    ("raft.journal_flush=1", "journal_flush must be a string"),
     ("node.id=n7", "the section must be one of store, raft, group_commit, broker"),
     ("store.store_host=10.0.0.1:1", "is set by `raftmq cluster up` itself"),
     ("broker.namesrv=[]", "is set by `raftmq cluster up` itself"),

@@ -189,7 +189,8 @@ def main() -> None:
                      "proposed_messages": member.committer.proposed_messages,
                      "raft_applied": member.raft.raftLastApplied,
                      "entries_received": member.raft.entries_received,
-                     "entries_already_held": member.raft.entries_already_held}
+                     "entries_already_held": member.raft.entries_already_held,
+                     "journal_syncs": member.journal_syncs}
         elif command == ["load", "on"]:
             load.enabled.set()
         elif command == ["load", "off"]:
