@@ -3,7 +3,14 @@ invariant stops the process loudly through :func:`invariant`, which ``python -O`
 
 from __future__ import annotations
 
-from typing import NoReturn
+import logging
+import os
+from typing import Final, NoReturn
+
+log = logging.getLogger(__name__)
+
+#: the exit code of a process stopped by a failed fsync or msync (EX_IOERR)
+EXIT_SYNC_FAILED: Final = 74
 
 
 class InvariantError(AssertionError):
@@ -29,3 +36,16 @@ class CorruptionError(StoreError):
 
 class DiskFullError(StoreError):
     """A write failed for lack of space; nothing was reported appended."""
+
+
+class SyncError(StoreError):
+    """An fsync, fdatasync or msync failed: what it was to make durable may be lost, and calling it again can
+    report success for data the kernel already dropped (its error is reported once). Never retried."""
+
+
+def stop_on_sync_error(what: str, exc: BaseException) -> NoReturn:
+    """A failed sync is fatal: the process stops at once (a supervisor restarts it), and on restart it recovers
+    from what is on the disk. Nothing acknowledged may rest on the write that failed."""
+    log.critical("%s failed: %s: stopping", what, exc)
+    logging.shutdown()
+    os._exit(EXIT_SYNC_FAILED)

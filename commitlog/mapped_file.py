@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from commitlog import reaper
-from commitlog.errors import DiskFullError, StoreError, invariant
+from commitlog.errors import DiskFullError, StoreError, SyncError, invariant
 
 PAGE_SIZE = mmap.PAGESIZE
 #: suffix of a file being allocated; such a file is never opened as data and is replaced on the next try
@@ -162,7 +162,10 @@ class MappedFile:
         if end <= start or not self.is_mapped:
             return
         aligned = start - start % PAGE_SIZE
-        self.map.flush(aligned, min(end, self.size_bytes) - aligned)
+        try:
+            self.map.flush(aligned, min(end, self.size_bytes) - aligned)
+        except OSError as exc:
+            raise SyncError(f"cannot sync {self.path}: {exc.strerror}") from exc
 
     def _close_write_fd(self) -> None:
         if self._write_fd is not None:

@@ -38,7 +38,7 @@ from commitlog.checkpoint import ApplyPositionFile, Checkpoint, read_checkpoint,
 from commitlog.commit_log import CommitLog
 from commitlog.config import StoreConfig
 from commitlog.consume_queue import CQ_UNIT, UNIT_BYTES, ConsumeQueue
-from commitlog.errors import CorruptionError, StoreError, invariant
+from commitlog.errors import CorruptionError, StoreError, SyncError, invariant, stop_on_sync_error
 from commitlog.key_index import IndexColumns, IndexEntry, KeyIndex, key_hash
 from commitlog.mapped_file import drop_cached
 from commitlog.message import (
@@ -770,12 +770,20 @@ class MessageStore:
             return self._recent_keys.maybe_mask(hashes)
 
     def _flush_after_apply(self) -> None:
-        """Flush once the command is applied. A failure here (no space for the checkpoint) must not undo
-        or hide the apply: the records and the marker are in place, and the next flush tries again."""
+        """Flush once the command is applied. No space for the checkpoint must not undo or hide the apply: the
+        records and the marker are in place, and the next flush tries again. A failed sync stops the process
+        (:class:`SyncError`): under ``flush_policy = "sync"`` the append would be acknowledged otherwise."""
+        self._flush_or_stop("flush after apply")
+
+    def _flush_or_stop(self, what: str) -> None:
         try:
             self.flush()
+        except SyncError as exc:
+            stop_on_sync_error(f"the store's {what}", exc)
         except StoreError as exc:
-            log.warning("flush after apply failed, will retry: %s", exc)
+            log.warning("%s failed, will retry: %s", what, exc)
+        except OSError as exc:  # the checkpoint's fsync or rename
+            stop_on_sync_error(f"the store's {what}", exc)
 
     def delete_below(self, raft_index: int, physical_offset: int) -> AppendOutcome:
         """Retention as a replicated command: delete whole segments below ``physical_offset`` (chosen by the
@@ -925,10 +933,7 @@ class MessageStore:
     def _flush_loop(self) -> None:
         interval = self.config.flush_interval_ms / 1000
         while not self._stop_flusher.wait(interval):
-            try:
-                self.flush()
-            except StoreError as exc:
-                log.warning("background flush failed, will retry: %s", exc)
+            self._flush_or_stop("background flush")
 
     def _stop_flushing(self) -> None:
         self._stop_flusher.set()
@@ -1199,7 +1204,7 @@ def _fdatasync(path: Path) -> None:
     try:
         os.fdatasync(fd)
     except OSError as exc:
-        raise StoreError(f"cannot sync {path}: {exc.strerror}") from exc
+        raise SyncError(f"cannot sync {path}: {exc.strerror}") from exc
     finally:
         os.close(fd)
 

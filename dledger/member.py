@@ -18,14 +18,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, NoReturn
+from typing import Any, Final
 
 from pysyncobj import SyncObj, replicated
 from pysyncobj.journal import FileJournal, MetaStorer
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 from pysyncobj.pickle import dumps as pysyncobj_dumps
 
-from commitlog.errors import StoreError
+from commitlog.errors import StoreError, stop_on_sync_error
 from commitlog.mapped_file import atomic_write
 from commitlog.message import MessageInput, RecordError
 from commitlog.records import RecordBuilder
@@ -57,8 +57,6 @@ log = logging.getLogger(__name__)
 STOP_TICK_WAIT_SECONDS = 30.0
 #: exit status when apply meets a programmer error: stopping beats a replica stalled or diverged
 EXIT_APPLY_INVARIANT = 70
-#: a failed fsync or msync (EX_IOERR)
-EXIT_DISK_ERROR = 74
 RAFT_STATES = {0: "follower", 1: "candidate", 2: "leader"}
 _LEADING: Final[tuple[bool, str | None]] = (True, None)
 RAFT_STATE_LEADER = 2
@@ -121,14 +119,6 @@ _JOURNAL_HEAD = struct.Struct("<IQQ")  # record size, Raft index, term
 _JOURNAL_TAIL = struct.Struct("<I")  # record size
 
 
-def _stop_on_disk_error(what: str, exc: OSError) -> NoReturn:
-    """A failed fsync or msync is fatal: retrying can report success for data the kernel dropped. The member
-    stops; on restart it recovers from what is on the disk."""
-    log.critical("%s failed: %s: stopping this member", what, exc)
-    logging.shutdown()
-    os._exit(EXIT_DISK_ERROR)
-
-
 class _FileJournal(FileJournal):  # type: ignore[misc]  # pysyncobj ships no type hints
     """pysyncobj's file journal, writing each entry without joining it into new bytes first: its ``add``
     built the record by two concatenations, copying every entry (~300 KB) twice before writing it (~7% of a
@@ -154,7 +144,7 @@ class _FileJournal(FileJournal):  # type: ignore[misc]  # pysyncobj ships no typ
         try:
             self.flush()
         except OSError as exc:
-            _stop_on_disk_error("flushing the Raft journal", exc)
+            stop_on_sync_error("flushing the Raft journal", exc)
         self.unsynced = False
         self.syncs += 1
 
@@ -192,7 +182,7 @@ class _MetaStorer(MetaStorer):  # type: ignore[misc]  # pysyncobj ships no type 
         try:
             atomic_write(Path(self.getPath()), pysyncobj_dumps(meta))
         except OSError as exc:  # DiskFullError included: a vote that cannot be stored must not be sent
-            _stop_on_disk_error("storing the Raft term and vote", exc)
+            stop_on_sync_error("storing the Raft term and vote", exc)
 
 
 class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints

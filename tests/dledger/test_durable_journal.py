@@ -17,7 +17,8 @@ from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.journal import FileJournal
 from pysyncobj.node import TCPNode
 
-from dledger.member import EXIT_DISK_ERROR, RAW_COMMAND_PREFIX, _FileJournal, _MetaStorer, _RaftNode
+from commitlog.errors import EXIT_SYNC_FAILED
+from dledger.member import RAW_COMMAND_PREFIX, _FileJournal, _MetaStorer, _RaftNode
 from tests.dledger.test_log_matching import (
     LEADER,
     OTHER,
@@ -148,7 +149,7 @@ def test_a_failed_flush_stops_the_member(tmp_path: Path, monkeypatch: pytest.Mon
     journal.add(b"x", 1, 1)
     with pytest.raises(SystemExit) as stopped:
         journal.make_durable()
-    assert stopped.value.code == EXIT_DISK_ERROR
+    assert stopped.value.code == EXIT_SYNC_FAILED
     assert journal.unsynced  # never marked durable
 
 
