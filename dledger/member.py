@@ -21,11 +21,16 @@ from pathlib import Path
 from typing import Any, Final
 
 from pysyncobj import SyncObj, replicated
-from pysyncobj.journal import FileJournal, MetaStorer
+from pysyncobj.journal import APP_NAME as JOURNAL_APP_NAME
+from pysyncobj.journal import APP_VERSION as JOURNAL_APP_VERSION
+from pysyncobj.journal import FIRST_RECORD_OFFSET as JOURNAL_FIRST_RECORD_OFFSET
+from pysyncobj.journal import JOURNAL_FORMAT_VERSION, FileJournal, MetaStorer, ResizableFile
+from pysyncobj.journal import NAME_SIZE as JOURNAL_NAME_SIZE
+from pysyncobj.journal import VERSION_SIZE as JOURNAL_VERSION_SIZE
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
 from pysyncobj.pickle import dumps as pysyncobj_dumps
 
-from commitlog.errors import StoreError, stop_on_sync_error
+from commitlog.errors import DiskFullError, StoreError, stop_on_sync_error
 from commitlog.mapped_file import atomic_write
 from commitlog.message import MessageInput, RecordError
 from commitlog.records import RecordBuilder
@@ -119,6 +124,14 @@ _JOURNAL_HEAD = struct.Struct("<IQQ")  # record size, Raft index, term
 _JOURNAL_TAIL = struct.Struct("<I")  # record size
 
 
+def _journal_header(last_record_offset: int) -> bytes:
+    """pysyncobj's journal file header: its name, version and format, and where the records end."""
+    name: bytes = JOURNAL_APP_NAME
+    version: bytes = JOURNAL_APP_VERSION
+    return (name.ljust(JOURNAL_NAME_SIZE, b"\0") + version.ljust(JOURNAL_VERSION_SIZE, b"\0")
+            + struct.pack("<II", JOURNAL_FORMAT_VERSION, last_record_offset))
+
+
 class _FileJournal(FileJournal):  # type: ignore[misc]  # pysyncobj ships no type hints
     """pysyncobj's file journal, writing each entry without joining it into new bytes first: its ``add``
     built the record by two concatenations, copying every entry (~300 KB) twice before writing it (~7% of a
@@ -155,6 +168,30 @@ class _FileJournal(FileJournal):  # type: ignore[misc]  # pysyncobj ships no typ
     def deleteEntriesFrom(self, entryFrom: int) -> None:  # pysyncobj's name
         FileJournal.deleteEntriesFrom(self, entryFrom)
         self.unsynced = True
+
+    def deleteEntriesTo(self, entryTo: int) -> None:  # pysyncobj's name: log compaction
+        """Drop the entries before position ``entryTo`` atomically: the kept ones are written to a new file
+        (temp file, fsync, rename over the journal, fsync of the directory) and the journal is reopened on it.
+        pysyncobj cleared the file and wrote the kept entries back in place: a crash or power loss in between
+        left this member with a prefix of entries it had acknowledged. Either file, old or new, is whole."""
+        kept: list[tuple[bytes, int, int]] = getattr(self, "_FileJournal__journal")[entryTo:]  # noqa: B009
+        journal_file: Any = getattr(self, "_FileJournal__journalFile")  # noqa: B009  (pysyncobj's private fields)
+        path = Path(journal_file._ResizableFile__fileName)
+        records = b"".join(_JOURNAL_HEAD.pack(16 + len(command), index, term) + command
+                           + _JOURNAL_TAIL.pack(16 + len(command)) for command, index, term in kept)
+        end = JOURNAL_FIRST_RECORD_OFFSET + len(records)
+        try:
+            atomic_write(path, _journal_header(end) + records)
+        except DiskFullError:
+            raise  # nothing changed: the old journal stands, and a later compaction tries again
+        except OSError as exc:
+            stop_on_sync_error("compacting the Raft journal", exc)
+        # the old file is gone from the directory: close its mapping without writing its pages back
+        journal_file._ResizableFile__mm.close()
+        journal_file._ResizableFile__f.close()
+        self._FileJournal__journalFile = ResizableFile(str(path))
+        self._FileJournal__journal = list(kept)
+        self._FileJournal__currentOffset = end
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         self._FileJournal__journal.append((command, idx, term))
