@@ -192,6 +192,7 @@ class _FileJournal(FileJournal):  # type: ignore[misc]  # pysyncobj ships no typ
         self._FileJournal__journalFile = ResizableFile(str(path))
         self._FileJournal__journal = list(kept)
         self._FileJournal__currentOffset = end
+        self.unsynced = False  # every entry it holds is in the fsynced file
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         self._FileJournal__journal.append((command, idx, term))
