@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint typecheck unit bench chaos clean
+.PHONY: test test-at demo lint typecheck unit bench chaos clean
 
 $(STAMP): pyproject.toml setup.py commitlog/_native.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,14 @@ unit: $(STAMP)
 	$(BIN)/pytest
 
 test: lint typecheck unit
+
+# the whole suite with the wall clock of every Python process it starts moved to DATE (local time), e.g.
+#   make test-at DATE="2026-11-25 20:28:00"   (the 25th: UNIQ_KEY's time field wraps at 20:31:23.648)
+test-at: $(STAMP)
+	@test -n "$(DATE)" || { echo "usage: make test-at DATE='YYYY-MM-DD HH:MM:SS'"; exit 2; }
+	@target=$$(date -d "$(DATE)" +%s) || exit 2; \
+	RAFTMQ_TEST_CLOCK_OFFSET_NS=$$(( (target - $$(date +%s)) * 1000000000 )) PYTHONPATH=$(CURDIR)/tests/clock \
+		$(MAKE) --no-print-directory test
 
 demo: $(STAMP)
 	$(BIN)/raftmq demo

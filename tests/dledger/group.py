@@ -83,7 +83,8 @@ class Group:
         node.process = subprocess.Popen(
             [sys.executable, "-m", "tests.dledger.member_node", str(node.config), str(node.ack_log)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO,
-            env={**os.environ, **self.env, "PYTHONPATH": str(REPO)},
+            env={**os.environ, **self.env,
+                 "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))},
         )
         log.close()
         node.stopped = False

@@ -126,7 +126,8 @@ class DriverPool:
                 arguments.append(flag)
             elif value is not None and value is not False:
                 arguments.extend((flag, str(value)))
-        environment = dict(os.environ, HOME=str(directory / "home"), PYTHONPATH=str(REPOSITORY))
+        environment = dict(os.environ, HOME=str(directory / "home"),
+                           PYTHONPATH=os.pathsep.join(filter(None, (str(REPOSITORY), os.environ.get("PYTHONPATH")))))
         with (directory / "stdout.txt").open("wb") as stdout, (directory / "stderr.txt").open("wb") as stderr:
             process = subprocess.Popen(arguments, cwd=REPOSITORY, env=environment, stdout=stdout,
                                        stderr=stderr, stdin=subprocess.DEVNULL)
