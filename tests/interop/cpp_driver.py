@@ -155,9 +155,11 @@ def produce(arguments: argparse.Namespace) -> int:
                 "tags": item.tags or None, "keys": item.keys, "shard": item.shard, "sequence": item.sequence,
                 "delay_level": arguments.delay_level}
 
-    def ack(item: PlannedMessage, result: Any, queue_id: int | None) -> None:
+    def ack(item: PlannedMessage, result: Any, queue_id: int | None, sent_at: int | None = None) -> None:
+        """``sent_at``: this process's wall clock just before the send (ms), as ``received_at`` is the
+        consumer's: the C++ client stamps ``born_timestamp`` with its own clock."""
         log.write("ack", msg_id=result.msg_id, queue_offset=result.offset, queue_id=queue_id,
-                  status=result.status.name, **describe(item))
+                  status=result.status.name, sent_at=sent_at, **describe(item))
 
     errors = 0
     if arguments.mode == "batch":
@@ -190,7 +192,8 @@ def produce(arguments: argparse.Namespace) -> int:
             try:
                 message = message_for(item)
                 if arguments.mode == "sync":
-                    ack(item, producer.send_sync(message), None)
+                    sent_at = int(time.time() * 1000)
+                    ack(item, producer.send_sync(message), None, sent_at)
                 elif arguments.mode == "orderly":
                     result = producer.send_orderly(message, item.shard, retry_times=arguments.retries,
                                                    queue_selector=select)
