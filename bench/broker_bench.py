@@ -4,7 +4,10 @@ through the RocketMQ wire protocol by one client process. Prints one JSON line p
 * ``produce`` at in-flight 1, 32 and 256: acked SEND_MESSAGE_V2 of 1 KB messages (msgs/s, MB/s, p50/p99 ms);
 * ``consume``: PULL_MESSAGE of everything produced, 32 messages per pull, one queue after another.
 
-Usage: ``python bench/broker_bench.py [--count 20000] [--inflight 1,32,256]``
+Each line names its ``journal_flush``: the durable default, then (unless ``--journal-flush durable``) a
+second group with ``page_cache`` in the same run, for the ratio (README.md, "Flush policy").
+
+Usage: ``python bench/broker_bench.py [--count 20000] [--inflight 1,32,256] [--journal-flush both]``
 """
 
 from __future__ import annotations
@@ -107,19 +110,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=20_000, help="messages per in-flight setting")
     parser.add_argument("--inflight", default="1,32,256")
+    parser.add_argument("--journal-flush", choices=("durable", "page_cache", "both"), default="both")
     arguments = parser.parse_args()
     settings = [int(value) for value in arguments.inflight.split(",")]
-    with (tempfile.TemporaryDirectory(prefix="raftmq-broker-bench-") as directory,
-          LocalCluster.start(Path(directory) / "cluster",
-                             overrides={"broker": {"default_topic_queue_nums": QUEUES}}) as cluster):
-        address = route_master(cluster.namesrv)
-        assert address is not None
-        sent = 0
-        for in_flight in settings:
-            count = min(arguments.count, 2000) if in_flight == 1 else arguments.count
-            print(json.dumps(asyncio.run(produce(address, count, in_flight, sent))), flush=True)
-            sent += count
-        print(json.dumps(asyncio.run(consume(address))), flush=True)
+    policies = ("durable", "page_cache") if arguments.journal_flush == "both" else (arguments.journal_flush,)
+    for policy in policies:
+        with (tempfile.TemporaryDirectory(prefix="raftmq-broker-bench-") as directory,
+              LocalCluster.start(Path(directory) / "cluster",
+                                 overrides={"broker": {"default_topic_queue_nums": QUEUES},
+                                            "raft": {"journal_flush": policy}}) as cluster):
+            address = route_master(cluster.namesrv)
+            assert address is not None
+            sent = 0
+            for in_flight in settings:
+                count = min(arguments.count, 2000) if in_flight == 1 else arguments.count
+                figures = asyncio.run(produce(address, count, in_flight, sent))
+                print(json.dumps({**figures, "journal_flush": policy}), flush=True)
+                sent += count
+            print(json.dumps({**asyncio.run(consume(address)), "journal_flush": policy}), flush=True)
 
 
 if __name__ == "__main__":
