@@ -32,7 +32,9 @@ PROPERTY_REAL_QUEUE_ID: Final = "REAL_QID"
 TIMER_KEY_PREFIX: Final = "RMQ_TIMER_"
 DIGEST_BYTES: Final = 16
 _FLAG_AND_LENGTH: Final = struct.Struct(">iI")
-_PER_ATTEMPT_NAMES: Final = (PROPERTY_TIMER_OUT_MS.encode(), PROPERTY_REAL_QUEUE_ID.encode())
+#: properties a broker writes differently for each attempt of one send
+PER_ATTEMPT_PROPERTIES: Final = (PROPERTY_TIMER_OUT_MS, PROPERTY_REAL_QUEUE_ID)
+_PER_ATTEMPT_NAMES: Final = tuple(name.encode() for name in PER_ATTEMPT_PROPERTIES)
 _KEYS_NAME: Final = PROPERTY_KEYS.encode()
 _TIMER_KEY_PREFIX: Final = TIMER_KEY_PREFIX.encode()
 _KEY_SEPARATOR: Final = KEY_SEPARATOR.encode()

@@ -70,7 +70,8 @@ INVARIANTS: Final = {
                      "and tag hash; every visible record is in exactly one unit",
     "store_timestamps": "store timestamps never decrease in commit-log order",
     "unique_keys": "no message is stored twice within the broker's deduplication window: no visible record repeats "
-                   "the (topic, UNIQ_KEY, reconsume times) of one stored less than UNIQ_KEY_WINDOW_MS before it",
+                   "the (topic, UNIQ_KEY, reconsume times) and content (flag, body, properties less the "
+                   "per-attempt ones: commitlog.retries) of one stored less than UNIQ_KEY_WINDOW_MS before it",
     "key_index": "every KEYS and UNIQ_KEY of every record not rolled back is in the key index exactly once, every "
                  "entry points at a record with its key, and lookups reach every entry",
     **FEATURE_INVARIANTS,
@@ -364,13 +365,17 @@ def _queue_order_violations(records: DataFrame, replica_min: Callable[[Column], 
 
 
 def _unique_key_violations(records: DataFrame) -> DataFrame:
-    """A copy is a violation when the copy before it (same topic, UNIQ_KEY and reconsume times) was stored
-    within the window apply deduplicates over (``dledger.apply.UNIQ_KEY_WINDOW_MS``, by store timestamp, as
-    apply compares them). A later copy is at-least-once delivery working as in RocketMQ: a producer's retry,
-    or a consumer sending the same message back again after a rebalance, minutes later."""
+    """A copy is a violation when the copy before it (same topic, UNIQ_KEY, reconsume times and content) was
+    stored within the window apply deduplicates over (``dledger.apply.UNIQ_KEY_WINDOW_MS``, by store
+    timestamp, as apply compares them). A later copy is at-least-once delivery working as in RocketMQ: a
+    producer's retry, or a consumer sending the same message back again after a rebalance, minutes later.
+    Another content under the same UNIQ_KEY is another message (a key collision, which apply stores).
+
+    Content is the ``retry_content`` column (spark_analytics.tables)."""
     col = F.col
     visible = records.where((col("kind") == "message") & ~hidden(col("sys_flag")) & col("uniq_key").isNotNull())
-    same_message = Window.partitionBy("replica", "topic", "uniq_key", "reconsume_times").orderBy("physical_offset")
+    same_message = Window.partitionBy("replica", "topic", "uniq_key", "reconsume_times",
+                                      "retry_content").orderBy("physical_offset")
     repeated = (visible.withColumn("previous_offset", F.lag("physical_offset").over(same_message))
                 .withColumn("previous_timestamp", F.lag("store_timestamp").over(same_message)))
     return explode_found(repeated, [

@@ -11,8 +11,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 
+from commitlog.retries import PER_ATTEMPT_PROPERTIES, TIMER_KEY_PREFIX
 from spark_analytics.features import TRANSACTION_OP_TOPIC
 from spark_analytics.layout import Replica, list_replicas, segment_size_bytes
 from spark_analytics.sources import (
@@ -28,8 +30,20 @@ RECORD_COLUMNS: Final = (
     "replica", "physical_offset", "kind", "total_size", "problem", "stored_physical_offset", "body_crc", "crc_ok",
     "queue_id", "queue_offset", "sys_flag", "store_timestamp", "reconsume_times", "prepared_transaction_offset",
     "topic", "tags", "uniq_key", "keys", "tags_code", "body_length", "real_topic", "real_qid", "delay",
-    "retry_topic", "origin_message_id", "body",
+    "retry_topic", "origin_message_id", "body", "retry_content",
 )
+
+
+def retry_content(records: DataFrame) -> Column:
+    """What a retry has in common with its first attempt (:mod:`commitlog.retries`), as a 64-bit hash of the
+    columns at hand: flag, the body's CRC and length, and the properties less the per-attempt ones
+    (REAL_QID, TIMER_OUT_MS, timer tokens in KEYS). Two records of other content can share it (a hash or CRC
+    collision), never two of the same content: a check built on it may flag a copy too many, never miss one."""
+    names = "|".join(PER_ATTEMPT_PROPERTIES)
+    text = F.decode(records["properties"], "UTF-8")
+    text = F.regexp_replace(text, f"(^|\\u0002)({names})\\u0001[^\\u0002]*", "")
+    text = F.regexp_replace(text, f"{TIMER_KEY_PREFIX}[0-9]*", "")
+    return F.xxhash64(records["flag"], records["body_crc"], records["body_length"], text)
 
 
 class ReplicaTables:
@@ -48,6 +62,7 @@ class ReplicaTables:
             spark.read.format(COMMIT_LOG_SOURCE).option("bodies", "false")
             .option("body_topics", TRANSACTION_OP_TOPIC)
             .option("segment_size_bytes", str(self.segment_size)).load(path)
+            .transform(lambda loaded: loaded.withColumn("retry_content", retry_content(loaded)))
             .select(*RECORD_COLUMNS).repartition("replica").persist()
         )
         self.units: DataFrame = spark.read.format(CONSUME_QUEUE_SOURCE).load(path).repartition("replica").persist()

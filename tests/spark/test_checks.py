@@ -208,16 +208,19 @@ def test_a_broken_key_index_chain_is_reported(spark: SparkSession, cluster: Path
 def test_a_copy_stored_after_the_dedup_window_is_not_a_duplicate(spark: SparkSession, cluster: Path) -> None:
     """Apply deduplicates a UNIQ_KEY over UNIQ_KEY_WINDOW_MS of store time; a copy stored later (a retry or
     a second send-back minutes later) is at-least-once delivery, not a broken apply. One entry stores a copy
-    of a message from 120.1 s earlier and one of a message from 119.5 s earlier: only the second counts."""
+    of a message from 120.1 s earlier and one of a message from 119.5 s earlier: only the second counts. A
+    third carries the second's UNIQ_KEY with another body: another message (a key collision apply stores),
+    not a copy."""
     written = batches()
     visible = [m for m in written[0] + written[-1] if m.sys_flag & 0xC not in (0x4, 0xC)]
     late, close = visible[0], visible[-1]
+    collision = close._replace(body=close.body + b" and more")
     stamp = batch_stamp(0) + UNIQ_KEY_WINDOW_MS + 100
     assert stamp - batch_stamp(len(written) - 1) <= UNIQ_KEY_WINDOW_MS  # the close copy is inside the window
     for node in NODES:
         store = MessageStore(small_config(node_store(cluster, node)))
         try:
-            store.append(store.applied_raft_index + 1, [late, close], stamp)
+            store.append(store.applied_raft_index + 1, [late, collision, close], stamp)
         finally:
             store.close()
 
@@ -228,3 +231,30 @@ def test_a_copy_stored_after_the_dedup_window_is_not_a_duplicate(spark: SparkSes
                     if r.properties == close.properties and r.store_timestamp == batch_stamp(len(written) - 1))
     assert f"already stored at physical offset {original.physical_offset}" in example.detail
     assert f"{stamp - batch_stamp(len(written) - 1)} ms earlier" in example.detail
+
+
+def test_retry_content_ignores_what_each_attempt_changes_and_nothing_else(spark: SparkSession) -> None:
+    """The content a copy is compared by (spark_analytics.tables.retry_content): a timed message's retry has
+    another REAL_QID, due time and timer token; another body CRC, length, flag or property is another message."""
+    from commitlog.message import encode_properties
+    from spark_analytics.tables import retry_content
+
+    def properties(**values: str) -> bytes:
+        return encode_properties(values)
+
+    first = properties(UNIQ_KEY="K", REAL_TOPIC="T", REAL_QID="0", TIMER_OUT_MS="1700000060000",
+                       KEYS="order-1 RMQ_TIMER_1700000060")
+    rows = [
+        (0, 11, 100, first),
+        (0, 11, 100, properties(UNIQ_KEY="K", REAL_TOPIC="T", REAL_QID="3", TIMER_OUT_MS="1700000062000",
+                                KEYS="order-1 RMQ_TIMER_1700000062")),  # a retry
+        (0, 12, 100, first),  # another body
+        (0, 11, 101, first),
+        (1, 11, 100, first),
+        (0, 11, 100, properties(UNIQ_KEY="K", REAL_TOPIC="U", REAL_QID="0", TIMER_OUT_MS="1700000060000",
+                                KEYS="order-1 RMQ_TIMER_1700000060")),
+    ]
+    frame = spark.createDataFrame(rows, "flag int, body_crc long, body_length int, properties binary")
+    hashes = [row[0] for row in frame.select(retry_content(frame)).collect()]
+    assert hashes[0] == hashes[1]
+    assert len(set(hashes[1:])) == 5
