@@ -145,6 +145,7 @@ class AdminProcessor:
             "commitLogMinOffset": str(status.commit_log_min_offset),
             "uniqKeyCollisions": str(status.uniq_key_collisions),
             "raftJournalSyncs": str(status.journal_syncs),
+            "raftDamage": status.damage or "",
             "topics": str(len(broker.state.topics)),
         }
 

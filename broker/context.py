@@ -1,5 +1,11 @@
 """What every processor shares: the group member (writes go through Raft), the store (reads of committed
-data), the replicated state, the broker's configuration, and the mapping of errors to response codes.
+data), the replicated state, the broker's configuration, the group's time, and the mapping of errors to
+response codes.
+
+Time: every time a processor or a leader-only service uses (due times, delivery and check-back ages,
+retention's cutoff, leader stamps) is the group's time (``dledger.group_clock``: what a majority of the
+members' clocks say, never below what the replicated state holds), not this member's clock: a leader whose
+clock jumped hours ahead must not release timers or delete segments hours early.
 
 Everything here runs on the broker's event loop. Proposals block until applied, so they run on the
 loop's executor; appends return a concurrent future that the loop awaits.
@@ -10,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-import time
 from collections.abc import Callable, Sequence
 
 from broker.config import BrokerConfig
@@ -43,12 +48,18 @@ from dledger.state import ReplicatedState
 
 class BrokerContext:
     def __init__(self, node: NodeConfig, config: BrokerConfig, member: GroupMember,
-                 rng: random.Random | None = None, wall_clock_ms: Callable[[], int] | None = None) -> None:
+                 rng: random.Random | None = None, wall_clock_ms: Callable[[], int] | None = None,
+                 corroborated_clock_ms: Callable[[], int | None] | None = None) -> None:
+        """``wall_clock_ms`` is the group's time (the member's group clock unless given);
+        ``corroborated_clock_ms`` the time for destructive decisions, None while a majority's clocks are
+        not heard (the member's group clock, or ``wall_clock_ms`` when only that is given)."""
         self.node = node
         self.config = config
         self.member = member
         self.random = rng if rng is not None else random.Random()
-        self.wall_clock_ms = wall_clock_ms or (lambda: time.time_ns() // 1_000_000)
+        self.wall_clock_ms: Callable[[], int] = wall_clock_ms or self._group_time_ms
+        self.corroborated_clock_ms: Callable[[], int | None] = (
+            corroborated_clock_ms or wall_clock_ms or self._corroborated_group_time_ms)
         #: Raft address -> the address clients reach each member at (its advertised address: this member's
         #: from its own config, the others' from ``peer_addresses``), to name the leader to clients
         self.client_address_by_raft = {node.raft_address: config.announced_address}
@@ -69,6 +80,12 @@ class BrokerContext:
     @property
     def store(self) -> MessageStore:
         return self.member.store
+
+    def _group_time_ms(self) -> int:
+        return self.member.group_clock.now_ms()
+
+    def _corroborated_group_time_ms(self) -> int | None:
+        return self.member.group_clock.corroborated_ms()
 
     @property
     def state(self) -> ReplicatedState:

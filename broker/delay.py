@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from typing import Final
 
@@ -58,7 +57,8 @@ def delivered_message(stored: StoredMessage, store_timestamp: int) -> MessageInp
 class DelayService:
     def __init__(self, broker: BrokerContext, wall_clock_ms: Callable[[], int] | None = None) -> None:
         self.broker = broker
-        self.wall_clock_ms = wall_clock_ms or (lambda: time.time_ns() // 1_000_000)
+        # the group's time, as every leader-only service: not this member's own clock (broker.context)
+        self.wall_clock_ms = wall_clock_ms or broker.wall_clock_ms
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         #: messages delivered by this member while leader (status, tests)

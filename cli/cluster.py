@@ -419,7 +419,8 @@ class LocalCluster:
                          "term": (status or {}).get("raftTerm", "-"),
                          "commit_index": (status or {}).get("commitIndex", "-"),
                          "applied_index": (status or {}).get("appliedIndex", "-"),
-                         "max_offset": (status or {}).get("commitLogMaxOffset", "-")})
+                         "max_offset": (status or {}).get("commitLogMaxOffset", "-"),
+                         "damage": (status or {}).get("raftDamage", "")})
         offsets = [int(str(row["max_offset"])) for row in rows if str(row["max_offset"]).isdigit()]
         top = max(offsets, default=0)
         for row in rows:

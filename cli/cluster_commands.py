@@ -79,7 +79,8 @@ def up(data_dir: Path, nodes: int, base_port: int | None, overrides: dict[str, d
 @data_dir_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per node instead of a table.")
 def status(data_dir: Path, as_json: bool) -> None:
-    """Show each node: role, term, commit/applied index, commit-log max offset, lag, pid, alive.
+    """Show each node: role, term, commit/applied index, commit-log max offset, lag, pid, alive, and
+    any damage found on a node's disk that keeps it from voting.
 
     \b
     Example:
@@ -101,6 +102,9 @@ def status(data_dir: Path, as_json: bool) -> None:
     click.echo("  ".join(column.ljust(widths[i]) for i, column in enumerate(columns)))
     for line in table:
         click.echo("  ".join(value.ljust(widths[i]) for i, value in enumerate(line)))
+    for row in rows:
+        if row["damage"]:
+            click.echo(f"{row['node']}: not voting until it has re-fetched its Raft log: {row['damage']}")
 
 
 @cluster.command()

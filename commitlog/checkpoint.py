@@ -14,6 +14,7 @@ durable data; recovery then validates the tail and falls back to ``checkpoint``.
 
 from __future__ import annotations
 
+import logging
 import struct
 import zlib
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from typing import Final
 
 from commitlog.errors import CorruptionError, invariant
 from commitlog.mapped_file import MappedFile, atomic_write
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_MAGIC: Final = 0x524D4350  # "RMCP"
 CHECKPOINT_VERSION: Final = 1
@@ -145,6 +148,12 @@ class ApplyPositionFile:
 
     def __init__(self, path: Path) -> None:
         create = not path.exists()
+        if not create and (size := path.stat().st_size) != 2 * APPLY_SLOT_BYTES:
+            # cut short on disk (the member refused to start on it): a marker with no valid slot, so recovery
+            # falls back to the checkpoint and Raft applies the rest again, as after a power loss
+            log.warning("apply marker %s has %d bytes, not %d: starting a new one", path, size, 2 * APPLY_SLOT_BYTES)
+            path.unlink()
+            create = True
         self.file = MappedFile(path, 2 * APPLY_SLOT_BYTES, create)
         self.last = self._read_latest()
 

@@ -62,6 +62,11 @@ class CommitLog:
             start = int(path.name)
             if start % segment_size_bytes:
                 raise CorruptionError(f"segment {path} does not start at a multiple of the segment size")
+            size = path.stat().st_size
+            if size != segment_size_bytes:  # segments are preallocated whole: it was cut short (or grown) on disk
+                raise CorruptionError(
+                    f"commit-log segment {path} has {size} bytes, expected {segment_size_bytes}: it was cut on disk and "
+                    "what it held is lost here; wipe this replica's data directory to resync it from the group")
             segment = MappedFile(path, segment_size_bytes, create=False)
             segment.on_remap = self._note_mapped
             self.segments[start] = segment

@@ -8,6 +8,7 @@ with size 0 is empty; the first empty unit after the last file's start marks the
 
 from __future__ import annotations
 
+import logging
 import re
 import struct
 from pathlib import Path
@@ -15,6 +16,8 @@ from typing import Final
 
 from commitlog.errors import CorruptionError, invariant
 from commitlog.mapped_file import MappedFile, ensure_directory
+
+log = logging.getLogger(__name__)
 
 CQ_UNIT: Final = struct.Struct(">qiq")
 invariant(CQ_UNIT.size == 20, "a consume-queue unit is 20 bytes")
@@ -40,6 +43,14 @@ class ConsumeQueue:
                 start_byte = int(path.name)
                 if start_byte % self.file_bytes:
                     raise CorruptionError(f"consume-queue file {path} is not aligned to its size")
+                size = path.stat().st_size
+                if size != self.file_bytes:
+                    # cut short on disk: the member refused to start on it. It is derived from the commit log,
+                    # and the store's recovery rebuilds a queue that lacks a file the checkpoint counts on
+                    log.warning("consume-queue file %s has %d bytes, not %d: deleting it (the queue is rebuilt "
+                                "from the commit log)", path, size, self.file_bytes)
+                    path.unlink()
+                    continue
                 self.files[start_byte // UNIT_BYTES] = MappedFile(path, self.file_bytes, create=False)
         self.min_offset = 0
         if self.files:
@@ -128,6 +139,12 @@ class ConsumeQueue:
             position += take
         if first_offset + count > self.max_offset:
             self.max_offset = first_offset + count
+
+    def flush_unit(self, queue_offset: int) -> None:
+        """msync the one unit at ``queue_offset`` (a unit put back by the scrubber, below what flush covers)."""
+        start = self.file_start(queue_offset)
+        local = (queue_offset - start) * UNIT_BYTES
+        self.files[start].flush(local, local + UNIT_BYTES)
 
     def units(self, queue_offset: int, max_count: int) -> list[Unit]:
         """Up to ``max_count`` units from ``queue_offset`` (clamped to the queue's range)."""

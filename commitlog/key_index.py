@@ -17,6 +17,7 @@ a cut tail) restores each slot to its previous value.
 
 from __future__ import annotations
 
+import logging
 import re
 import struct
 import zlib
@@ -31,6 +32,8 @@ import numpy.typing as npt
 from commitlog.errors import CorruptionError, invariant
 from commitlog.mapped_file import MappedFile, ensure_directory
 from commitlog.records import columnwise
+
+log = logging.getLogger(__name__)
 
 INDEX_MAGIC: Final = 0x524D4958  # "RMIX"
 INDEX_VERSION: Final = 1
@@ -108,9 +111,19 @@ class KeyIndex:
         self.files: list[IndexFile] = []
         for path in sorted(directory.iterdir()):
             if FILE_NAME.match(path.name):
-                self.files.append(self._open(path))
+                try:
+                    self.files.append(self._open(path))
+                except CorruptionError as exc:
+                    # cut short or its header damaged on disk: the member refused to start on it. The index is
+                    # derived from the commit log, and the store's recovery rebuilds it when a file it counts
+                    # on is missing
+                    log.warning("%s: deleting it (the key index is rebuilt from the commit log)", exc)
+                    path.unlink()
 
     def _open(self, path: Path) -> IndexFile:
+        size = path.stat().st_size
+        if size != self.file_bytes:
+            raise CorruptionError(f"index file {path} has {size} bytes, not {self.file_bytes}")
         mapped = MappedFile(path, self.file_bytes, create=False)
         magic, version, _, begin_physical, _, begin_ts, _, count = HEADER.unpack_from(mapped.map, 0)
         if magic != INDEX_MAGIC or version != INDEX_VERSION or count > self.entry_capacity:

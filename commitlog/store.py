@@ -84,6 +84,8 @@ from commitlog.retries import KeyCollision, retry_digest
 
 log = logging.getLogger(__name__)
 
+#: the exit code of a member stopped by a damaged record it had to read and could not repair (EX_DATAERR)
+EXIT_DAMAGED_RECORD: Final = 65
 CHECKPOINT_NAME = "checkpoint"
 LOCK_NAME = "lock"
 #: bound on the tag-code and topic caches
@@ -99,6 +101,16 @@ PackedRun = tuple[tuple[str, int], int, bytes]
 def _packed_runs(runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]]) -> list[PackedRun]:
     return [(queue_key, first_offset, b"".join([CQ_UNIT.pack(*unit) for unit in units]))
             for queue_key, (first_offset, units) in runs.items()]
+
+
+class DamagedRecordError(CorruptionError):
+    """A committed record a verified read needed fails its checks (body CRC, layout, its own offset): its
+    bytes are not the group's. Deciding from them could make this replica diverge; the record must be put
+    back from a peer's copy (:meth:`MessageStore.repair_record`) before the read is made again."""
+
+    def __init__(self, physical_offset: int, reason: str) -> None:
+        super().__init__(f"the record at commit-log offset {physical_offset} is damaged: {reason}")
+        self.physical_offset = physical_offset
 
 
 class AppendStatus(enum.Enum):
@@ -1062,9 +1074,15 @@ class MessageStore:
         return self.read_message(physical_offset)
 
     def query_by_key(
-        self, topic: str, key: str, max_count: int, begin_timestamp: int = 0, end_timestamp: int = 2**63 - 1
+        self, topic: str, key: str, max_count: int, begin_timestamp: int = 0, end_timestamp: int = 2**63 - 1,
+        verified: bool = False,
     ) -> list[StoredMessage]:
-        """Messages of ``topic`` whose KEYS contain ``key`` or whose UNIQ_KEY is ``key``, newest first."""
+        """Messages of ``topic`` whose KEYS contain ``key`` or whose UNIQ_KEY is ``key``, newest first.
+
+        ``verified`` (apply's lookups): every candidate the index names is checked (:meth:`_verified_message`)
+        before its topic or keys are compared, and a damaged one raises :class:`DamagedRecordError` instead of
+        being passed over: a damaged byte can turn a match into a miss or the reverse. Otherwise (a client's
+        query) records are not CRC-checked and unreadable ones are skipped."""
         with self._lock:
             found: list[StoredMessage] = []
             seen: set[int] = set()
@@ -1073,10 +1091,13 @@ class MessageStore:
                 if physical in seen or physical < self.commit_log.min_offset or physical >= self.commit_log.end_offset:
                     continue
                 seen.add(physical)
-                try:
-                    message = self.commit_log.read_message(physical, check_crc=False)
-                except StoreError:
-                    continue
+                if verified:
+                    message = self._verified_message(physical)
+                else:
+                    try:
+                        message = self.commit_log.read_message(physical, check_crc=False)
+                    except StoreError:
+                        continue
                 if message.topic != topic:
                     continue
                 properties = message.property_map
@@ -1093,7 +1114,9 @@ class MessageStore:
         UNIQ_KEY, reconsume count and content ``digest`` (:func:`retry_digest`), stored at or after
         ``since_timestamp``. A :class:`KeyCollision` when messages match all but the content, None when
         none matches. Deterministic: it reads only the key index and the commit log, which are identical on
-        every replica at the same applied index."""
+        every replica at the same applied index; every record it reads is verified first
+        (:class:`DamagedRecordError` when one is damaged: no answer is given from bytes that are not the
+        group's)."""
         return self.find_recent_sends([(topic, uniq_key, reconsume_times, digest)], since_timestamp)[0]
 
     def find_recent_sends(self, sends: Sequence[tuple[str, bytes, int, bytes]],
@@ -1123,10 +1146,7 @@ class MessageStore:
                 for physical in lookup(hashed, 8, since_timestamp):
                     if physical < min_offset or physical >= end_offset:
                         continue
-                    try:
-                        message = self.commit_log.read_message(physical, check_crc=False)
-                    except StoreError:
-                        continue
+                    message = self._verified_message(physical)
                     if (message.topic == topic and message.reconsume_times == reconsume_times
                             and message.store_timestamp >= since_timestamp
                             and _dispatch_fields(message.properties)[2] == uniq_key):
@@ -1138,21 +1158,79 @@ class MessageStore:
                         break
         return found
 
+    def _verified_message(self, physical_offset: int) -> StoredMessage:
+        """The record at ``physical_offset`` (inside the commit log, named by the key index), checked as the
+        scrubber checks records: a message record whose layout holds together, whose body matches its CRC and
+        which names this very offset. :class:`DamagedRecordError` otherwise. (The body CRC is the only
+        checksum RocketMQ's layout has: the head, topic and properties are checked for consistency only.)
+        Called with the store lock held."""
+        try:
+            message = self.commit_log.read_message(physical_offset, check_crc=True)
+        except StoreError as exc:  # CorruptionError (not a valid record), or no message record head there
+            raise DamagedRecordError(physical_offset, str(exc)) from exc
+        if message.physical_offset != physical_offset:
+            raise DamagedRecordError(physical_offset, f"it names commit-log offset {message.physical_offset}")
+        return message
+
     def scrub(self, start: int, max_bytes: int) -> tuple[int | None, int]:
         """Validate the records (CRC) from ``start`` for about ``max_bytes``: returns (offset of the first
         damaged record or None, where to continue). Catches what recovery cannot: recovery validates only
-        the tail past the checkpoint, so a byte that went bad on disk deeper in a segment is found here."""
+        the tail past the checkpoint, so a byte that went bad on disk deeper in a segment is found here.
+        The consume-queue unit of each valid record is checked too (:meth:`_check_queue_unit`)."""
         with self._lock:
             start = max(start, self.commit_log.min_offset)
             end = min(self.commit_log.end_offset, start + max_bytes)
             if start >= end:
                 return None, self.commit_log.min_offset  # wrap around
-            for _ in self.commit_log.scan(start, end):
-                pass
+            for message in self.commit_log.scan(start, end):
+                self._check_queue_unit(message)
             reached = self.commit_log.scan_end
             if reached >= end or reached >= self.commit_log.end_offset:
                 return None, reached
             return reached, reached
+
+    def _check_queue_unit(self, message: StoredMessage) -> None:
+        """Put back the consume-queue unit of a record the scrubber validated when it does not point at that
+        record (a byte gone bad in the queue's file, which carries no checksum: it went unnoticed, pulls from
+        this replica read the wrong bytes or none, and the replicas' queue files stayed different). The unit
+        is rewritten from the record, as recovery's dispatch writes it, and made durable. A unit beyond the
+        queue's end is recovery's to rebuild (a damaged end shows as a short queue). Store lock held."""
+        if message.sys_flag & TRANSACTION_TYPE_MASK in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
+            return
+        queue = self.queues.get((message.topic, message.queue_id))
+        if queue is None or not queue.min_offset <= message.queue_offset < queue.max_offset:
+            return
+        expected = (message.physical_offset, message.total_size,
+                    self._tag_code(_dispatch_fields(message.properties)[0]))
+        found = queue.unit(message.queue_offset)
+        if found == expected:
+            return
+        if self._unit_holds_together(message.topic, message.queue_id, message.queue_offset, found):
+            # the unit names a valid record that is this queue offset's: it is the scanned record's head that is
+            # wrong (only its body has a CRC), and the unit is left alone
+            log.critical("the record at commit-log offset %d claims queue offset %d of %s/%d, which the record at "
+                         "%d holds: its head may be damaged", message.physical_offset, message.queue_offset,
+                         message.topic, message.queue_id, found[0])
+            return
+        log.critical("consume queue %s/%d: the unit at queue offset %d is damaged (%s, the record says %s): "
+                     "putting it back from the commit log", message.topic, message.queue_id, message.queue_offset,
+                     found, expected)
+        queue.put(message.queue_offset, *expected)
+        queue.flush_unit(message.queue_offset)
+
+    def _unit_holds_together(self, topic: str, queue_id: int, queue_offset: int, unit: tuple[int, int, int]) -> bool:
+        """Whether a consume-queue unit names a valid record (body CRC, its own offset) of that very queue and
+        queue offset, with the record's size and tag code. Store lock held."""
+        physical, size, tag_code = unit
+        if not self.commit_log.min_offset <= physical < self.commit_log.end_offset or size <= 0:
+            return False
+        try:
+            record = self.commit_log.read_message(physical, check_crc=True)
+        except StoreError:
+            return False
+        return (record.physical_offset == physical and record.total_size == size and record.topic == topic
+                and record.queue_id == queue_id and record.queue_offset == queue_offset
+                and self._tag_code(_dispatch_fields(record.properties)[0]) == tag_code)
 
     def record_extent(self, physical_offset: int) -> int:
         """The size field of the record at ``physical_offset`` (which may itself be damaged)."""

@@ -10,10 +10,21 @@ Rules (shared/DESIGN.md):
 * It is total: a command that cannot be decoded or applied is recorded as a no-op with a reason. It never
   raises into pysyncobj's tick thread, where an exception would stall the replica forever. A full disk
   blocks it (retrying) rather than skipping a command, which would make this replica diverge.
+* One configuration of the bytes: the store settings that shape stored bytes (``dledger.command.ByteConfig``)
+  are the group's, fixed by the first BYTE_CONFIG applied. A member whose own settings differ raises
+  :class:`ByteConfigMismatchError` before it writes anything for that entry, and its member stops
+  (:data:`EXIT_BYTE_CONFIG_MISMATCH`): it never applies with other settings than the group's.
+* It decides nothing from local bytes it has not verified: the stored records it reads (timers it releases,
+  messages a send may be a retry of) are checked first (``MessageStore.query_by_key(verified=True)``,
+  ``find_recent_sends``). A damaged one is put back from a peer's copy (``repair``) and read again before
+  anything is written; when that fails, :class:`commitlog.store.DamagedRecordError` stops the member
+  (``EXIT_DAMAGED_RECORD``), and on restart the replayed entry tries the repair again. Those two errors are
+  the only ones it raises: each stops the member rather than let it decide differently from the others.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import re
@@ -23,6 +34,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Final, TypeVar
 
 import numpy as np
 
@@ -40,9 +52,10 @@ from commitlog.records import (
     uniq_key_of,
 )
 from commitlog.retries import KeyCollision, retry_digest
-from commitlog.store import AppendOutcome, AppendResult, MessageStore
+from commitlog.store import AppendOutcome, AppendResult, DamagedRecordError, MessageStore
 from dledger.command import (
     AclDocument,
+    ByteConfig,
     CommandError,
     ConsumerOffsets,
     LeaderStamp,
@@ -81,6 +94,35 @@ TIMER_SECOND_MAX = TIMER_CURSOR_SCALE - 1
 #: seconds one operation may cover (an idle stretch is covered in steps)
 TIMER_SPAN_MAX_SECONDS = 3600
 _UNIQ_KEY_PROPERTY = re.compile(rb"(?:^|\x02)UNIQ_KEY\x01([^\x02]+)")
+#: the exit code of a member whose byte configuration is not the group's (EX_CONFIG)
+EXIT_BYTE_CONFIG_MISMATCH: Final = 78
+_Read = TypeVar("_Read")
+
+
+class ByteConfigMismatchError(Exception):
+    """This member's settings that shape stored bytes are not the group's: it must stop before it writes
+    anything with them. The message names each setting that differs, ours and the group's."""
+
+    def __init__(self, ours: ByteConfig, group: ByteConfig, source: str = "the group's configuration") -> None:
+        differences = "; ".join(f"{name}: ours {_shown(mine)}, the group's {_shown(theirs)}"
+                                for name, mine, theirs in ours.differences(group))
+        super().__init__(f"this member's [store] settings differ from {source}: {differences}. They shape the "
+                         "stored bytes, which must be the same on every member: this member stores nothing with "
+                         "them. Set them to the group's values (the [store] table of its TOML file) and start it "
+                         "again")
+        self.ours = ours
+        self.group = group
+
+
+def _shown(value: str | None) -> str:
+    return "(none)" if value is None else value
+
+
+def check_byte_config(ours: ByteConfig, group: ByteConfig | None,
+                      source: str = "the group's configuration") -> None:
+    """:class:`ByteConfigMismatchError` when ``group`` (the group's byte configuration, if known) is not ours."""
+    if group is not None and ours.differences(group):
+        raise ByteConfigMismatchError(ours, group, source)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +144,17 @@ class StateMachine:
         state: ReplicatedState,
         sleep: Callable[[float], None] = time.sleep,
         state_lock: AbstractContextManager[object] | None = None,
+        repair: Callable[[int], None] | None = None,
     ) -> None:
+        """``repair(physical_offset)`` puts a damaged committed record back from a peer's copy (raising
+        when it cannot): a verified read that finds one calls it, then reads again. Without it a damaged
+        record stops the member at once (:class:`DamagedRecordError` out of :meth:`apply`)."""
         self.store = store
         self.state = state
         self.sleep = sleep
+        self.repair = repair
+        #: this member's own settings that shape stored bytes: the group's must be the same
+        self.byte_config = ByteConfig.of(store.config)
         #: held around every change to the state, and by whoever reads it from another thread (the store's
         #: flush encodes it into the checkpoint): a reader sees an index's state changes whole or not at all.
         #: Nothing that takes a store lock runs under it (a flush holds those while it encodes the state).
@@ -125,13 +174,17 @@ class StateMachine:
         ``own`` is the leader's shortcut for an entry it proposed itself: the messages and the store
         timestamp it encoded into ``data``, so the command need not be decoded again. It must describe
         exactly the entry (one Messages operation, every message stamped with the timestamp): the result
-        is then byte for byte what decoding gives on the followers. ``data`` is not read then."""
+        is then byte for byte what decoding gives on the followers. ``data`` is not read then.
+
+        Raises only to stop the member, before anything of the entry is written: :class:`ByteConfigMismatchError`
+        (a BYTE_CONFIG that makes the group's settings other than ours) and :class:`DamagedRecordError` (a
+        stored record it must read is damaged and could not be repaired)."""
         if raft_index <= self.store.applied_raft_index and raft_index <= self.state.applied_index:
             return ApplyResult(raft_index, already_applied=True)
         timer_advance: int | None = None
         timer_start: int | None = None
         if isinstance(own, PreparedRecords):
-            problem = check_layout(own)  # as the followers check it: every replica takes the same branch
+            problem = self._records_problem(own)  # as the followers check it: every replica takes the same branch
             if problem is not None:
                 return self._noop(raft_index, f"inconsistent records: {problem}")
             return self._apply_records(raft_index, own, want_results=True)
@@ -148,10 +201,16 @@ class StateMachine:
                 (batch, *others) = command.operations
                 if others or not isinstance(batch, PreparedRecords):
                     return self._noop(raft_index, "records travel alone in a command")
-                problem = check_layout(batch)
+                problem = self._records_problem(batch)
                 if problem is not None:
                     return self._noop(raft_index, f"inconsistent records: {problem}")
                 return self._apply_records(raft_index, batch, want_results=False)
+            if raft_index > self.state.applied_index:
+                for operation in command.operations:
+                    if isinstance(operation, ByteConfig):
+                        # the first one applied is the group's; ours must be the same, or nothing is written
+                        group = self.state.byte_config if self.state.byte_config is not None else operation
+                        check_byte_config(self.byte_config, group)
             messages = []
             message_ops = []
             for operation in command.operations:
@@ -214,6 +273,37 @@ class StateMachine:
                     self.state.last_store_timestamp = max(self.state.last_store_timestamp, newest)
                 self.state.applied_index = raft_index
         return ApplyResult(raft_index, results)
+
+    def _records_problem(self, batch: PreparedRecords) -> str | None:
+        """Why a Records operation cannot apply: its layout (``check_layout``), or a store host other than the
+        group's (the records carry the leader's, which must be the group's). Read only from the command and the
+        replicated state: every replica finds the same."""
+        problem = check_layout(batch)
+        if problem is None and self.state.byte_config is not None:
+            group_host = self.state.byte_config.store_host_bytes
+            if group_host is not None and batch.store_host != group_host:
+                problem = f"store host {batch.store_host.hex()} is not the group's ({group_host.hex()})"
+        return problem
+
+    def _read_verified(self, read: Callable[[], _Read]) -> _Read:
+        """``read()``, a store read that verifies the records it uses; each damaged record it meets is put
+        back from a peer's copy, then the read is made again. It has written nothing, so making it again
+        is safe. :class:`DamagedRecordError` when there is no repair, or the repair fails or does not hold."""
+        repaired: set[int] = set()
+        while True:
+            try:
+                return read()
+            except DamagedRecordError as exc:
+                offset = exc.physical_offset
+                if self.repair is None or offset in repaired:
+                    raise
+                log.critical("%s: apply needs it, repairing it from a peer before deciding anything", exc)
+                try:
+                    self.repair(offset)
+                except Exception as repair_error:
+                    raise DamagedRecordError(offset, f"{exc} (and no peer could repair it: {repair_error})") \
+                        from repair_error
+                repaired.add(offset)
 
     def _apply_records(self, raft_index: int, batch: PreparedRecords, want_results: bool) -> ApplyResult:
         """A Records operation (plain messages laid out by the leader: no timers, no transactions). Only the
@@ -315,8 +405,8 @@ class StateMachine:
         """Look ``sends`` (topic, UNIQ_KEY, reconsume count, digest; of the sends at ``positions``) up among
         the messages stored since ``since_timestamp``: retries go into ``duplicates``, key collisions into
         ``collided``."""
-        for position, send, stored in zip(positions, sends, self.store.find_recent_sends(sends, since_timestamp),
-                                          strict=True):
+        found = self._read_verified(functools.partial(self.store.find_recent_sends, sends, since_timestamp))
+        for position, send, stored in zip(positions, sends, found, strict=True):
             if isinstance(stored, KeyCollision):
                 collided[position] = (send[0], send[1])
             elif stored is not None:
@@ -421,7 +511,9 @@ class StateMachine:
             return [], None
         due: list[StoredMessage] = []
         for each in range(progress + 1, second + 1):
-            due.extend(self.store.query_by_key(TIMER_TOPIC, timer_key(each), TIMER_SECOND_MAX))
+            # verified: a timer's stored bytes become a new message here, and decide whether it is one
+            due.extend(self._read_verified(functools.partial(self.store.query_by_key, TIMER_TOPIC, timer_key(each),
+                                                             TIMER_SECOND_MAX, verified=True)))
         due.sort(key=lambda stored: stored.physical_offset)
         chunk = due[start : start + TIMER_RELEASE_MAX]
         stamp = max(self.state.last_store_timestamp, second * 1000)
@@ -509,6 +601,10 @@ class StateMachine:
                     self.state.resolve_transaction(half, action)
             case AclDocument(document):
                 self.state.acl_document = document
+            case ByteConfig():
+                if not self.state.apply_byte_config(operation) and self.state.byte_config != operation:
+                    log.warning("a later byte configuration changes nothing (the group's is the first "
+                                "applied): %s", operation.settings)
             case Messages():
                 pass
 

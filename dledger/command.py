@@ -27,6 +27,10 @@ Payloads (all big-endian; ``str`` is ``u16 length + UTF-8``, ``bytes`` is ``u32 
 * LEADER_STAMP: term i64, node str, timestamp i64: the first command of a new leader's term.
 * ACL_DOCUMENT: document bytes: the access-control rules every member enforces (canonical JSON written
   and read by ``broker.acl``; opaque here). Proposed by the leader when its ACL file changes.
+* BYTE_CONFIG: ``count u16`` then per setting name str, value str (sorted by name): the local settings
+  that shape stored bytes, as the group fixed them (:class:`ByteConfig`). The first leader of a group
+  (or of a data directory from before it existed) proposes its own before anything else; the first one
+  applied is the group's for good.
 * RECORDS: plain messages already laid out as stored records by the leader (``commitlog.records``), so
   replicas patch two fields per record instead of encoding it: ``count u32``, stamp i64, store_host (8
   bytes), ``topic_count u16`` then topic str per topic, then ``count`` metas (``commitlog.records.META``:
@@ -45,7 +49,8 @@ from typing import Final
 
 import lz4.block
 
-from commitlog.message import MessageInput
+from commitlog.config import StoreConfig
+from commitlog.message import MessageInput, decode_host, encode_host
 from commitlog.records import HASH, META, PreparedRecords
 
 COMMAND_VERSION: Final = 1
@@ -78,6 +83,7 @@ class OpType(enum.IntEnum):
     LEADER_STAMP = 8
     ACL_DOCUMENT = 9
     RECORDS = 10
+    BYTE_CONFIG = 11
 
 
 class CommandError(ValueError):
@@ -161,9 +167,50 @@ class AclDocument:
     document: bytes
 
 
+#: the store settings that change the bytes a member stores or what apply decides: where records and fillers
+#: fall (segment size), what every record and message id carries (store host), which messages apply refuses
+#: (body limit), and the layout of the derived files (consume-queue and key-index files). Every member must
+#: have the group's values; the others (flush policy and interval, page cache) are each member's own.
+BYTE_SETTINGS: Final = ("body_size_max_bytes", "consume_queue_units_per_file", "index_entry_capacity",
+                        "index_slot_count", "segment_size_bytes", "store_host")
+
+
+@dataclass(frozen=True, slots=True)
+class ByteConfig:
+    """The settings of :data:`BYTE_SETTINGS` as (name, value) pairs sorted by name, values as text.
+
+    Carried by name, not by position, so a later version can add a setting: a setting one side has and the
+    other lacks counts as a difference (a new setting needs a rule for groups whose configuration predates it)."""
+
+    settings: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, config: StoreConfig) -> ByteConfig:
+        """This member's own: the store host in its canonical spelling (``010.1.2.3`` is ``10.1.2.3``)."""
+        host, port = decode_host(config.store_host_bytes)
+        values = {name: str(getattr(config, name)) for name in BYTE_SETTINGS}
+        values["store_host"] = f"{host}:{port}"
+        return cls(tuple(sorted(values.items())))
+
+    @property
+    def store_host_bytes(self) -> bytes | None:
+        """The store host as records carry it (None when there is none or it is not IPv4:port)."""
+        host, _, port = dict(self.settings).get("store_host", "").rpartition(":")
+        try:
+            return encode_host(host, int(port))
+        except ValueError:
+            return None
+
+    def differences(self, group: ByteConfig) -> list[tuple[str, str | None, str | None]]:
+        """(setting, ours, the group's) for each setting that differs, by name; None where one side lacks it."""
+        ours, theirs = dict(self.settings), dict(group.settings)
+        return [(name, ours.get(name), theirs.get(name)) for name in sorted(ours.keys() | theirs.keys())
+                if ours.get(name) != theirs.get(name)]
+
+
 Operation = (
     Messages | ConsumerOffsets | TopicConfig | SubscriptionGroup | TransactionOp | TimerProgress | Retention
-    | LeaderStamp | AclDocument | PreparedRecords
+    | LeaderStamp | AclDocument | PreparedRecords | ByteConfig
 )
 
 
@@ -233,6 +280,9 @@ def _encode_operation(operation: Operation) -> tuple[OpType, bytes]:
             return OpType.LEADER_STAMP, I64.pack(operation.term) + _str(operation.node) + I64.pack(operation.timestamp)
         case AclDocument(document):
             return OpType.ACL_DOCUMENT, _bytes(document)
+        case ByteConfig(settings):
+            return OpType.BYTE_CONFIG, U16.pack(len(settings)) + b"".join(
+                _str(name) + _str(value) for name, value in settings)
         case PreparedRecords():
             return OpType.RECORDS, _encode_records(operation)
     raise TypeError(f"not an operation: {operation!r}")  # pragma: no cover - exhaustive above
@@ -457,6 +507,12 @@ def _decode_operation(op_type: int, reader: _Reader) -> Operation:
         return LeaderStamp(term, node, timestamp)
     if op_type == OpType.ACL_DOCUMENT:
         return AclDocument(reader.blob())
+    if op_type == OpType.BYTE_CONFIG:
+        (count,) = reader.unpack(U16)
+        settings = tuple((reader.string(), reader.string()) for _ in range(count))
+        if [name for name, _ in settings] != sorted({name for name, _ in settings}):
+            raise CommandError("byte configuration settings are not sorted by name, or repeat one")
+        return ByteConfig(settings)
     raise CommandError(f"unknown operation type {op_type}")
 
 

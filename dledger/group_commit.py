@@ -3,7 +3,9 @@
 Callers submit a list of messages (one send, or one batch send, which stays atomic) and get a future. A
 batcher thread takes waiting requests up to ``batch_messages_max`` messages and ``batch_bytes_max`` bytes
 (waiting up to ``linger_ms`` for more when the batch is not full), stamps them with one store timestamp
-(never lower than any earlier stamp, whatever the clocks of past leaders said), encodes one command and
+(``wall_clock_ms``: a member passes its group clock, so the stamp is what a majority of the members' clocks
+say, not the leader's own clock; never lower than any earlier stamp, whatever the clocks of past leaders
+said), encodes one command and
 proposes it. At most ``in_flight_entries_max`` commands wait for Raft at once; beyond
 ``pending_bytes_max`` waiting bytes a submit is refused as busy.
 

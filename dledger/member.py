@@ -11,37 +11,46 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import struct
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
+import pysyncobj.syncobj
 from pysyncobj import SyncObj, replicated
-from pysyncobj.journal import APP_NAME as JOURNAL_APP_NAME
-from pysyncobj.journal import APP_VERSION as JOURNAL_APP_VERSION
-from pysyncobj.journal import FIRST_RECORD_OFFSET as JOURNAL_FIRST_RECORD_OFFSET
-from pysyncobj.journal import JOURNAL_FORMAT_VERSION, FileJournal, MetaStorer, ResizableFile
-from pysyncobj.journal import NAME_SIZE as JOURNAL_NAME_SIZE
-from pysyncobj.journal import VERSION_SIZE as JOURNAL_VERSION_SIZE
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
-from pysyncobj.pickle import dumps as pysyncobj_dumps
+from pysyncobj.pipe_notifier import PipeNotifier
 
-from commitlog.errors import DiskFullError, StoreError, stop_on_sync_error
-from commitlog.mapped_file import atomic_write
+from commitlog.checkpoint import read_checkpoint
+from commitlog.errors import CorruptionError, DiskFullError, StoreError
 from commitlog.message import MessageInput, RecordError
 from commitlog.records import RecordBuilder
-from commitlog.store import AppendResult, MessageStore
-from dledger.apply import ApplyResult, OwnBatch, StateMachine
+from commitlog.store import (
+    CHECKPOINT_NAME,
+    EXIT_DAMAGED_RECORD,
+    AppendResult,
+    DamagedRecordError,
+    MessageStore,
+)
+from dledger.apply import (
+    EXIT_BYTE_CONFIG_MISMATCH,
+    ApplyResult,
+    ByteConfigMismatchError,
+    OwnBatch,
+    StateMachine,
+    check_byte_config,
+)
 from dledger.catchup import CatchupError, CatchupServer, fetch, fetch_range
-from dledger.command import Command, encode_command
+from dledger.command import ByteConfig, Command, encode_command
 from dledger.config import NodeConfig, parse_address
 from dledger.framing import ENTRY_DIGESTS
 from dledger.future import AppendFuture
+from dledger.group_clock import GroupClock, replicated_floor_ms
 from dledger.group_commit import GroupCommitter, NotLeaderError, OutcomeUnknownError, request_bytes
+from dledger.journal import SegmentedJournal, create_journal
 from dledger.log_matching import plan_append
 from dledger.snapshot import (
     SNAPSHOT_HEAD_BYTES,
@@ -58,6 +67,10 @@ from dledger.tuning import tuned_conf
 
 log = logging.getLogger(__name__)
 
+#: pysyncobj builds its journal inside SyncObj.__init__ by calling this module global: ours instead, a
+#: checksummed, segmented journal (dledger.journal; pysyncobj's own file journal is imported once)
+pysyncobj.syncobj.createJournal = create_journal
+
 #: how long stop() waits for pysyncobj's tick thread to finish its last tick (a catch-up copy may be running)
 STOP_TICK_WAIT_SECONDS = 30.0
 #: exit status when apply meets a programmer error: stopping beats a replica stalled or diverged
@@ -65,6 +78,9 @@ EXIT_APPLY_INVARIANT = 70
 RAFT_STATES = {0: "follower", 1: "candidate", 2: "leader"}
 _LEADING: Final[tuple[bool, str | None]] = (True, None)
 RAFT_STATE_LEADER = 2
+RAFT_STATE_FOLLOWER = 0
+#: how long a member whose journal found the disk full stays out of elections after the last failure
+DISK_FULL_HOLD_SECONDS = 5.0
 #: a command carries more than its messages: operation heads, version, pickling
 ENTRY_OVERHEAD_BYTES = 4096
 #: entries this leader proposed and remembers decoded, until they apply
@@ -100,6 +116,8 @@ class MemberStatus:
     uniq_key_collisions: int = 0
     #: Raft journal flushes made so far (the "durable" journal policy makes one per batch of new entries)
     journal_syncs: int = 0
+    #: why this member does not vote until it re-fetched its log (damage found on its disk), or None
+    damage: str | None = None
 
 
 #: how our commands sit in pysyncobj's log: its REGULAR command type byte, then a byte no pickle starts
@@ -120,107 +138,47 @@ def decode_payload(payload: int) -> bytes:
     return payload.to_bytes((payload.bit_length() + 7) // 8, "big")[1:]
 
 
-_JOURNAL_HEAD = struct.Struct("<IQQ")  # record size, Raft index, term
-_JOURNAL_TAIL = struct.Struct("<I")  # record size
+def _byte_config_in(encoded_state: bytes) -> ByteConfig | None:
+    """The group's byte configuration in encoded replicated state (None when it has none or cannot be read:
+    what reads it next decides about damage)."""
+    if not encoded_state:
+        return None
+    try:
+        return ReplicatedState.decode(encoded_state).byte_config
+    except StateError:
+        return None
 
 
-def _journal_header(last_record_offset: int) -> bytes:
-    """pysyncobj's journal file header: its name, version and format, and where the records end."""
-    name: bytes = JOURNAL_APP_NAME
-    version: bytes = JOURNAL_APP_VERSION
-    return (name.ljust(JOURNAL_NAME_SIZE, b"\0") + version.ljust(JOURNAL_VERSION_SIZE, b"\0")
-            + struct.pack("<II", JOURNAL_FORMAT_VERSION, last_record_offset))
+class _JournalFlusher:
+    """Makes a journal durable on a thread of its own (group fsync: one fdatasync covers everything appended
+    since the last one), so that a follower's tick thread goes on receiving while the disk writes; then wakes
+    the tick thread through pysyncobj's poller to send the replies that waited for it."""
 
+    def __init__(self, journal: Any, poller: Any, on_durable: Callable[[], None]) -> None:
+        self._journal = journal
+        self._wake = threading.Event()
+        self._stopped = False
+        self._notifier = PipeNotifier(poller, on_durable)  # on the tick thread: the poller is not thread-safe
+        self._thread = threading.Thread(target=self._run, name="journal-flusher", daemon=True)
+        self._thread.start()
 
-class _FileJournal(FileJournal):  # type: ignore[misc]  # pysyncobj ships no type hints
-    """pysyncobj's file journal, writing each entry without joining it into new bytes first: its ``add``
-    built the record by two concatenations, copying every entry (~300 KB) twice before writing it (~7% of a
-    follower's time). The record is the same: size u32 | index u64 | term u64 | command | size u32,
-    little-endian, with size = 16 + the command's length.
+    def request(self) -> None:
+        self._wake.set()
 
-    Durability: pysyncobj only writes the journal's pages (an mmap) and flushes them when it stops.
-    :meth:`make_durable` flushes what changed since its last call; the Raft node calls it before an entry
-    counts as held here (``_RaftNode``)."""
+    def stop(self) -> None:
+        """Stop after the flush in progress, if any (before the journal is closed)."""
+        self._stopped = True
+        self._wake.set()
+        self._thread.join()
 
-    #: records were written (or cut) since the last flush (the attributes are class defaults: an instance is
-    #: pysyncobj's FileJournal given this class after it was built)
-    unsynced = False
-    #: False for the "page_cache" journal policy: records stay in the page cache
-    sync_enabled = True
-    #: flushes made (status, benchmarks)
-    syncs = 0
-
-    def make_durable(self) -> None:
-        """Flush (msync) every record written since the last call: then they survive a power loss."""
-        if not self.unsynced or not self.sync_enabled:
-            return
-        try:
-            self.flush()
-        except OSError as exc:
-            stop_on_sync_error("flushing the Raft journal", exc)
-        self.unsynced = False
-        self.syncs += 1
-
-    def clear(self) -> None:
-        FileJournal.clear(self)
-        self.unsynced = True
-
-    def deleteEntriesFrom(self, entryFrom: int) -> None:  # pysyncobj's name
-        FileJournal.deleteEntriesFrom(self, entryFrom)
-        self.unsynced = True
-
-    def deleteEntriesTo(self, entryTo: int) -> None:  # pysyncobj's name: log compaction
-        """Drop the entries before position ``entryTo`` atomically: the kept ones are written to a new file
-        (temp file, fsync, rename over the journal, fsync of the directory) and the journal is reopened on it.
-        pysyncobj cleared the file and wrote the kept entries back in place: a crash or power loss in between
-        left this member with a prefix of entries it had acknowledged. Either file, old or new, is whole."""
-        kept: list[tuple[bytes, int, int]] = getattr(self, "_FileJournal__journal")[entryTo:]  # noqa: B009
-        journal_file: Any = getattr(self, "_FileJournal__journalFile")  # noqa: B009  (pysyncobj's private fields)
-        path = Path(journal_file._ResizableFile__fileName)
-        records = b"".join(_JOURNAL_HEAD.pack(16 + len(command), index, term) + command
-                           + _JOURNAL_TAIL.pack(16 + len(command)) for command, index, term in kept)
-        end = JOURNAL_FIRST_RECORD_OFFSET + len(records)
-        try:
-            atomic_write(path, _journal_header(end) + records)
-        except DiskFullError:
-            raise  # nothing changed: the old journal stands, and a later compaction tries again
-        except OSError as exc:
-            stop_on_sync_error("compacting the Raft journal", exc)
-        # the old file is gone from the directory: close its mapping without writing its pages back
-        journal_file._ResizableFile__mm.close()
-        journal_file._ResizableFile__f.close()
-        self._FileJournal__journalFile = ResizableFile(str(path))
-        self._FileJournal__journal = list(kept)
-        self._FileJournal__currentOffset = end
-        self.unsynced = False  # every entry it holds is in the fsynced file
-
-    def add(self, command: bytes, idx: int, term: int) -> None:
-        self._FileJournal__journal.append((command, idx, term))
-        journal_file = self._FileJournal__journalFile
-        offset: int = getattr(self, "_FileJournal__currentOffset")  # noqa: B009  (pysyncobj's private field)
-        size = 16 + len(command)
-        journal_file.write(offset, _JOURNAL_HEAD.pack(size, idx, term))
-        journal_file.write(offset + _JOURNAL_HEAD.size, command)
-        journal_file.write(offset + _JOURNAL_HEAD.size + len(command), _JOURNAL_TAIL.pack(size))
-        self._FileJournal__currentOffset = offset + size + 8
-        self._FileJournal__setLastRecordOffset(self._FileJournal__currentOffset)
-        self.unsynced = True
-
-
-class _MetaStorer(MetaStorer):  # type: ignore[misc]  # pysyncobj ships no type hints
-    """pysyncobj's meta file (term, vote, commit index) in pysyncobj's format, replaced durably: temp file,
-    fsync, rename, fsync of the directory (pysyncobj renamed without an fsync: after a power loss the file
-    could come back empty, the term back at 0 and the vote forgotten, so a member could vote twice in one
-    term). pysyncobj stores it before it sends any message that reflects a new term or vote, and every second.
-    The old file's blocks are freed off the Raft thread: pysyncobj rewrites it every second, on its tick
-    thread, and on a disk mounted with online discard freeing the replaced file waited for the device and
-    stalled the whole group for up to a second (commitlog.reaper)."""
-
-    def storeMeta(self, meta: dict[str, Any]) -> None:  # pysyncobj's name
-        try:
-            atomic_write(Path(self.getPath()), pysyncobj_dumps(meta))
-        except OSError as exc:  # DiskFullError included: a vote that cannot be stored must not be sent
-            stop_on_sync_error("storing the Raft term and vote", exc)
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stopped:
+                return
+            self._journal.make_durable()  # a failed flush stops the process (stop_on_sync_error)
+            self._notifier.notify()
 
 
 class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
@@ -228,13 +186,10 @@ class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
                  durable_journal: bool = True) -> None:
         self._member = member
         self._serializer: BackgroundSnapshots | None = None
+        #: success replies waiting for the flusher: node -> (term, index claimed, its term, next index)
+        self._pending_replies: dict[Any, tuple[int, int, int | None, int]] = {}
+        self._durable_journal = durable_journal
         super().__init__(self_address, peers, conf=conf, transportClass=transport)
-        journal = self._SyncObj__raftLog
-        if type(journal) is FileJournal:
-            journal.__class__ = _FileJournal  # same state, same records: only add differs
-            journal.sync_enabled = durable_journal
-            # read already (same file, same format): only how it is replaced differs
-            journal._FileJournal__metaStorer = _MetaStorer(journal._FileJournal__metaStorer.getPath())
 
     @replicated  # type: ignore[untyped-decorator]
     def apply_command(self, payload: int) -> ApplyResult:
@@ -292,6 +247,15 @@ class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
 
     #: the highest next index a success reply to the message being handled may claim (None: no cap)
     _reply_index_max: int | None = None
+    #: flushes a journal that allows it off the tick thread (built on the first tick: see _onTick)
+    _flusher: _JournalFlusher | None = None
+    #: the log index this member must hold again before it votes (fix 8), or None
+    _refetch_index: int | None = None
+    #: why (fix 8), for the member's status
+    damage: str | None = None
+    _journal_checked = False
+    #: until when (pysyncobj's monotonic clock) a full disk keeps this member out of elections (fix 9)
+    _disk_full_until = 0.0
     #: the last index of the leader's snapshot now arriving that we are not installing (fix 3)
     _ignored_snapshot_index: int | None = None
     #: entries received in append_entries with a matching previous entry, and how many of them this member
@@ -305,10 +269,17 @@ class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
             self._on_success_reply(node, int(message["next_node_idx"]))  # fix 4
             return
         held_snapshot_index = None
+        if not self._journal_checked:
+            self._check_journal_once()
+        if isinstance(message, dict) and message.get("type") == "request_vote" and self._refetch_index is not None:
+            return  # fix 8: no vote while the log may lack what this member acknowledged
         if isinstance(message, dict) and message.get("type") == "append_entries":
             message, held_snapshot_index = self._checked_append(message)
         try:
             SyncObj._SyncObj__onMessageReceived(self, node, message)
+        except DiskFullError as exc:
+            self._on_disk_full(exc)  # no reply: the entries not written are sent again
+            return
         finally:
             self._reply_index_max = None
         if held_snapshot_index is not None:  # as pysyncobj answers an installed one, claiming only its index
@@ -388,11 +359,15 @@ class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
 
     # Durability: an entry counts as held by this member only once its journal is flushed with it.
     #
-    # 5. A follower flushes before it answers success (the leader counts that answer toward a majority).
+    # 5. A follower answers success only for entries on its disk (the leader counts that answer toward a
+    #    majority). With our journal, whose flush may run off the tick thread (``concurrent_sync``), the reply
+    #    waits in ``_pending_replies`` while the flusher thread syncs, and the tick thread goes on receiving
+    #    the next entries meanwhile (group fsync); otherwise the flush runs right there.
     # 6. The leader flushes the entries it appends right after sending them to the followers (the flush and
-    #    the round trip overlap) and the no-op it appends on becoming leader; and every tick starts with a
-    #    flush of anything still unflushed, so the leader's count of itself in the tick's commit step, and any
-    #    apply (follower or leader), covers only flushed entries: the store is never ahead of its own log.
+    #    the round trip overlap) and the no-op it appends on becoming leader; and a leader's every tick starts
+    #    with a flush of anything still unflushed, so its count of itself in the tick's commit step covers
+    #    only flushed entries.
+    # 7. Apply takes only entries on this member's disk, so the store is never ahead of its own log.
     #
     # pysyncobj counts the leader itself in every commit step without asking; these hooks are the calls that
     # precede each such step (tests/dledger/test_durable_journal.py checks that the pinned pysyncobj still
@@ -402,12 +377,168 @@ class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
         """Flush the journal's new records (pysyncobj's tick thread starts before __init__ returns, so this
         looks the journal up each time; a journal in memory, as some tests use, has nothing to flush)."""
         journal = self._SyncObj__raftLog
-        if isinstance(journal, _FileJournal):
+        if isinstance(journal, SegmentedJournal):
             journal.make_durable()
 
+    def _check_journal_once(self) -> None:
+        """On the tick thread, before the first tick or message: the journal policy, and whether the journal
+        found damage when it opened (or the store is ahead of it: the log lost entries this member applied),
+        which holds this member out of votes until it re-fetched them (fix 8)."""
+        self._journal_checked = True
+        journal = self._SyncObj__raftLog
+        if not isinstance(journal, SegmentedJournal):
+            return
+        journal.sync_enabled = self._durable_journal
+        refetch = journal.refetch_index if journal.damage is not None else None
+        reason = journal.damage
+        store = getattr(self._member, "store", None)
+        applied = store.applied_raft_index if store is not None else 0
+        if applied > journal.last_index:
+            refetch = max(refetch or 0, applied)
+            reason = f"the store applied index {applied}, beyond the journal's last entry {journal.last_index}"
+        if refetch is not None:
+            self._refetch_index = refetch
+            self.damage = reason
+            log.critical("the Raft log may lack entries this member acknowledged (%s): it will not vote until it "
+                         "holds the log up to index %d again", reason, refetch)
+
+    def _durable_index(self) -> int | None:
+        """The last index on disk here, once the flusher thread runs; None while every flush is made on the
+        tick thread (before the first tick), or there is nothing to flush (page_cache policy, memory journal)."""
+        journal = self._SyncObj__raftLog
+        if self._flusher is None or not journal.sync_enabled:
+            return None
+        return int(journal.durable_index)
+
     def _onTick(self, timeToWait: float = 0.0) -> None:  # pysyncobj's name
-        self._make_durable()
-        SyncObj._onTick(self, timeToWait)
+        if not self._journal_checked:
+            self._check_journal_once()
+        journal = self._SyncObj__raftLog
+        if self._flusher is None and isinstance(journal, SegmentedJournal) and journal.sync_enabled:
+            self._flusher = _JournalFlusher(journal, self._poller, self._send_durable_replies)
+        if self._SyncObj__raftState == RAFT_STATE_LEADER or self._flusher is None:
+            self._make_durable()  # fix 6; a follower's flushes run on the flusher thread (fix 5)
+        self._send_durable_replies()
+        if self._refetch_index is not None:
+            self._hold_back_election()
+        if self._disk_full_until > pysyncobj_monotonic():
+            # a member whose journal cannot take entries does not stand for election (fix 9)
+            deadline: float = getattr(self, "_SyncObj__raftElectionDeadline")  # noqa: B009  (pysyncobj's field)
+            setattr(self, "_SyncObj__raftElectionDeadline", max(deadline, self._disk_full_until))  # noqa: B010
+        try:
+            SyncObj._onTick(self, timeToWait)
+        except DiskFullError as exc:  # a leader appending proposals (or its no-op): the rest of this tick is skipped
+            self._on_disk_full(exc)
+
+    # Full disk (fix 9): a journal append that finds no space raises DiskFullError (nothing half-written).
+    # A leader steps down (its pending proposals fail by timeout, unacknowledged); a follower does not answer
+    # (the leader sends the entries again); neither stands for election while its disk stays full, so the
+    # group goes on with the other members instead of wedging behind this one.
+
+    def _on_disk_full(self, exc: DiskFullError) -> None:
+        now = pysyncobj_monotonic()
+        if now >= self._disk_full_until:
+            log.error("the Raft journal is out of disk space (%s): %s", exc,
+                      "stepping down" if self._SyncObj__raftState == RAFT_STATE_LEADER else "not answering")
+        self._disk_full_until = now + DISK_FULL_HOLD_SECONDS
+        if self._SyncObj__raftState == RAFT_STATE_LEADER:
+            self._SyncObj__setState(RAFT_STATE_FOLLOWER)
+            setattr(self, "_SyncObj__raftLeader", None)  # noqa: B010  (pysyncobj's field)
+
+    def _doDestroy(self) -> None:  # pysyncobj's name: closes the transport and the journal
+        if self._flusher is not None:
+            self._flusher.stop()
+        SyncObj._doDestroy(self)
+
+    # 10. At start-up pysyncobj loads our snapshot and, unless the journal's first two entries are the
+    #     snapshot's last two, clears the journal down to those two. A member stopped after its snapshot was
+    #     renamed into place but before the journal was compacted to it (the next tick does that) held the
+    #     snapshot's entries further in, and lost every entry after them: entries it had acknowledged. The
+    #     journal is now compacted to the snapshot first (atomically), keeping what follows.
+
+    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
+        if not clearJournal:
+            self._compact_to_snapshot()
+        SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+
+    def _compact_to_snapshot(self) -> None:
+        path = self._SyncObj__conf.fullDumpFile
+        journal = self._SyncObj__raftLog
+        if path is None or len(journal) < 3:
+            return
+        try:
+            snapshot = read_snapshot(Path(path))
+        except (OSError, SnapshotError):
+            return  # pysyncobj's load fails the same way and says so
+        previous, last = snapshot.previous_entry, snapshot.last_entry
+        position = previous[1] - journal[0][1]
+        if not 0 < position < len(journal) - 1:
+            return
+        held_previous, held_last = journal[position], journal[position + 1]
+        if (held_previous[1:], held_last[1:]) == (tuple(previous[1:]), tuple(last[1:])):
+            log.info("compacting the Raft journal to the snapshot at index %d before loading it", last[1])
+            journal.deleteEntriesTo(position)
+
+    def _SyncObj__getEntries(self, fromIDx: int | None, count: int | None = None,
+                             maxSizeBytes: int | None = None) -> list[tuple[bytes, int, int]]:
+        """pysyncobj's, reading no further than it returns: pysyncobj sliced the log to its end, then cut
+        the slice to a batch, which on a journal that reads entries from disk read the whole rest."""
+        journal = self._SyncObj__raftLog
+        if isinstance(journal, SegmentedJournal):
+            return journal.get_entries(fromIDx, count, maxSizeBytes)
+        return list(SyncObj._SyncObj__getEntries(self, fromIDx, count, maxSizeBytes))
+
+    def _SyncObj__applyLogEntries(self) -> bool:
+        """Apply only entries on disk here (fix 7): a follower's flush runs off the tick thread, and the
+        store must never be ahead of its own log."""
+        durable = self._durable_index()
+        commit_index: int = getattr(self, "_SyncObj__raftCommitIndex")  # noqa: B009  (pysyncobj's private field)
+        if durable is None or durable >= commit_index:
+            return bool(SyncObj._SyncObj__applyLogEntries(self))
+        assert self._flusher is not None  # (durable is None without it)
+        self._flusher.request()  # the rest applies once it is on disk
+        setattr(self, "_SyncObj__raftCommitIndex", durable)  # noqa: B010  (for this apply only)
+        try:
+            return bool(SyncObj._SyncObj__applyLogEntries(self))
+        finally:
+            setattr(self, "_SyncObj__raftCommitIndex", commit_index)  # noqa: B010
+
+    def _send_durable_replies(self) -> None:
+        """Answer the success replies held back until what they claim was on disk (fix 5). A reply whose
+        entry was cut meanwhile, or whose term passed, is dropped: it would claim entries no longer held."""
+        if not self._pending_replies:
+            return
+        durable = self._durable_index()
+        for node, (term, index, entry_term, next_index) in list(self._pending_replies.items()):
+            if term != self.raftCurrentTerm or self._term_at(index) not in (entry_term, None):
+                del self._pending_replies[node]
+            elif durable is None or durable >= index:
+                del self._pending_replies[node]
+                SyncObj._SyncObj__sendNextNodeIdx(self, node, nextNodeIdx=next_index, success=True)
+
+    # Damage (fix 8): a member whose journal lost or damaged entries it may have acknowledged (found when it
+    # opened the journal, or a store ahead of its log) neither votes nor stands for election until it holds
+    # the log up to everything it could have acknowledged again, committed by a leader. Otherwise its vote
+    # could elect a member that lacks an entry that only it and the old leader held.
+
+    def _hold_back_election(self) -> None:
+        refetch = self._refetch_index
+        assert refetch is not None
+        held = self._SyncObj__getCurrentLogIndex()
+        durable = self._durable_index()
+        if (self.raftCommitIndex >= refetch and held >= refetch and (durable is None or durable >= refetch)
+                and self._SyncObj__raftLeader is not None):
+            log.warning("the Raft log is whole again up to index %d (committed %d): voting again", refetch,
+                        self.raftCommitIndex)
+            self._refetch_index = None
+            self.damage = None
+            journal = self._SyncObj__raftLog
+            if isinstance(journal, SegmentedJournal):
+                journal.clear_damage()
+            return
+        # pysyncobj starts an election when this deadline passes: pushed a whole timeout on while held back
+        setattr(self, "_SyncObj__raftElectionDeadline",  # noqa: B010  (pysyncobj's field)
+                pysyncobj_monotonic() + self._SyncObj__generateRaftTimeout())
 
     def _SyncObj__onBecomeLeader(self) -> None:
         SyncObj._SyncObj__onBecomeLeader(self)
@@ -438,13 +569,24 @@ class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
                 nextNodeIdx = self._SyncObj__getCurrentLogIndex() + 1
             nextNodeIdx = min(nextNodeIdx, self._reply_index_max)
         if success:
-            self._make_durable()  # fix 5
+            if nextNodeIdx is None:
+                nextNodeIdx = self._SyncObj__getCurrentLogIndex() + 1
+            durable = self._durable_index()
+            if durable is None:
+                self._make_durable()  # fix 5, on this thread
+            elif durable < nextNodeIdx - 1:  # fix 5: answered once the flusher has it on disk
+                index = nextNodeIdx - 1
+                self._pending_replies[node] = (self.raftCurrentTerm, index, self._term_at(index), nextNodeIdx)
+                assert self._flusher is not None
+                self._flusher.request()
+                return
         SyncObj._SyncObj__sendNextNodeIdx(self, node, reset=reset, nextNodeIdx=nextNodeIdx, success=success)
 
 
 class GroupMember:
     def __init__(self, config: NodeConfig, on_role_change: Callable[[RoleChange], None] | None = None) -> None:
         self.config = config.validate()
+        self._refuse_other_recorded_byte_config()  # first: a member that must not start writes nothing
         self.on_role_change = on_role_change
         #: called on the Raft thread after every applied entry (long polling wake-ups): must be quick
         self.on_applied: Callable[[], None] | None = None
@@ -464,7 +606,7 @@ class GroupMember:
                 self.state = ReplicatedState.decode(self.store.extension)
             except StateError as exc:
                 log.warning("replicated state in the checkpoint is unreadable (%s): rebuilding from Raft", exc)
-        self.machine = StateMachine(self.store, self.state, state_lock=self._state_lock)
+        self.machine = StateMachine(self.store, self.state, state_lock=self._state_lock, repair=self._repair)
         self._role = RoleChange("follower", 0, None)
         self._apply_lock = threading.Lock()
         self._own_lock = threading.Lock()
@@ -496,15 +638,24 @@ class GroupMember:
         peers = [peer.raft_address for peer in config.peers]
         builder = RecordBuilder(store_config.store_host_bytes, store_config.segment_size_bytes,
                                 store_config.body_size_max_bytes, excluded_topics=(TIMER_TOPIC,))
+        #: the group's time (a majority of the members' clocks, fed by the transport): what the leader stamps
+        #: and what the broker's services run by, never one member's clock (dledger.group_clock)
+        self.group_clock = GroupClock(1 + len(config.peers), lambda: replicated_floor_ms(self.state))
         self.committer = GroupCommitter(config.group_commit, self._propose_raw, self._leadership, self.entry_bytes_max,
-                                        store_config.body_size_max_bytes, prepare=builder.build,
-                                        command_prefix=RAW_COMMAND_PREFIX)
+                                        store_config.body_size_max_bytes, wall_clock_ms=self.group_clock.now_ms,
+                                        prepare=builder.build, command_prefix=RAW_COMMAND_PREFIX)
         self._transfer: tuple[str, float] | None = None  # (target address or "" for any, deadline)
         self._next_transfer_attempt = 0.0
         self._next_preference_check = 0.0
         preferred = [p.raft_address for p in config.peers if p.id == config.preferred_leader]
         self._preferred_address: str | None = preferred[0] if preferred else None
-        self.raft = _RaftNode(self, config.raft_address, peers, conf, transport_class(config.secret),
+        #: the group's byte configuration is applied here (and is ours): until then this member proposes
+        #: nothing else (the committer holds sends back, propose() waits), so nothing is stored before it
+        self._byte_config_applied = threading.Event()
+        self._byte_config_term: int | None = None  # the term this member proposed its configuration in
+        self._note_byte_config()
+        self.raft = _RaftNode(self, config.raft_address, peers, conf,
+                              transport_class(config.secret, group_clock=self.group_clock),
                               durable_journal=raft.journal_flush == "durable")
         self.raft.addOnTickCallback(self._on_tick)
         self._stop_scrubber = threading.Event()
@@ -532,9 +683,19 @@ class GroupMember:
         try:
             with self._apply_lock:
                 result = self.machine.apply(raft_index, data, own)
+            if not self._byte_config_applied.is_set():
+                self._note_byte_config()
             if self.on_applied is not None:
                 self.on_applied()
             return result
+        except ByteConfigMismatchError as exc:
+            self._stop_for_byte_config(exc)
+        except DamagedRecordError as exc:
+            log.critical("apply at index %d needs a damaged record no peer could repair: %s. Stopping this member "
+                         "before it decides anything from it; on restart the entry applies again and the repair "
+                         "is tried again", raft_index, exc)
+            logging.shutdown()
+            os._exit(EXIT_DAMAGED_RECORD)
         except Exception:
             log.critical("apply failed at index %d: stopping this member", raft_index, exc_info=True)
             logging.shutdown()
@@ -587,6 +748,9 @@ class GroupMember:
 
     def _install_snapshot(self, file_name: str) -> tuple[Any, Any, Any]:
         snapshot = read_snapshot(Path(file_name))
+        # before any byte is copied: the peers' bytes are laid out with the group's settings
+        self._stop_unless_groups_byte_config(_byte_config_in(snapshot.state),
+                                             f"the group's, in the snapshot {file_name}")
         with self._apply_lock:
             if self.store.applied_raft_index < snapshot.index:
                 peers = [parse_address(peer.catchup_address, "catchup_address") for peer in self.config.peers]
@@ -599,7 +763,77 @@ class GroupMember:
                     for state_field in dataclasses.fields(ReplicatedState):
                         setattr(self.state, state_field.name, getattr(installed, state_field.name))
                 self.store.flush()
+        if not self._byte_config_applied.is_set():
+            self._note_byte_config()
         return snapshot.last_entry, snapshot.previous_entry, frozenset(snapshot.members)
+
+    # ------------------------------------------------------------------ the group's byte configuration
+
+    def _refuse_other_recorded_byte_config(self) -> None:
+        """Before anything is opened or written: the group's byte configuration this member recorded (in its
+        store's checkpoint, or in its Raft snapshot) must be its own settings', or it stops at once. A file
+        that cannot be read is left to the store's recovery and to Raft."""
+        checkpoint_path = self.config.store_config.data_dir / CHECKPOINT_NAME
+        snapshot_path = self.config.data_dir / "raft" / "snapshot"
+        try:
+            checkpoint = read_checkpoint(checkpoint_path)
+        except (CorruptionError, OSError):
+            checkpoint = None
+        if checkpoint is not None:
+            self._stop_unless_groups_byte_config(_byte_config_in(checkpoint.extension),
+                                                 f"the group's, recorded in {checkpoint_path}")
+        try:
+            snapshot = read_snapshot(snapshot_path) if snapshot_path.exists() else None
+        except (SnapshotError, OSError):
+            snapshot = None
+        if snapshot is not None:
+            self._stop_unless_groups_byte_config(_byte_config_in(snapshot.state),
+                                                 f"the group's, recorded in {snapshot_path}")
+
+    def _stop_unless_groups_byte_config(self, group: ByteConfig | None, source: str) -> None:
+        try:
+            check_byte_config(ByteConfig.of(self.config.store_config), group, source)
+        except ByteConfigMismatchError as exc:
+            self._stop_for_byte_config(exc)
+
+    def _stop_for_byte_config(self, exc: ByteConfigMismatchError) -> NoReturn:
+        """A member whose settings are not the group's stops (a supervisor that restarts it gets the same
+        answer until its configuration is fixed): nothing was written with them."""
+        log.critical("%s; stopping (exit code %d)", exc, EXIT_BYTE_CONFIG_MISMATCH)
+        logging.shutdown()
+        os._exit(EXIT_BYTE_CONFIG_MISMATCH)
+
+    def _note_byte_config(self) -> None:
+        """Hold the committer back while the group's byte configuration is not applied here; let it go (unless
+        a leadership transfer holds it) once it is. It is ours then: apply stops a member whose is not."""
+        if self.state.byte_config is None:
+            self.committer.pause()
+            return
+        if not self._byte_config_applied.is_set():
+            self._byte_config_applied.set()
+            if self._transfer is None:
+                self.committer.resume()
+
+    def _propose_byte_config(self) -> None:
+        """On the tick thread, while the group's byte configuration is not applied here: as leader, propose
+        our own, once per term (again after a failed proposal). Nothing else this member proposes goes before
+        it. A leader that has not applied an earlier one yet proposes a second: the first applied stays the
+        group's, and a leader whose settings differ from it stops when it applies it."""
+        if not self._leading:
+            return
+        term = int(self.raft.raftCurrentTerm)
+        if self._byte_config_term == term:
+            return
+        self._byte_config_term = term
+        config = ByteConfig.of(self.config.store_config)
+
+        def proposed(result: ApplyResult | None, reason: int) -> None:
+            if reason != 0 and self._byte_config_term == term:
+                self._byte_config_term = None
+
+        log.info("proposing this member's byte configuration as the group's (term %d): %s", term,
+                 ", ".join(f"{name} = {value}" for name, value in config.settings))
+        self._propose(encode_command(Command((config,))), proposed)
 
     # ------------------------------------------------------------------ roles
 
@@ -654,12 +888,13 @@ class GroupMember:
             commit_log_min_offset=self.store.commit_log.min_offset,
             uniq_key_collisions=self.machine.key_collisions,
             journal_syncs=self.journal_syncs,
+            damage=self.raft.damage,
         )
 
     @property
     def journal_syncs(self) -> int:
         journal = self.raft._SyncObj__raftLog
-        return journal.syncs if isinstance(journal, _FileJournal) else 0
+        return journal.syncs if isinstance(journal, SegmentedJournal) else 0
 
     # ------------------------------------------------------------------ writes
 
@@ -695,6 +930,9 @@ class GroupMember:
         is_leader, leader = self._leadership()
         if not is_leader:
             raise NotLeaderError(leader)
+        if not self._byte_config_applied.wait(timeout_seconds):  # nothing goes before the byte configuration
+            raise OutcomeUnknownError("the group's byte configuration is not applied here yet: "
+                                      "nothing was proposed")
         data = encode_command(command)
         if len(data) > self.entry_bytes_max:
             raise ValueError(f"command of {len(data)} bytes exceeds one entry")
@@ -737,7 +975,10 @@ class GroupMember:
     def _on_tick(self) -> None:
         """On pysyncobj's thread (its state and transport are not thread-safe): a pending transfer, and
         the preferred leader taking leadership back once it is connected and caught up (as DLedger's
-        preferred leader does: to restart the preferred member, stop it; it leads again when back)."""
+        preferred leader does: to restart the preferred member, stop it; it leads again when back). And the
+        group's byte configuration, proposed by a leader before anything else."""
+        if not self._byte_config_applied.is_set():
+            self._propose_byte_config()
         now = time.monotonic()
         if now < self._next_transfer_attempt:
             return
@@ -747,7 +988,8 @@ class GroupMember:
             target, deadline = self._transfer
             if not is_leader or now > deadline:
                 self._transfer = None  # done (or given up): proposing resumes, or a new leader takes over
-                self.committer.resume()
+                if self._byte_config_applied.is_set():  # else it resumes once the configuration applies
+                    self.committer.resume()
             else:
                 self.raft.transferLeadership(target or None)  # denied until the target has caught up
             return

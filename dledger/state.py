@@ -1,5 +1,6 @@
 """Replicated state that is not in the commit log: consumer offsets, topic configuration, subscription
-groups, the last leader stamp. Derived only from applied commands, identical on every replica.
+groups, the last leader stamp, the group's byte configuration. Derived only from applied commands,
+identical on every replica.
 
 It is persisted as the store checkpoint's extension (atomically with the store's positions) and inside
 Raft snapshots, each time with :attr:`ReplicatedState.applied_index`, the Raft index it reflects.
@@ -16,11 +17,11 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Final
 
-from dledger.command import ConsumerOffset, LeaderStamp, SubscriptionGroup, TopicConfig
+from dledger.command import ByteConfig, ConsumerOffset, LeaderStamp, SubscriptionGroup, TopicConfig
 
 STATE_MAGIC: Final = 0x524D5354  # "RMST"
-#: 2 added the timer progress section, 3 the transaction sections, 4 the ACL document
-STATE_VERSION: Final = 4
+#: 2 added the timer progress section, 3 the transaction sections, 4 the ACL document, 5 the byte configuration
+STATE_VERSION: Final = 5
 #: the timer-progress key of the transaction half queue: every half below it is resolved
 TRANSACTION_PROGRESS_KEY: Final = "transaction"
 #: resolved halves below the progress whose resolution is still remembered
@@ -58,6 +59,9 @@ class ReplicatedState:
     transaction_checks: dict[int, int] = field(default_factory=dict)
     #: the access-control rules every member enforces (broker.acl's canonical document; empty: none)
     acl_document: bytes = b""
+    #: the settings that shape stored bytes, as the group fixed them (the first BYTE_CONFIG applied); None
+    #: until then (a new group, or a data directory from before the setting existed)
+    byte_config: ByteConfig | None = None
 
     # ------------------------------------------------------------------ apply (deterministic)
 
@@ -97,6 +101,14 @@ class ReplicatedState:
         """Whether the half message at queue offset ``half`` exists and is not resolved yet."""
         return (self.transaction_progress <= half < half_queue_end
                 and half not in self.transactions_resolved)
+
+    def apply_byte_config(self, config: ByteConfig) -> bool:
+        """The first configuration applied is the group's for good (a later one, proposed by a leader that
+        had not applied the first yet, changes nothing): whether ``config`` became the group's."""
+        if self.byte_config is not None:
+            return False
+        self.byte_config = config
+        return True
 
     def resolve_transaction(self, half: int, action: int) -> None:
         self.transactions_resolved[half] = action
@@ -139,6 +151,10 @@ class ReplicatedState:
             parts.append(COUNT.pack(len(table)))
             parts += [HALF_ENTRY.pack(half, value) for half, value in sorted(table.items())]
         parts += (COUNT.pack(len(self.acl_document)), self.acl_document)
+        settings = self.byte_config.settings if self.byte_config is not None else ()
+        parts.append(COUNT.pack(len(settings)))  # none is no settings: a configuration always has some
+        for name, value in settings:
+            parts += (_string(name), _string(value))
         body = b"".join(parts)
         return body + CRC.pack(zlib.crc32(body))
 
@@ -150,7 +166,7 @@ class ReplicatedState:
         if zlib.crc32(body) != crc:
             raise StateError("state snapshot CRC mismatch")
         magic, version, applied, last_store_timestamp = HEAD.unpack_from(body)
-        if magic != STATE_MAGIC or version not in (1, 2, 3, STATE_VERSION):
+        if magic != STATE_MAGIC or version not in (1, 2, 3, 4, STATE_VERSION):
             raise StateError(f"unknown state snapshot (magic {magic:#x}, version {version})")
         reader = _Reader(body, HEAD.size)
         state = cls(applied_index=applied, last_store_timestamp=last_store_timestamp)
@@ -182,6 +198,9 @@ class ReplicatedState:
                         table[half] = value
             if version >= 4:
                 state.acl_document = reader.blob()
+            if version >= 5:
+                settings = tuple((reader.string(), reader.string()) for _ in range(reader.count()))
+                state.byte_config = ByteConfig(settings) if settings else None
         except (struct.error, IndexError, UnicodeDecodeError) as exc:
             raise StateError(f"state snapshot is malformed: {exc}") from exc
         if reader.position != len(body):

@@ -31,6 +31,10 @@ What it changes against pysyncobj 0.3.17's ``TcpConnection``/``TcpServer`` (see 
 * Handshakes have a deadline, and at most ``handshakes_pending_max`` may be in progress.
 * The listening socket binds to the node's own address (or an explicit ``bindAddress``), never to a
   wildcard address; the stock transport binds 0.0.0.0 when ``bindAddress`` is unset.
+* Given a :class:`~dledger.group_clock.GroupClock`, it tells each connected member its wall clock (a tiny
+  message on connecting and every ``CLOCK_SAMPLE_INTERVAL_SECONDS``) and hands the readings it receives to
+  that clock instead of pysyncobj: the group's time is a majority's clocks (``dledger.group_clock``).
+  pysyncobj ignores a message of a type it does not know, so a member without this is not disturbed.
 
 Kept as pysyncobj does it: the ``TCPTransport`` logic itself (who connects to whom, reconnect every
 ``connectionRetryTime``, the node-identification message after connecting, read-only nodes, utility
@@ -98,6 +102,7 @@ from dledger.framing import (
     SecureChannel,
     validate_secret,
 )
+from dledger.group_clock import CLOCK_SAMPLE_INTERVAL_SECONDS, GroupClock, clock_message, clock_reading
 
 logger = logging.getLogger(__name__)
 
@@ -779,6 +784,7 @@ class AuthenticatedTcpTransport(TCPTransport):  # type: ignore[misc]  # pysyncob
         settings: TransportSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
         random_bytes: Callable[[int], bytes] = os.urandom,
+        group_clock: GroupClock | None = None,
     ) -> None:
         validate_secret(secret)
         settings = settings if settings is not None else TransportSettings()
@@ -795,6 +801,8 @@ class AuthenticatedTcpTransport(TCPTransport):  # type: ignore[misc]  # pysyncob
         self._clock = clock
         self._random_bytes = random_bytes
         self._next_timer_check = 0.0
+        self._group_clock = group_clock
+        self._next_clock_send = 0.0
         super().__init__(syncObj, selfNode, otherNodes)
 
     @property
@@ -856,9 +864,30 @@ class AuthenticatedTcpTransport(TCPTransport):  # type: ignore[misc]  # pysyncob
             return
         super()._onIncomingMessageReceived(conn, message)
 
+    def _onNodeConnected(self, node: Any) -> None:
+        self._send_clock(node)  # before anything else the member sends: a new leader needs it at once
+        super()._onNodeConnected(node)
+
+    def _onMessageReceived(self, node: Any, message: object) -> None:
+        if self._group_clock is not None and node in self._nodes:
+            reading = clock_reading(message)
+            if reading is not None:
+                self._group_clock.record(str(node.id), reading)
+                return
+        super()._onMessageReceived(node, message)
+
+    def _send_clock(self, node: Any) -> None:
+        if self._group_clock is not None:
+            self.send(node, clock_message(self._group_clock.wall_clock_ms()))
+
     def _onTick(self) -> None:
         super()._onTick()
         now = self._clock()
+        if self._group_clock is not None and now >= self._next_clock_send:
+            self._next_clock_send = now + CLOCK_SAMPLE_INTERVAL_SECONDS
+            for node in list(self._connections):
+                if node in self._nodes:
+                    self._send_clock(node)
         if now < self._next_timer_check:
             return
         self._next_timer_check = now + TIMER_CHECK_INTERVAL_SECONDS
@@ -871,12 +900,14 @@ class AuthenticatedTcpTransport(TCPTransport):  # type: ignore[misc]  # pysyncob
 TransportFactory = Callable[[Any, Any, Iterable[Any]], AuthenticatedTcpTransport]
 
 
-def transport_class(secret: bytes, settings: TransportSettings | None = None) -> TransportFactory:
-    """What to pass as ``SyncObj(..., transportClass=...)``: the transport with ``secret`` bound.
+def transport_class(secret: bytes, settings: TransportSettings | None = None,
+                    group_clock: GroupClock | None = None) -> TransportFactory:
+    """What to pass as ``SyncObj(..., transportClass=...)``: the transport with ``secret`` bound (and the
+    member's group clock, which it feeds with the peers' clocks).
 
     Raises at once (not later in pysyncobj's thread) for an empty or non-bytes secret or bad settings.
     """
     validate_secret(secret)
     if settings is not None:
         settings.validate()
-    return functools.partial(AuthenticatedTcpTransport, secret=secret, settings=settings)
+    return functools.partial(AuthenticatedTcpTransport, secret=secret, settings=settings, group_clock=group_clock)

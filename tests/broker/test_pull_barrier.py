@@ -23,6 +23,7 @@ from broker.remoting.server import RequestContext
 from commitlog.store import GetResult, GetStatus
 from dledger.apply import ApplyResult
 from dledger.command import Command, LeaderStamp, TopicConfig
+from dledger.group_clock import GroupClock
 from dledger.group_commit import NotLeaderError
 from dledger.member import GroupMember, MemberStatus
 from tests.broker.helpers import NODE_FILE_HEAD, run
@@ -57,6 +58,7 @@ class StandInMember:
         self.store = store
         self.state = SimpleNamespace(topics={TOPIC: TopicConfig(TOPIC, 4, 4, 6)})
         self.is_leader = leader
+        self.group_clock = GroupClock(1)  # the barrier's leader stamp is in the group's time
         self.proposals: list[Command] = []
         self.refuse_proposals = False
         self.release = threading.Event()

@@ -62,15 +62,16 @@ def test_state_round_trip_with_the_document() -> None:
     state = ReplicatedState(applied_index=7, acl_document=DOCUMENT)
     state.apply_offsets((ConsumerOffset("g", "t", 1, 5),))
     decoded = ReplicatedState.decode(state.encode())
-    assert decoded == state and STATE_VERSION == 4
+    assert decoded == state and STATE_VERSION >= 4
     assert ReplicatedState.decode(ReplicatedState().encode()).acl_document == b""
 
 
 def as_version_3(encoded: bytes) -> bytes:
-    """A version-4 snapshot of a state without ACL, rewritten as version 3 wrote it (no ACL section)."""
+    """A version-5 snapshot of a state without ACL or byte configuration, rewritten as version 3 wrote it
+    (no ACL section, no byte-configuration section)."""
     body = encoded[:-4]
-    assert body.endswith(struct.pack(">I", 0))
-    body = body[:4] + struct.pack(">H", 3) + body[6:-4]
+    assert body.endswith(struct.pack(">II", 0, 0))
+    body = body[:4] + struct.pack(">H", 3) + body[6:-8]
     return body + struct.pack(">I", zlib.crc32(body))
 
 
@@ -86,6 +87,7 @@ def test_older_state_versions_stay_readable() -> None:
 def test_a_document_running_past_the_snapshot_is_rejected() -> None:
     encoded = ReplicatedState(acl_document=b"abcdef").encode()
     body = encoded[:-4]
-    body = body[:-10] + struct.pack(">I", 7) + body[-6:]  # claims 7 bytes, holds 6
+    # claims 11 bytes: its 6 and the 4 of the (empty) byte-configuration section after it, and one more
+    body = body[:-14] + struct.pack(">I", 11) + body[-10:]
     with pytest.raises(StateError):
         ReplicatedState.decode(body + struct.pack(">I", zlib.crc32(body)))

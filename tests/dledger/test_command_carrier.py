@@ -12,7 +12,8 @@ from commitlog.message import MessageInput, encode_host
 from dledger.apply import ApplyResult
 from dledger.command import encode_messages_command
 from dledger.config import NodeConfig
-from dledger.member import RAW_COMMAND_PREFIX, GroupMember, _MetaStorer, encode_payload
+from dledger.journal import SegmentedJournal
+from dledger.member import RAW_COMMAND_PREFIX, GroupMember, encode_payload
 from tests.dledger.group import SECRET
 from tests.support import free_ports, wait_for
 
@@ -64,8 +65,7 @@ def test_raw_and_int_carried_commands_both_apply_in_order(tmp_path: Path) -> Non
             assert [m.body for m in stored] == [bytes([1]) * 300, bytes([2]) * 300]
             assert member.store.read_committed(0, end) == leader.store.read_committed(0, end)
         assert RAW_COMMAND_PREFIX[0] == 0  # pysyncobj's REGULAR command type: its own checks pass it through
-        # pysyncobj's meta file is replaced with the old one freed off the Raft thread (commitlog.reaper)
-        assert all(type(m.raft._SyncObj__raftLog._FileJournal__metaStorer) is _MetaStorer for m in members)
+        assert all(isinstance(m.raft._SyncObj__raftLog, SegmentedJournal) for m in members)  # ours, not pysyncobj's
     finally:
         for member in members:
             member.stop()

@@ -1,11 +1,12 @@
 """An entry counts as held by a member only once its Raft journal is flushed with it: a follower flushes
-before it answers success, the leader before it counts itself, every member before it applies; term and
-vote are stored durably; a failed flush stops the member. On real _RaftNodes over pysyncobj's file journal
-(no network), so a pysyncobj upgrade that stops calling our hooks fails here."""
+(on its flusher thread) before it answers success, the leader before it counts itself, every member before
+it applies; term and vote are stored durably. On real _RaftNodes over our segmented journal (no network),
+so a pysyncobj upgrade that stops calling our hooks fails here."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,13 +15,14 @@ from typing import Any
 
 import pytest
 from pysyncobj import SyncObj, SyncObjConf
-from pysyncobj.journal import FileJournal
 from pysyncobj.node import TCPNode
 
-from commitlog.errors import EXIT_SYNC_FAILED
-from dledger.member import RAW_COMMAND_PREFIX, _FileJournal, _MetaStorer, _RaftNode
+from dledger.journal import SegmentedJournal
+from dledger.member import RAW_COMMAND_PREFIX, _RaftNode
+from dledger.snapshot import Snapshot, encode_snapshot
 from tests.dledger.test_log_matching import (
     LEADER,
+    NO_OP,
     OTHER,
     SELF,
     RecordingTransport,
@@ -31,6 +33,8 @@ from tests.dledger.test_log_matching import (
     write_snapshot,
 )
 
+#: events are recorded under it, the flusher thread's and the tick thread's alike
+ORDER = threading.Lock()
 #: what happened, in order: ("flush", last index flushed), ("send", message type, success),
 #: ("apply", index, whether the journal had unflushed records then)
 Events = list[tuple[Any, ...]]
@@ -44,17 +48,25 @@ class RecordingMember(StubMember):
     def apply_raw(self, raft_index: int, command: bytes) -> None:
         assert self.raft is not None
         journal = self.raft._SyncObj__raftLog
-        self.events.append(("apply", raft_index, journal.unsynced))
+        with ORDER:
+            self.events.append(("apply", raft_index, journal.sync_enabled and raft_index > journal.durable_index))
 
 
 @contextmanager
 def node(tmp_path: Path, events: Events, peers: list[str], monkeypatch: pytest.MonkeyPatch,
          durable: bool = True) -> Iterator[_RaftNode]:
-    def flush(journal: FileJournal) -> None:
-        events.append(("flush", journal[-1][1]))  # the last index the flush covers
-        FileJournal.flush(journal)
+    make_durable = SegmentedJournal.make_durable
 
-    monkeypatch.setattr(_FileJournal, "flush", flush)
+    def flush(journal: SegmentedJournal) -> None:
+        # recorded under ORDER as the durable index it reached: what the tick thread does once it sees that
+        # index (send, apply) is recorded after it
+        with ORDER:
+            before = journal.durable_index
+            make_durable(journal)
+            if journal.durable_index > before:
+                events.append(("flush", journal.durable_index))
+
+    monkeypatch.setattr(SegmentedJournal, "make_durable", flush)
     conf = SyncObjConf(autoTick=False, journalFile=str(tmp_path / "journal"), fullDumpFile=str(tmp_path / "snapshot"),
                        deserializer=load_snapshot, serializer=write_snapshot, logCompactionMinEntries=1 << 30,
                        logCompactionMinTime=1 << 30, raftMinTimeout=0.01, raftMaxTimeout=0.02,
@@ -66,14 +78,25 @@ def node(tmp_path: Path, events: Events, peers: list[str], monkeypatch: pytest.M
     send = transport.send
 
     def recorded_send(to: Any, message: Any) -> bool:
-        events.append(("send", message["type"], message.get("success")))
+        with ORDER:
+            events.append(("send", message["type"], message.get("success")))
         return bool(send(to, message))
 
     monkeypatch.setattr(transport, "send", recorded_send)
     try:
+        raft.doTick(0)  # the first tick starts the flusher thread
+        raft._SyncObj__raftLog.make_durable()  # pysyncobj's first entry
+        events[:] = [event for event in events if event != ("flush", 1)]
         yield raft
     finally:
         raft.destroy()
+
+
+def tick_until(raft: _RaftNode, events: Events, event: tuple[Any, ...], timeout_seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    while event not in events and time.monotonic() < deadline:
+        raft.doTick(0.01)
+    assert event in events, events
 
 
 def test_a_follower_flushes_its_journal_before_it_answers_success(tmp_path: Path,
@@ -81,15 +104,68 @@ def test_a_follower_flushes_its_journal_before_it_answers_success(tmp_path: Path
     events: Events = []
     with node(tmp_path, events, [LEADER, OTHER], monkeypatch) as follower:
         follower._SyncObj__onMessageReceived(TCPNode(LEADER), append((1, 0), entries(2, 4, 1), 1))
+        tick_until(follower, events, ("send", "next_node_idx", True))
         assert events == [("flush", 4), ("send", "next_node_idx", True)]
         events.clear()
         # entries already held: nothing new to flush, the answer goes at once
         follower._SyncObj__onMessageReceived(TCPNode(LEADER), append((1, 0), entries(2, 4, 1), 1))
         assert events == [("send", "next_node_idx", True)]
         events.clear()
-        # a conflicting tail is cut and replaced: the cut is flushed with the new entries
+        # a conflicting tail is cut and replaced: the new entry is flushed before it is claimed
         follower._SyncObj__onMessageReceived(TCPNode(LEADER), append((2, 1), entries(3, 3, 2), 1, term=2))
+        tick_until(follower, events, ("send", "next_node_idx", True))
         assert events == [("flush", 3), ("send", "next_node_idx", True)]
+
+
+def test_a_follower_goes_on_receiving_while_its_flusher_syncs(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flush runs on the flusher thread: the tick thread takes the next entries meanwhile, and the
+    replies claim only what the flush covered."""
+    events: Events = []
+    with node(tmp_path, events, [LEADER, OTHER], monkeypatch) as follower:
+        release = threading.Event()
+        flush = SegmentedJournal.make_durable
+
+        def slow_flush(journal: SegmentedJournal) -> None:
+            release.wait(10)
+            flush(journal)
+
+        monkeypatch.setattr(SegmentedJournal, "make_durable", slow_flush)
+        follower._SyncObj__onMessageReceived(TCPNode(LEADER), append((1, 0), entries(2, 4, 1), 1))
+        follower._SyncObj__onMessageReceived(TCPNode(LEADER), append((4, 1), entries(5, 9, 1), 1))
+        follower.doTick(0)
+        assert follower._SyncObj__raftLog.last_index == 9  # both taken while the disk was busy
+        assert ("send", "next_node_idx", True) not in events  # nothing claimed before it is on disk
+        release.set()
+        tick_until(follower, events, ("send", "next_node_idx", True))
+        transport: RecordingTransport = follower._SyncObj__transport
+        replies = [message["next_node_idx"] for _, message in transport.sent if message["type"] == "next_node_idx"]
+        assert replies[-1] == 10 and follower._SyncObj__raftLog.durable_index >= 9
+
+
+def test_a_held_back_reply_is_dropped_when_its_entries_are_cut(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reply waiting for the flush must not claim entries that a newer leader replaced meanwhile."""
+    events: Events = []
+    with node(tmp_path, events, [LEADER, OTHER], monkeypatch) as follower:
+        release = threading.Event()
+        flush = SegmentedJournal.make_durable
+
+        def slow_flush(journal: SegmentedJournal) -> None:
+            release.wait(10)
+            flush(journal)
+
+        monkeypatch.setattr(SegmentedJournal, "make_durable", slow_flush)
+        follower._SyncObj__onMessageReceived(TCPNode(LEADER), append((1, 0), entries(2, 4, 1), 1))
+        # a leader of term 2 replaces 3-4 before the flush of term 1's entries finished
+        follower._SyncObj__onMessageReceived(TCPNode(OTHER), append((2, 1), entries(3, 3, 2), 1, term=2))
+        release.set()
+        tick_until(follower, events, ("send", "next_node_idx", True))
+        transport: RecordingTransport = follower._SyncObj__transport
+        replies = [(str(to), message["next_node_idx"]) for to, message in transport.sent
+                   if message["type"] == "next_node_idx" and message["success"]]
+        assert (LEADER, 5) not in replies  # the old leader is never told 3-4 of term 1 are held
+        assert replies == [(OTHER, 4)]
 
 
 def test_every_applied_entry_was_flushed_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -99,7 +175,7 @@ def test_every_applied_entry_was_flushed_first(tmp_path: Path, monkeypatch: pyte
         for index in (2, 3):  # written by a path that answers nothing (as a snapshot install writes)
             journal.add(RAW_COMMAND_PREFIX + b"x", index, 1)
         follower._SyncObj__raftCommitIndex = 3
-        follower.doTick(0)
+        tick_until(follower, events, ("apply", 3, False))
         assert events[0] == ("flush", 3)
         applied = [event for event in events if event[0] == "apply"]
         assert applied == [("apply", 2, False), ("apply", 3, False)]
@@ -120,7 +196,7 @@ def test_a_single_member_leader_flushes_before_it_commits_and_applies(tmp_path: 
         applied = [event for event in events if event[0] == "apply"]
         # a new journal starts with pysyncobj's no-op at index 1; the leader's own no-op is index 2
         assert [index for _, index, _ in applied] == [3, 4] and all(not unsynced for _, _, unsynced in applied)
-        flushed = [event[1] for event in events if event[0] == "flush"]
+        flushed = [event[1] for event in events if event[0] == "flush" and event[1] > 1]  # 1: pysyncobj's first
         # the no-op of the new term was flushed when it was appended; the two commands when proposed
         assert flushed[0] == 2 and 4 in flushed
         assert events.index(("flush", 4)) < events.index(("apply", 3, False))
@@ -135,22 +211,23 @@ def test_the_page_cache_policy_never_flushes(tmp_path: Path, monkeypatch: pytest
         assert ("send", "next_node_idx", True) in events
 
 
-def test_a_failed_flush_stops_the_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(journal: FileJournal) -> None:
-        raise OSError(5, "Input/output error")
-
-    def exit_now(code: int) -> None:
-        raise SystemExit(code)
-
-    journal = FileJournal(str(tmp_path / "journal"))
-    journal.__class__ = _FileJournal
-    monkeypatch.setattr(_FileJournal, "flush", broken)
-    monkeypatch.setattr(os, "_exit", exit_now)
-    journal.add(b"x", 1, 1)
-    with pytest.raises(SystemExit) as stopped:
-        journal.make_durable()
-    assert stopped.value.code == EXIT_SYNC_FAILED
-    assert journal.unsynced  # never marked durable
+def test_a_member_stopped_before_compacting_to_its_snapshot_keeps_the_entries_after_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The snapshot at 10 was on disk, the journal not yet compacted to it (the member stopped in between):
+    the entries after 10, which it may have acknowledged, stay in its log."""
+    journal = SegmentedJournal(tmp_path / "journal.d")
+    for _, index, term in [(None, 1, 0), *entries(2, 20, 1)]:
+        journal.add(NO_OP, index, term)
+    journal.setCurrentTerm(1, None)
+    journal.make_durable()
+    journal.close()
+    snapshot = Snapshot((NO_OP, 10, 1), (NO_OP, 9, 1), 0, 0, (SELF, LEADER, OTHER), b"")
+    (tmp_path / "snapshot").write_bytes(encode_snapshot(snapshot))
+    events: Events = []
+    with node(tmp_path, events, [LEADER, OTHER], monkeypatch) as member:
+        raft_log = member._SyncObj__raftLog
+        assert [raft_log[i][1] for i in range(len(raft_log))] == list(range(9, 21))
+        assert member.raftLastApplied == 10
 
 
 def test_term_and_vote_are_fsynced_with_their_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,18 +238,21 @@ def test_term_and_vote_are_fsynced_with_their_directory(tmp_path: Path, monkeypa
         synced.append(os.readlink(f"/proc/self/fd/{fd}"))
         real_fsync(fd)
 
+    journal = SegmentedJournal(tmp_path / "journal.d")
     monkeypatch.setattr(os, "fsync", fsync)
-    path = tmp_path / "journal.meta"
-    _MetaStorer(str(path)).storeMeta({"currentTerm": 7, "votedForNodeId": OTHER, "raftCommitIndex": 3})
-    assert synced == [str(path) + ".tmp", str(tmp_path)]  # the file before its rename, the directory after
-    assert FileJournal(str(tmp_path / "journal")).getCurrentTerm() == 7
+    journal.setCurrentTerm(7, OTHER)
+    meta = tmp_path / "journal.d" / "meta"
+    assert synced[-2:] == [str(meta) + ".tmp", str(meta.parent)]  # the file before its rename, the directory after
+    journal.close()
+    reopened = SegmentedJournal(tmp_path / "journal.d")
+    assert (reopened.getCurrentTerm(), reopened.getVotedForNodeId()) == (7, OTHER)
+    reopened.close()
 
 
 def test_the_pinned_pysyncobj_still_has_what_the_hooks_override() -> None:
     """The durability hooks override these by name; a pysyncobj without them would silently skip a flush
     (the behaviour tests above would fail too, this says why)."""
     for name in ("_onTick", "_SyncObj__onBecomeLeader", "_checkCommandsToApply", "_SyncObj__sendNextNodeIdx",
-                 "_SyncObj__onMessageReceived"):
+                 "_SyncObj__onMessageReceived", "_SyncObj__applyLogEntries", "_SyncObj__getEntries", "_doDestroy",
+                 "_SyncObj__setState", "_SyncObj__generateRaftTimeout", "_SyncObj__getCurrentLogIndex"):
         assert callable(getattr(SyncObj, name, None)), name
-    for name in ("add", "clear", "deleteEntriesFrom", "deleteEntriesTo", "flush", "onOneSecondTimer"):
-        assert callable(getattr(FileJournal, name, None)), name
