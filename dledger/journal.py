@@ -1173,17 +1173,21 @@ def _migrate(legacy_journal: Path, directory: Path, segment_size_bytes: int) -> 
     journal = SegmentedJournal(temporary, segment_size_bytes=segment_size_bytes)
     try:
         count = 0
-        for command, index, term in read_legacy_journal(legacy_journal):
-            journal.add(command, index, term)
-            count += 1
+        try:
+            for command, index, term in read_legacy_journal(legacy_journal):
+                journal.add(command, index, term)
+                count += 1
+        except CorruptionError as exc:  # pysyncobj never synced it: a power cut can leave it empty or torn
+            meta_damage = f"pysyncobj's journal was unreadable at import after {count} entries ({exc})"
         if meta is not None:
             journal._commit_index = int(meta.get("raftCommitIndex", 1))
             vote = meta.get("votedForNodeId")
             journal.setCurrentTerm(int(meta.get("currentTerm", 0)), None if vote is None else str(vote))
         manifest = dataclasses.replace(journal._manifest, migrated=True)
         if meta_damage is not None:
-            manifest = dataclasses.replace(manifest, damage=meta_damage, damaged_after_index=journal.last_index,
-                                           refetch_index=journal.last_index)
+            held = max(journal.last_index, 0)  # -1 when nothing was imported
+            manifest = dataclasses.replace(manifest, damage=meta_damage, damaged_after_index=held,
+                                           refetch_index=held)
         with journal._sync_lock:
             journal._store_manifest(manifest, "importing")
         journal.close()

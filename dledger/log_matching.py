@@ -5,7 +5,7 @@ when the leader's entries are the ones it already holds. With pipelining (the le
 follower's next index as it sends, and rewinds it on a stale reply) re-sent and stale messages are
 common: the follower cut entries it had applied, and a local compaction that finished meanwhile then
 deleted up to its own index on the shortened log, leaving the log empty. :func:`plan_append` turns a
-message into one pysyncobj handles the Raft way (``dledger.member._RaftNode`` applies the plan).
+message into one pysyncobj handles the Raft way (``dledger.raft_node.RaftNode`` applies the plan).
 """
 
 from __future__ import annotations

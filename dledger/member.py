@@ -1,5 +1,5 @@
-"""A member of the Raft group: a pysyncobj node, the local store, the apply loop, group commit, snapshots
-and catch-up, and role-change events.
+"""A member of the Raft group: a Raft node (pysyncobj, adapted in dledger.raft_node), the local store, the
+apply loop, group commit, snapshots and catch-up, and role-change events.
 
 Threads: pysyncobj's tick thread runs Raft, apply, the capture of a snapshot and the deserializer (and so
 a catch-up copy); a snapshot thread makes each captured snapshot durable (store flush, file) off it; the
@@ -19,13 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
-import pysyncobj.syncobj
-from pysyncobj import SyncObj, replicated
-from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
-from pysyncobj.pipe_notifier import PipeNotifier
-
 from commitlog.checkpoint import read_checkpoint
-from commitlog.errors import CorruptionError, DiskFullError, StoreError
+from commitlog.errors import CorruptionError, StoreError
 from commitlog.message import MessageInput, RecordError
 from commitlog.records import RecordBuilder
 from commitlog.store import (
@@ -50,14 +45,12 @@ from dledger.framing import ENTRY_DIGESTS
 from dledger.future import AppendFuture
 from dledger.group_clock import GroupClock, replicated_floor_ms
 from dledger.group_commit import GroupCommitter, NotLeaderError, OutcomeUnknownError, request_bytes
-from dledger.journal import SegmentedJournal, create_journal
-from dledger.log_matching import plan_append
+from dledger.journal import SegmentedJournal
+from dledger.raft_node import RAFT_STATE_LEADER, RAFT_STATES, RAW_COMMAND_PREFIX, RaftNode
 from dledger.snapshot import (
-    SNAPSHOT_HEAD_BYTES,
     BackgroundSnapshots,
     Snapshot,
     SnapshotError,
-    peek_last_entry,
     read_snapshot,
 )
 from dledger.state import ReplicatedState, StateError
@@ -67,20 +60,11 @@ from dledger.tuning import tuned_conf
 
 log = logging.getLogger(__name__)
 
-#: pysyncobj builds its journal inside SyncObj.__init__ by calling this module global: ours instead, a
-#: checksummed, segmented journal (dledger.journal; pysyncobj's own file journal is imported once)
-pysyncobj.syncobj.createJournal = create_journal
-
 #: how long stop() waits for pysyncobj's tick thread to finish its last tick (a catch-up copy may be running)
 STOP_TICK_WAIT_SECONDS = 30.0
 #: exit status when apply meets a programmer error: stopping beats a replica stalled or diverged
 EXIT_APPLY_INVARIANT = 70
-RAFT_STATES = {0: "follower", 1: "candidate", 2: "leader"}
 _LEADING: Final[tuple[bool, str | None]] = (True, None)
-RAFT_STATE_LEADER = 2
-RAFT_STATE_FOLLOWER = 0
-#: how long a member whose journal found the disk full stays out of elections after the last failure
-DISK_FULL_HOLD_SECONDS = 5.0
 #: a command carries more than its messages: operation heads, version, pickling
 ENTRY_OVERHEAD_BYTES = 4096
 #: entries this leader proposed and remembers decoded, until they apply
@@ -120,24 +104,6 @@ class MemberStatus:
     damage: str | None = None
 
 
-#: how our commands sit in pysyncobj's log: its REGULAR command type byte, then a byte no pickle starts
-#: with (protocol 2+ begins with 0x80, protocol 0 with an opcode character), then our command's bytes.
-#: pysyncobj would pickle the arguments of a ``@replicated`` call and unpickle them again at apply; binary
-#: data had to travel as one big int (the cheapest protocol-2 carrier), and converting 300 KB entries to
-#: and from ints and pickles cost ~1.5 ms per entry on the leader, ~0.8 ms on each follower.
-RAW_COMMAND_PREFIX = b"\x00\xfe"
-
-
-def encode_payload(data: bytes) -> int:
-    """The older carrier: the command as one Python int (0x01 prefix keeps leading zero bytes). Entries
-    written that way by earlier versions still replay through ``apply_command``."""
-    return int.from_bytes(b"\x01" + data, "big")
-
-
-def decode_payload(payload: int) -> bytes:
-    return payload.to_bytes((payload.bit_length() + 7) // 8, "big")[1:]
-
-
 def _byte_config_in(encoded_state: bytes) -> ByteConfig | None:
     """The group's byte configuration in encoded replicated state (None when it has none or cannot be read:
     what reads it next decides about damage)."""
@@ -149,440 +115,6 @@ def _byte_config_in(encoded_state: bytes) -> ByteConfig | None:
         return None
 
 
-class _JournalFlusher:
-    """Makes a journal durable on a thread of its own (group fsync: one fdatasync covers everything appended
-    since the last one), so that a follower's tick thread goes on receiving while the disk writes; then wakes
-    the tick thread through pysyncobj's poller to send the replies that waited for it."""
-
-    def __init__(self, journal: Any, poller: Any, on_durable: Callable[[], None]) -> None:
-        self._journal = journal
-        self._wake = threading.Event()
-        self._stopped = False
-        self._notifier = PipeNotifier(poller, on_durable)  # on the tick thread: the poller is not thread-safe
-        self._thread = threading.Thread(target=self._run, name="journal-flusher", daemon=True)
-        self._thread.start()
-
-    def request(self) -> None:
-        self._wake.set()
-
-    def stop(self) -> None:
-        """Stop after the flush in progress, if any (before the journal is closed)."""
-        self._stopped = True
-        self._wake.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            self._wake.wait()
-            self._wake.clear()
-            if self._stopped:
-                return
-            self._journal.make_durable()  # a failed flush stops the process (stop_on_sync_error)
-            self._notifier.notify()
-
-
-class _RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
-    def __init__(self, member: GroupMember, self_address: str, peers: list[str], conf: Any, transport: Any,
-                 durable_journal: bool = True) -> None:
-        self._member = member
-        self._serializer: BackgroundSnapshots | None = None
-        #: success replies waiting for the flusher: node -> (term, index claimed, its term, next index)
-        self._pending_replies: dict[Any, tuple[int, int, int | None, int]] = {}
-        self._durable_journal = durable_journal
-        super().__init__(self_address, peers, conf=conf, transportClass=transport)
-
-    @replicated  # type: ignore[untyped-decorator]
-    def apply_command(self, payload: int) -> ApplyResult:
-        """Entries of the older int carrier (journals written before RAW_COMMAND_PREFIX)."""
-        # pysyncobj advances raftLastApplied after this returns: this entry's index is one more
-        return self._member.apply(self.raftLastApplied + 1, decode_payload(payload))
-
-    def propose_raw(self, command: bytes, callback: Callable[[ApplyResult | None, int], None]) -> None:
-        """Append ``command`` (RAW_COMMAND_PREFIX + our bytes) to the Raft log as is: no pickling."""
-        self._applyCommand(command, callback)
-
-    # pysyncobj keeps its Serializer in a private attribute, built in __init__ before its tick thread
-    # starts: assigning it hands the member's BackgroundSnapshots (which wraps it) back to every use.
-    @property
-    def _SyncObj__serializer(self) -> BackgroundSnapshots:
-        assert self._serializer is not None  # set in SyncObj.__init__
-        return self._serializer
-
-    @_SyncObj__serializer.setter
-    def _SyncObj__serializer(self, base: Any) -> None:
-        self._serializer = self._member._snapshots(base)
-
-    def _SyncObj__doApplyCommand(self, command: bytes) -> Any:
-        if command[:2] == RAW_COMMAND_PREFIX:
-            return self._member.apply_raw(self.raftLastApplied + 1, command)
-        return SyncObj._SyncObj__doApplyCommand(self, command)
-
-    # Safety fixes to pysyncobj 0.3.17's follower side, made by overriding its name-mangled private
-    # methods (the transport callback is looked up on the instance, so these are the ones called):
-    #
-    # 1. An append_entries without ``prevLogIdx`` (a snapshot chunk, or the "no snapshot ready yet"
-    #    message) is not checked against the follower's log, yet pysyncobj raises the follower's commit
-    #    index to min(leader's commit index, its own log end). A deposed leader's uncommitted entries at
-    #    the end of its log were then applied: its store diverged from the group's for good (found by the
-    #    partition-leader chaos scenario). Such messages now carry no commit index beyond our own.
-    # 2. After a snapshot that failed to load (our deserializer raised: catch-up could not finish),
-    #    pysyncobj still answers success with its own log end, so the leader counted entries this member
-    #    does not have towards a majority. A failed load now answers failure and asks for the snapshot again.
-    # 3. pysyncobj deletes every entry after ``prevLogIdx`` when the log is longer, even entries identical
-    #    to the leader's, and installs any snapshot it receives, even one older than what it has applied
-    #    (the leader rewinds a follower's next index on stale replies and sends its snapshot when that
-    #    falls below its log start). A restarted follower cut applied entries, went back to an older
-    #    snapshot, and a compaction finished just before then deleted up to its index on the shortened
-    #    log: the log was empty and every tick raised IndexError. Now the log is truncated only from the
-    #    first conflicting entry (dledger.log_matching), a snapshot whose last entry we already hold is not
-    #    installed (nor written over ours), and a success reply claims no more than the message proved.
-    #
-    # And one to its leader side:
-    #
-    # 4. The leader advances a follower's next index as it sends (pipelining), yet every success reply set
-    #    it back to just after what that reply acknowledged: everything sent since was sent again. Under
-    #    load that was 0.64 re-sent entries per new one (measured on the followers), each re-hashed, parsed
-    #    and dropped. A success reply now only moves the next index forward; a failure (``reset``) still
-    #    moves it back, as Raft's consistency check asks.
-
-    #: the highest next index a success reply to the message being handled may claim (None: no cap)
-    _reply_index_max: int | None = None
-    #: flushes a journal that allows it off the tick thread (built on the first tick: see _onTick)
-    _flusher: _JournalFlusher | None = None
-    #: the log index this member must hold again before it votes (fix 8), or None
-    _refetch_index: int | None = None
-    #: why (fix 8), for the member's status
-    damage: str | None = None
-    _journal_checked = False
-    #: until when (pysyncobj's monotonic clock) a full disk keeps this member out of elections (fix 9)
-    _disk_full_until = 0.0
-    #: the last index of the leader's snapshot now arriving that we are not installing (fix 3)
-    _ignored_snapshot_index: int | None = None
-    #: entries received in append_entries with a matching previous entry, and how many of them this member
-    #: held already (sent again: after a failure reply, or a reconnection)
-    entries_received = 0
-    entries_already_held = 0
-
-    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
-        if (isinstance(message, dict) and message.get("type") == "next_node_idx" and message.get("success")
-                and not message.get("reset") and self._SyncObj__raftState == RAFT_STATE_LEADER):
-            self._on_success_reply(node, int(message["next_node_idx"]))  # fix 4
-            return
-        held_snapshot_index = None
-        if not self._journal_checked:
-            self._check_journal_once()
-        if isinstance(message, dict) and message.get("type") == "request_vote" and self._refetch_index is not None:
-            return  # fix 8: no vote while the log may lack what this member acknowledged
-        if isinstance(message, dict) and message.get("type") == "append_entries":
-            message, held_snapshot_index = self._checked_append(message)
-        try:
-            SyncObj._SyncObj__onMessageReceived(self, node, message)
-        except DiskFullError as exc:
-            self._on_disk_full(exc)  # no reply: the entries not written are sent again
-            return
-        finally:
-            self._reply_index_max = None
-        if held_snapshot_index is not None:  # as pysyncobj answers an installed one, claiming only its index
-            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=held_snapshot_index + 1, success=True)
-
-    def _on_success_reply(self, node: Any, next_index: int) -> None:
-        """A follower holds the log up to ``next_index - 1``: pysyncobj's handling, except that the next
-        index never moves back (fix 4)."""
-        match_index = self._SyncObj__raftMatchIndex
-        if match_index[node] < next_index - 1:
-            match_index[node] = next_index - 1
-            next_indexes = self._SyncObj__raftNextIndex
-            next_indexes[node] = max(next_indexes[node], next_index)
-        self._SyncObj__lastResponseTime[node] = pysyncobj_monotonic()
-
-    def _checked_append(self, message: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
-        """The message pysyncobj is given instead, and the index of a held snapshot whose last chunk it is."""
-        if message["term"] < self.raftCurrentTerm:
-            return message, None  # ignored by pysyncobj
-        if "prevLogIdx" not in message:
-            message, held_snapshot_index = self._checked_snapshot_chunk(message)
-            return {**message, "commit_index": min(int(message.get("commit_index", 0)), self.raftCommitIndex)}, \
-                held_snapshot_index
-        if message.get("transmission") is not None:
-            # a chunked entry: never sent here, as tuned_conf keeps every entry below half the batch size
-            # (and pysyncobj's chunking is broken anyway, see DESIGN.md)
-            return message, None
-        raft_log = self._SyncObj__raftLog
-        plan = plan_append(self._term_at, (raft_log[-1][1], raft_log[-1][2]), message["prevLogIdx"],
-                           message["prevLogTerm"], message.get("entries", []), message["commit_index"])
-        if plan is None:
-            return message, None  # the previous entry does not match: pysyncobj's failure reply is right
-        self.entries_received += len(message.get("entries", ()))
-        self.entries_already_held += plan.held
-        self._reply_index_max = plan.reply_index_max
-        return {**message, "prevLogIdx": plan.prev_index, "prevLogTerm": plan.prev_term, "entries": plan.entries,
-                "commit_index": plan.commit_index}, None
-
-    def _checked_snapshot_chunk(self, message: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
-        """A chunk of the leader's snapshot, unless that snapshot is not newer than what we hold: then its
-        chunks are dropped before pysyncobj writes them over our own snapshot file (which must go on
-        matching our log) and its last chunk is answered for it. Decided on the first chunk, which holds
-        the snapshot's last entry."""
-        serialized = message.get("serialized")
-        if serialized is None:
-            return message, None
-        data, is_first, is_last = serialized
-        if is_first:
-            self._ignored_snapshot_index = self._held_snapshot_index(bytes(data[:SNAPSHOT_HEAD_BYTES]))
-        held_index = self._ignored_snapshot_index
-        if held_index is None:
-            return message, None
-        if is_last:
-            self._ignored_snapshot_index = None
-        return {key: value for key, value in message.items() if key != "serialized"}, held_index if is_last else None
-
-    def _held_snapshot_index(self, head: bytes) -> int | None:
-        """The index of a snapshot (from its first bytes) whose last entry is applied here (so committed,
-        the same on every member) or in our log with the same term; None for a newer one. Installing an
-        older one would clear our log and take our applied index back (Raft §7 keeps the log then)."""
-        try:
-            index, term = peek_last_entry(head)
-        except SnapshotError:
-            return None  # pysyncobj receives it, the load fails, and that is answered as a failure (fix 2)
-        if index > self.raftLastApplied and self._term_at(index) != term:
-            return None
-        log.info("the leader's snapshot at index %d is not newer than our log (applied %d): not installed",
-                 index, self.raftLastApplied)
-        return index
-
-    def _term_at(self, index: int) -> int | None:
-        raft_log = self._SyncObj__raftLog
-        first = raft_log[0][1]
-        if not first <= index < first + len(raft_log):
-            return None
-        return int(raft_log[index - first][2])
-
-    # Durability: an entry counts as held by this member only once its journal is flushed with it.
-    #
-    # 5. A follower answers success only for entries on its disk (the leader counts that answer toward a
-    #    majority). With our journal, whose flush may run off the tick thread (``concurrent_sync``), the reply
-    #    waits in ``_pending_replies`` while the flusher thread syncs, and the tick thread goes on receiving
-    #    the next entries meanwhile (group fsync); otherwise the flush runs right there.
-    # 6. The leader flushes the entries it appends right after sending them to the followers (the flush and
-    #    the round trip overlap) and the no-op it appends on becoming leader; and a leader's every tick starts
-    #    with a flush of anything still unflushed, so its count of itself in the tick's commit step covers
-    #    only flushed entries.
-    # 7. Apply takes only entries on this member's disk, so the store is never ahead of its own log.
-    #
-    # pysyncobj counts the leader itself in every commit step without asking; these hooks are the calls that
-    # precede each such step (tests/dledger/test_durable_journal.py checks that the pinned pysyncobj still
-    # calls them).
-
-    def _make_durable(self) -> None:
-        """Flush the journal's new records (pysyncobj's tick thread starts before __init__ returns, so this
-        looks the journal up each time; a journal in memory, as some tests use, has nothing to flush)."""
-        journal = self._SyncObj__raftLog
-        if isinstance(journal, SegmentedJournal):
-            journal.make_durable()
-
-    def _check_journal_once(self) -> None:
-        """On the tick thread, before the first tick or message: the journal policy, and whether the journal
-        found damage when it opened (or the store is ahead of it: the log lost entries this member applied),
-        which holds this member out of votes until it re-fetched them (fix 8)."""
-        self._journal_checked = True
-        journal = self._SyncObj__raftLog
-        if not isinstance(journal, SegmentedJournal):
-            return
-        journal.sync_enabled = self._durable_journal
-        refetch = journal.refetch_index if journal.damage is not None else None
-        reason = journal.damage
-        store = getattr(self._member, "store", None)
-        applied = store.applied_raft_index if store is not None else 0
-        if applied > journal.last_index:
-            refetch = max(refetch or 0, applied)
-            reason = f"the store applied index {applied}, beyond the journal's last entry {journal.last_index}"
-        if refetch is not None:
-            self._refetch_index = refetch
-            self.damage = reason
-            log.critical("the Raft log may lack entries this member acknowledged (%s): it will not vote until it "
-                         "holds the log up to index %d again", reason, refetch)
-
-    def _durable_index(self) -> int | None:
-        """The last index on disk here, once the flusher thread runs; None while every flush is made on the
-        tick thread (before the first tick), or there is nothing to flush (page_cache policy, memory journal)."""
-        journal = self._SyncObj__raftLog
-        if self._flusher is None or not journal.sync_enabled:
-            return None
-        return int(journal.durable_index)
-
-    def _onTick(self, timeToWait: float = 0.0) -> None:  # pysyncobj's name
-        if not self._journal_checked:
-            self._check_journal_once()
-        journal = self._SyncObj__raftLog
-        if self._flusher is None and isinstance(journal, SegmentedJournal) and journal.sync_enabled:
-            self._flusher = _JournalFlusher(journal, self._poller, self._send_durable_replies)
-        if self._SyncObj__raftState == RAFT_STATE_LEADER or self._flusher is None:
-            self._make_durable()  # fix 6; a follower's flushes run on the flusher thread (fix 5)
-        self._send_durable_replies()
-        if self._refetch_index is not None:
-            self._hold_back_election()
-        if self._disk_full_until > pysyncobj_monotonic():
-            # a member whose journal cannot take entries does not stand for election (fix 9)
-            deadline: float = getattr(self, "_SyncObj__raftElectionDeadline")  # noqa: B009  (pysyncobj's field)
-            setattr(self, "_SyncObj__raftElectionDeadline", max(deadline, self._disk_full_until))  # noqa: B010
-        try:
-            SyncObj._onTick(self, timeToWait)
-        except DiskFullError as exc:  # a leader appending proposals (or its no-op): the rest of this tick is skipped
-            self._on_disk_full(exc)
-
-    # Full disk (fix 9): a journal append that finds no space raises DiskFullError (nothing half-written).
-    # A leader steps down (its pending proposals fail by timeout, unacknowledged); a follower does not answer
-    # (the leader sends the entries again); neither stands for election while its disk stays full, so the
-    # group goes on with the other members instead of wedging behind this one.
-
-    def _on_disk_full(self, exc: DiskFullError) -> None:
-        now = pysyncobj_monotonic()
-        if now >= self._disk_full_until:
-            log.error("the Raft journal is out of disk space (%s): %s", exc,
-                      "stepping down" if self._SyncObj__raftState == RAFT_STATE_LEADER else "not answering")
-        self._disk_full_until = now + DISK_FULL_HOLD_SECONDS
-        if self._SyncObj__raftState == RAFT_STATE_LEADER:
-            self._SyncObj__setState(RAFT_STATE_FOLLOWER)
-            setattr(self, "_SyncObj__raftLeader", None)  # noqa: B010  (pysyncobj's field)
-
-    def _doDestroy(self) -> None:  # pysyncobj's name: closes the transport and the journal
-        if self._flusher is not None:
-            self._flusher.stop()
-        SyncObj._doDestroy(self)
-
-    # 10. At start-up pysyncobj loads our snapshot and, unless the journal's first two entries are the
-    #     snapshot's last two, clears the journal down to those two. A member stopped after its snapshot was
-    #     renamed into place but before the journal was compacted to it (the next tick does that) held the
-    #     snapshot's entries further in, and lost every entry after them: entries it had acknowledged. The
-    #     journal is now compacted to the snapshot first (atomically), keeping what follows.
-
-    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
-        if not clearJournal:
-            self._compact_to_snapshot()
-        SyncObj._SyncObj__loadDumpFile(self, clearJournal)
-
-    def _compact_to_snapshot(self) -> None:
-        path = self._SyncObj__conf.fullDumpFile
-        journal = self._SyncObj__raftLog
-        if path is None or len(journal) < 3:
-            return
-        try:
-            snapshot = read_snapshot(Path(path))
-        except (OSError, SnapshotError):
-            return  # pysyncobj's load fails the same way and says so
-        previous, last = snapshot.previous_entry, snapshot.last_entry
-        position = previous[1] - journal[0][1]
-        if not 0 < position < len(journal) - 1:
-            return
-        held_previous, held_last = journal[position], journal[position + 1]
-        if (held_previous[1:], held_last[1:]) == (tuple(previous[1:]), tuple(last[1:])):
-            log.info("compacting the Raft journal to the snapshot at index %d before loading it", last[1])
-            journal.deleteEntriesTo(position)
-
-    def _SyncObj__getEntries(self, fromIDx: int | None, count: int | None = None,
-                             maxSizeBytes: int | None = None) -> list[tuple[bytes, int, int]]:
-        """pysyncobj's, reading no further than it returns: pysyncobj sliced the log to its end, then cut
-        the slice to a batch, which on a journal that reads entries from disk read the whole rest."""
-        journal = self._SyncObj__raftLog
-        if isinstance(journal, SegmentedJournal):
-            return journal.get_entries(fromIDx, count, maxSizeBytes)
-        return list(SyncObj._SyncObj__getEntries(self, fromIDx, count, maxSizeBytes))
-
-    def _SyncObj__applyLogEntries(self) -> bool:
-        """Apply only entries on disk here (fix 7): a follower's flush runs off the tick thread, and the
-        store must never be ahead of its own log."""
-        durable = self._durable_index()
-        commit_index: int = getattr(self, "_SyncObj__raftCommitIndex")  # noqa: B009  (pysyncobj's private field)
-        if durable is None or durable >= commit_index:
-            return bool(SyncObj._SyncObj__applyLogEntries(self))
-        assert self._flusher is not None  # (durable is None without it)
-        self._flusher.request()  # the rest applies once it is on disk
-        setattr(self, "_SyncObj__raftCommitIndex", durable)  # noqa: B010  (for this apply only)
-        try:
-            return bool(SyncObj._SyncObj__applyLogEntries(self))
-        finally:
-            setattr(self, "_SyncObj__raftCommitIndex", commit_index)  # noqa: B010
-
-    def _send_durable_replies(self) -> None:
-        """Answer the success replies held back until what they claim was on disk (fix 5). A reply whose
-        entry was cut meanwhile, or whose term passed, is dropped: it would claim entries no longer held."""
-        if not self._pending_replies:
-            return
-        durable = self._durable_index()
-        for node, (term, index, entry_term, next_index) in list(self._pending_replies.items()):
-            if term != self.raftCurrentTerm or self._term_at(index) not in (entry_term, None):
-                del self._pending_replies[node]
-            elif durable is None or durable >= index:
-                del self._pending_replies[node]
-                SyncObj._SyncObj__sendNextNodeIdx(self, node, nextNodeIdx=next_index, success=True)
-
-    # Damage (fix 8): a member whose journal lost or damaged entries it may have acknowledged (found when it
-    # opened the journal, or a store ahead of its log) neither votes nor stands for election until it holds
-    # the log up to everything it could have acknowledged again, committed by a leader. Otherwise its vote
-    # could elect a member that lacks an entry that only it and the old leader held.
-
-    def _hold_back_election(self) -> None:
-        refetch = self._refetch_index
-        assert refetch is not None
-        held = self._SyncObj__getCurrentLogIndex()
-        durable = self._durable_index()
-        if (self.raftCommitIndex >= refetch and held >= refetch and (durable is None or durable >= refetch)
-                and self._SyncObj__raftLeader is not None):
-            log.warning("the Raft log is whole again up to index %d (committed %d): voting again", refetch,
-                        self.raftCommitIndex)
-            self._refetch_index = None
-            self.damage = None
-            journal = self._SyncObj__raftLog
-            if isinstance(journal, SegmentedJournal):
-                journal.clear_damage()
-            return
-        # pysyncobj starts an election when this deadline passes: pushed a whole timeout on while held back
-        setattr(self, "_SyncObj__raftElectionDeadline",  # noqa: B010  (pysyncobj's field)
-                pysyncobj_monotonic() + self._SyncObj__generateRaftTimeout())
-
-    def _SyncObj__onBecomeLeader(self) -> None:
-        SyncObj._SyncObj__onBecomeLeader(self)
-        self._make_durable()
-
-    def _checkCommandsToApply(self) -> None:
-        """Commit latency: in batch mode pysyncobj sends new entries only every ``appendEntriesPeriod``, so
-        an entry waited up to a period (5 ms) before it left. Entries this tick added are now sent at once.
-        pysyncobj advances a follower's next index as it sends (pipelining), so this sends only the new
-        entries, not what is in flight; group commit already made them large, so it is about one message
-        per entry and follower. Measured at 1,000 msgs/s: p50 5.4 -> 2.3 ms, p99 ~10 -> 6.4-8.8 ms;
-        throughput unchanged within noise. Sending an append_entries early is always safe in Raft."""
-        before = self._SyncObj__getCurrentLogIndex()
-        SyncObj._checkCommandsToApply(self)
-        if self._SyncObj__raftState != RAFT_STATE_LEADER or self._SyncObj__getCurrentLogIndex() <= before:
-            return
-        self._SyncObj__sendAppendEntries()
-        self._make_durable()  # fix 6
-
-    def _SyncObj__sendNextNodeIdx(self, node: Any, reset: bool = False, nextNodeIdx: int | None = None,
-                                  success: bool = False) -> None:
-        if success and self._member.snapshot_load_failed:
-            self._member.snapshot_load_failed = False
-            SyncObj._SyncObj__sendNextNodeIdx(self, node, reset=True, nextNodeIdx=1, success=False)
-            return
-        if success and self._reply_index_max is not None:
-            if nextNodeIdx is None:
-                nextNodeIdx = self._SyncObj__getCurrentLogIndex() + 1
-            nextNodeIdx = min(nextNodeIdx, self._reply_index_max)
-        if success:
-            if nextNodeIdx is None:
-                nextNodeIdx = self._SyncObj__getCurrentLogIndex() + 1
-            durable = self._durable_index()
-            if durable is None:
-                self._make_durable()  # fix 5, on this thread
-            elif durable < nextNodeIdx - 1:  # fix 5: answered once the flusher has it on disk
-                index = nextNodeIdx - 1
-                self._pending_replies[node] = (self.raftCurrentTerm, index, self._term_at(index), nextNodeIdx)
-                assert self._flusher is not None
-                self._flusher.request()
-                return
-        SyncObj._SyncObj__sendNextNodeIdx(self, node, reset=reset, nextNodeIdx=nextNodeIdx, success=success)
-
-
 class GroupMember:
     def __init__(self, config: NodeConfig, on_role_change: Callable[[RoleChange], None] | None = None) -> None:
         self.config = config.validate()
@@ -590,12 +122,12 @@ class GroupMember:
         self.on_role_change = on_role_change
         #: called on the Raft thread after every applied entry (long polling wake-ups): must be quick
         self.on_applied: Callable[[], None] | None = None
-        #: the last snapshot install failed (see _RaftNode): answered as a failure, not pysyncobj's success
+        #: the last snapshot install failed (see dledger.raft_node.RaftNode): answered as a failure, not pysyncobj's success
         self.snapshot_load_failed = False
         self.raft_dir = config.data_dir / "raft"
         self.raft_dir.mkdir(parents=True, exist_ok=True)
         self.snapshot_path = self.raft_dir / "snapshot"
-        #: pysyncobj's compaction and snapshot transfers (set while pysyncobj starts, see _RaftNode)
+        #: pysyncobj's compaction and snapshot transfers (set while pysyncobj starts, see dledger.raft_node.RaftNode)
         self.snapshots: BackgroundSnapshots
         self.state = ReplicatedState()
         #: held around every change to self.state; a store flush (any thread) encodes it under this lock
@@ -654,7 +186,7 @@ class GroupMember:
         self._byte_config_applied = threading.Event()
         self._byte_config_term: int | None = None  # the term this member proposed its configuration in
         self._note_byte_config()
-        self.raft = _RaftNode(self, config.raft_address, peers, conf,
+        self.raft = RaftNode(self, config.raft_address, peers, conf,
                               transport_class(config.secret, group_clock=self.group_clock),
                               durable_journal=raft.journal_flush == "durable")
         self.raft.addOnTickCallback(self._on_tick)
@@ -709,7 +241,7 @@ class GroupMember:
             return self.state.encode()
 
     def _snapshots(self, base: Any) -> BackgroundSnapshots:
-        """What pysyncobj's compaction and snapshot transfers go through (see _RaftNode)."""
+        """What pysyncobj's compaction and snapshot transfers go through (see dledger.raft_node.RaftNode)."""
         self.snapshots = BackgroundSnapshots(base, self.snapshot_path, self._capture_snapshot, self.store.flush)
         return self.snapshots
 
@@ -893,7 +425,7 @@ class GroupMember:
 
     @property
     def journal_syncs(self) -> int:
-        journal = self.raft._SyncObj__raftLog
+        journal = self.raft.journal()
         return journal.syncs if isinstance(journal, SegmentedJournal) else 0
 
     # ------------------------------------------------------------------ writes
@@ -1047,7 +579,7 @@ class GroupMember:
         self._stop_scrubber.set()
         self.committer.stop()
         self.raft.destroy()  # the tick thread stops at its next tick: wait for it, so that nothing applies
-        tick_thread = self.raft._SyncObj__thread  # or starts a compaction once the store is closed
+        tick_thread = self.raft.tick_thread()  # or starts a compaction once the store is closed
         if tick_thread is not None and tick_thread is not threading.current_thread():
             tick_thread.join(STOP_TICK_WAIT_SECONDS)
         self.snapshots.settle()  # a compaction in flight flushes the store: let it finish first

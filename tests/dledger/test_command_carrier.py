@@ -13,7 +13,8 @@ from dledger.apply import ApplyResult
 from dledger.command import encode_messages_command
 from dledger.config import NodeConfig
 from dledger.journal import SegmentedJournal
-from dledger.member import RAW_COMMAND_PREFIX, GroupMember, encode_payload
+from dledger.member import GroupMember
+from dledger.raft_node import RAW_COMMAND_PREFIX, encode_payload
 from tests.dledger.group import SECRET
 from tests.support import free_ports, wait_for
 

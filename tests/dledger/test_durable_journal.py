@@ -1,6 +1,6 @@
 """An entry counts as held by a member only once its Raft journal is flushed with it: a follower flushes
 (on its flusher thread) before it answers success, the leader before it counts itself, every member before
-it applies; term and vote are stored durably. On real _RaftNodes over our segmented journal (no network),
+it applies; term and vote are stored durably. On real RaftNodes over our segmented journal (no network),
 so a pysyncobj upgrade that stops calling our hooks fails here."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.node import TCPNode
 
 from dledger.journal import SegmentedJournal
-from dledger.member import RAW_COMMAND_PREFIX, _RaftNode
+from dledger.raft_node import RAW_COMMAND_PREFIX, RaftNode
 from dledger.snapshot import Snapshot, encode_snapshot
 from tests.dledger.test_log_matching import (
     LEADER,
@@ -43,7 +43,7 @@ Events = list[tuple[Any, ...]]
 class RecordingMember(StubMember):
     def __init__(self, events: Events) -> None:
         self.events = events
-        self.raft: _RaftNode | None = None
+        self.raft: RaftNode | None = None
 
     def apply_raw(self, raft_index: int, command: bytes) -> None:
         assert self.raft is not None
@@ -54,7 +54,7 @@ class RecordingMember(StubMember):
 
 @contextmanager
 def node(tmp_path: Path, events: Events, peers: list[str], monkeypatch: pytest.MonkeyPatch,
-         durable: bool = True) -> Iterator[_RaftNode]:
+         durable: bool = True) -> Iterator[RaftNode]:
     make_durable = SegmentedJournal.make_durable
 
     def flush(journal: SegmentedJournal) -> None:
@@ -72,7 +72,7 @@ def node(tmp_path: Path, events: Events, peers: list[str], monkeypatch: pytest.M
                        logCompactionMinTime=1 << 30, raftMinTimeout=0.01, raftMaxTimeout=0.02,
                        appendEntriesPeriod=0.002)
     stub = RecordingMember(events)
-    raft = _RaftNode(stub, SELF, peers, conf, RecordingTransport, durable_journal=durable)  # type: ignore[arg-type]
+    raft = RaftNode(stub, SELF, peers, conf, RecordingTransport, durable_journal=durable)  # type: ignore[arg-type]
     stub.raft = raft
     transport: RecordingTransport = raft._SyncObj__transport
     send = transport.send
@@ -92,7 +92,7 @@ def node(tmp_path: Path, events: Events, peers: list[str], monkeypatch: pytest.M
         raft.destroy()
 
 
-def tick_until(raft: _RaftNode, events: Events, event: tuple[Any, ...], timeout_seconds: float = 10.0) -> None:
+def tick_until(raft: RaftNode, events: Events, event: tuple[Any, ...], timeout_seconds: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_seconds
     while event not in events and time.monotonic() < deadline:
         raft.doTick(0.01)

@@ -1,5 +1,5 @@
 """The follower's side of append_entries (Raft §5.3, §7) without a network: the pure plan, then a real
-``_RaftNode`` fed messages by hand through a transport that only records what it sends."""
+``RaftNode`` fed messages by hand through a transport that only records what it sends."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pysyncobj.node import TCPNode
 from pysyncobj.transport import Transport
 
 from dledger.log_matching import AppendPlan, Entry, matching_entries, plan_append
-from dledger.member import RAFT_STATE_LEADER, _RaftNode
+from dledger.raft_node import RAFT_STATE_LEADER, RaftNode
 from dledger.snapshot import BackgroundSnapshots, Snapshot, encode_snapshot, read_snapshot
 
 NO_OP = b"\x01"  # pysyncobj's no-op command: applies nothing, so these tests need no store
@@ -70,7 +70,7 @@ def test_matching_entries_stops_at_the_first_entry_the_log_lacks_or_contradicts(
     assert matching_entries(log_terms(LOG), []) == 0
 
 
-# ------------------------------------------------------------------------------- a real _RaftNode
+# ------------------------------------------------------------------------------- a real RaftNode
 
 
 class RecordingTransport(Transport):  # type: ignore[misc]  # pysyncobj ships no type hints
@@ -107,18 +107,18 @@ def load_snapshot(file_name: str) -> tuple[Any, Any, Any]:
 
 
 @contextmanager
-def follower(tmp_path: Path) -> Iterator[_RaftNode]:
+def follower(tmp_path: Path) -> Iterator[RaftNode]:
     conf = SyncObjConf(autoTick=False, fullDumpFile=str(tmp_path / "snapshot"), deserializer=load_snapshot,
                        serializer=write_snapshot, logCompactionMinEntries=1 << 30,
                        logCompactionMinTime=1 << 30)
-    raft = _RaftNode(StubMember(), SELF, [LEADER, OTHER], conf, RecordingTransport)  # type: ignore[arg-type]
+    raft = RaftNode(StubMember(), SELF, [LEADER, OTHER], conf, RecordingTransport)  # type: ignore[arg-type]
     try:
         yield raft
     finally:
         raft.destroy()
 
 
-def deliver(raft: _RaftNode, message: dict[str, Any]) -> dict[str, Any] | None:
+def deliver(raft: RaftNode, message: dict[str, Any]) -> dict[str, Any] | None:
     """Hand ``message`` from the leader to the follower's handler and tick (apply); its reply, if any."""
     transport: RecordingTransport = raft._SyncObj__transport
     sent_before = len(transport.sent)
@@ -134,7 +134,7 @@ def append(prev: tuple[int, int], sent: list[Entry], commit: int, term: int = 1)
             "prevLogTerm": prev[1], "entries": sent}
 
 
-def log_of(raft: _RaftNode) -> list[tuple[int, int]]:
+def log_of(raft: RaftNode) -> list[tuple[int, int]]:
     raft_log = raft._SyncObj__raftLog
     return [(raft_log[i][1], raft_log[i][2]) for i in range(len(raft_log))]
 

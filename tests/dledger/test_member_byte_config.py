@@ -28,7 +28,8 @@ from commitlog.store import CHECKPOINT_NAME
 from dledger.apply import TIMER_CURSOR_SCALE, TIMER_DELIVER_KEY
 from dledger.command import Command, Messages, TimerProgress, decode_command
 from dledger.config import NodeConfig
-from dledger.member import RAW_COMMAND_PREFIX, GroupMember
+from dledger.member import GroupMember
+from dledger.raft_node import RAW_COMMAND_PREFIX
 from dledger.state import ReplicatedState
 from dledger.timers import due_second, schedule
 from tests.dledger.group import REPO, SECRET

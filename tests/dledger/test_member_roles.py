@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dledger.member import RAFT_STATE_LEADER, GroupMember, RoleChange
+from dledger.member import GroupMember, RoleChange
+from dledger.raft_node import RAFT_STATE_LEADER
 
 FOLLOWER = 0
 

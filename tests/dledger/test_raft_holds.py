@@ -1,5 +1,5 @@
 """When a member must keep out of elections: its log may lack entries it acknowledged (damage found on its
-disk), or its disk is full. On a real ``_RaftNode`` fed messages by hand (no network)."""
+disk), or its disk is full. On a real ``RaftNode`` fed messages by hand (no network)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from pysyncobj.node import TCPNode
 
 from commitlog.errors import DiskFullError
-from dledger import member
-from dledger.member import RAFT_STATE_LEADER, _RaftNode
+from dledger import raft_node
+from dledger.raft_node import RAFT_STATE_LEADER, RaftNode
 from tests.dledger.test_log_matching import OTHER, RecordingTransport, append, deliver, entries, follower
 
 
@@ -19,16 +19,16 @@ def vote_request(term: int, last_index: int = 1, last_term: int = 0) -> dict[str
     return {"type": "request_vote", "term": term, "last_log_index": last_index, "last_log_term": last_term}
 
 
-def votes(raft: _RaftNode) -> list[dict[str, Any]]:
+def votes(raft: RaftNode) -> list[dict[str, Any]]:
     transport: RecordingTransport = raft._SyncObj__transport
     return [message for _, message in transport.sent if message["type"] == "response_vote"]
 
 
-def refetch_index(raft: _RaftNode) -> int | None:
+def refetch_index(raft: RaftNode) -> int | None:
     return raft._refetch_index
 
 
-def connected(raft: _RaftNode) -> None:
+def connected(raft: RaftNode) -> None:
     """pysyncobj starts an election only while connected to someone: pretend to be; and election timeouts
     of 10-20 ms."""
     raft._SyncObj__connectedToAnyone = lambda: True
@@ -65,7 +65,7 @@ def test_a_member_that_may_lack_acknowledged_entries_does_not_stand_for_election
         assert raft.raftCurrentTerm >= 1  # the same member stands once the hold is lifted
 
 
-def full_disk(raft: _RaftNode, monkeypatch: pytest.MonkeyPatch) -> None:
+def full_disk(raft: RaftNode, monkeypatch: pytest.MonkeyPatch) -> None:
     journal = raft._SyncObj__raftLog
 
     def add(command: bytes, idx: int, term: int) -> None:
@@ -95,7 +95,7 @@ def test_a_leader_whose_disk_is_full_steps_down_and_stays_out_of_elections(tmp_p
             raft.doTick(0.005)
         assert raft._SyncObj__raftState == RAFT_STATE_LEADER
         term = raft.raftCurrentTerm
-        monkeypatch.setattr(member, "DISK_FULL_HOLD_SECONDS", 0.3)
+        monkeypatch.setattr(raft_node, "DISK_FULL_HOLD_SECONDS", 0.3)
         full_disk(raft, monkeypatch)
         raft.propose_raw(b"\x00\xfeone", lambda result, error: None)
         raft.doTick(0)  # the append finds the disk full: no exception out of the tick thread
