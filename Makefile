@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-at demo lint typecheck unit bench chaos clean
+.PHONY: test test-at demo lint typecheck unit bench chaos clean system-packages
 
 $(STAMP): pyproject.toml setup.py commitlog/_native.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,7 +17,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict
 
-unit: $(STAMP)
+# Debian packages beyond Python's (fuse3 for the power-loss faults): installed when missing, see the script
+system-packages:
+	@sh scripts/system-packages.sh
+
+unit: $(STAMP) system-packages
 	$(BIN)/pytest
 
 test: lint typecheck unit
@@ -30,7 +34,7 @@ test-at: $(STAMP)
 	RAFTMQ_TEST_CLOCK_OFFSET_NS=$$(( (target - $$(date +%s)) * 1000000000 )) PYTHONPATH=$(CURDIR)/tests/clock \
 		$(MAKE) --no-print-directory test
 
-demo: $(STAMP)
+demo: $(STAMP) system-packages
 	$(BIN)/raftmq demo
 
 bench: $(STAMP)
@@ -41,12 +45,13 @@ bench: $(STAMP)
 	$(BIN)/python bench/verify_bench.py
 
 # every chaos scenario for several minutes each (a soak run, not part of make test)
-CHAOS_SCENARIOS := kill-leader pause-leader partition-leader partition-random kill-all-restart wipe-follower \
-	slow-link disk-full corrupt-follower partition-client-leader client-link-reset slow-client-link mixed
+CHAOS_SCENARIOS := kill-leader pause-leader partition-leader partition-random kill-all-restart power-loss \
+	power-loss-leader-paused wipe-follower slow-link disk-full corrupt-follower kill-during-compaction corrupt-minority \
+	partition-client-leader client-link-reset slow-client-link clock-skew mixed
 CHAOS_DURATION ?= 300
 CHAOS_SEED ?= 1
 
-chaos: $(STAMP)
+chaos: $(STAMP) system-packages
 	@failed=""; for scenario in $(CHAOS_SCENARIOS); do \
 		$(BIN)/raftmq chaos run --scenario $$scenario --duration $(CHAOS_DURATION) --seed $(CHAOS_SEED) \
 			--report chaos-report/$$scenario || failed="$$failed $$scenario"; \

@@ -262,3 +262,39 @@ def _spawn_namesrv(port: int, log_path: Path, cwd: Path) -> int:
                                    stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
                                    start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     return process.pid
+
+
+#: tests/clock/sitecustomize.py moves the wall clock of a Python process that has its directory on
+#: PYTHONPATH by RAFTMQ_TEST_CLOCK_OFFSET_NS (the monotonic clock stays real: libfaketime moves both, and
+#: Python's timed waits then hang)
+CLOCK_DIRECTORY: Final = Path(__file__).resolve().parents[1] / "tests" / "clock"
+CLOCK_OFFSET_VARIABLE: Final = "RAFTMQ_TEST_CLOCK_OFFSET_NS"
+
+
+def clock_unavailable() -> str | None:
+    """Why a member's clock cannot be moved here (None: it can)."""
+    if not (CLOCK_DIRECTORY / "sitecustomize.py").is_file():
+        return f"{CLOCK_DIRECTORY}/sitecustomize.py is missing (a source checkout is needed)"
+    return None
+
+
+def restart_with_clock(local: LocalCluster, node_id: str, offset_ns: int) -> None:
+    """``local.restart(node_id)``, the member's wall clock moved by ``offset_ns`` from the other members'
+    (0: the same clock; under ``make test-at`` every process's clock is moved already, and this adds to it).
+    LocalCluster starts members with this process's environment, so the variables are set around the
+    start only (chaos faults run one at a time; nothing else starts processes meanwhile)."""
+    paths = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+             if entry and Path(entry).resolve() != CLOCK_DIRECTORY]
+    base_ns = int(os.environ.get(CLOCK_OFFSET_VARIABLE, "0") or "0")
+    moved = {"PYTHONPATH": os.pathsep.join([str(CLOCK_DIRECTORY), *paths]),
+             CLOCK_OFFSET_VARIABLE: str(base_ns + offset_ns)}
+    saved = {name: os.environ.get(name) for name in moved}
+    os.environ.update(moved)
+    try:
+        local.restart(node_id)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 from broker.topics import TRANS_HALF_TOPIC
+from chaos import powerfs
 from chaos.checker import CheckResult, check, describe
 from chaos.cluster import ChaosCluster
 from chaos.disk import release_mounts
@@ -140,6 +141,7 @@ def _prepare_directory(report_dir: Path) -> Path:
             raise UsageError(f"a cluster is still running in {cluster_dir}; stop it with "
                              f"`raftmq cluster down --data-dir {cluster_dir}`")
     if cluster_dir.exists():
+        powerfs.release_mounts(cluster_dir)
         release_mounts(cluster_dir)
         shutil.rmtree(cluster_dir)
     for name in (HISTORY_FILE, REPORT_FILE, TIMELINE_FILE, VERIFY_REPORT_FILE, VERIFY_HISTORY_FILE):
@@ -163,7 +165,12 @@ def run(options: RunOptions, out: TextIO | None = None) -> RunOutcome:
     try:
         if scenario.needs_proxies:
             toxiproxy = ensure_toxiproxy(seed=rng.getrandbits(32))
+        if scenario.on_powerfs:  # each member's directory its own machine's disk, from the start
+            for index in range(options.nodes):
+                powerfs.mount_directory(cluster_dir / f"n{index}")
         cluster = ChaosCluster.start(cluster_dir, options.nodes, toxiproxy, options.member_overrides(scenario))
+        if scenario.on_powerfs:
+            powerfs.sync_mounts(cluster_dir)  # the members' configuration as installed: durable
     except (ClusterError, OSError, RuntimeError) as exc:  # ToxiproxyStartError is a RuntimeError
         progress.error = f"cannot start the group: {exc}"
         cluster = None
@@ -182,6 +189,7 @@ def run(options: RunOptions, out: TextIO | None = None) -> RunOutcome:
         if cluster is not None:
             cluster.stop()
         if cluster_dir.exists():
+            powerfs.release_mounts(cluster_dir)  # a clean shutdown of each member's powerfs disk
             release_mounts(cluster_dir)  # a disk-full member's tmpfs: its data back on the real disk
         writer.close()
         if toxiproxy is not None:

@@ -15,7 +15,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from chaos import disk
+from chaos import corruption, disk, powerfs
+from chaos.cluster import clock_unavailable
 from chaos.faults import Faults
 from chaos.toxiproxy_control import Streams
 
@@ -27,6 +28,31 @@ CATCH_UP_SECONDS: Final = 60.0
 #: then happens every few seconds, not once per 64 MiB
 DISK_FULL_OVERRIDES: Final[dict[str, dict[str, Any]]] = {
     "store": {"segment_size_bytes": 1 << 20, "body_size_max_bytes": 256 << 10},
+}
+
+#: how far clock-skew moves a member's clock (ahead or behind): minutes, hours, and the 73 h of the finding
+#: ("Time"); small segments and frequent retention checks, so that a retention run by the skewed clock
+#: would have whole segments of acknowledged messages to delete
+CLOCK_SKEWS_MS: Final = (5 * 60_000, 2 * 3_600_000, 73 * 3_600_000)
+CLOCK_SKEW_OVERRIDES: Final[dict[str, dict[str, Any]]] = {
+    "store": {"segment_size_bytes": 1 << 20, "body_size_max_bytes": 256 << 10},
+    "broker": {"retention_check_seconds": 1.0},
+}
+
+#: kill-during-compaction: Raft log compaction every few entries (and every second), and a kill every 0.3-1.5 s
+#: (the member restarted 0.2-1 s later), so that many kills land inside a compaction
+COMPACTION_OVERRIDES: Final[dict[str, dict[str, Any]]] = {
+    "raft": {"log_compaction_entries": 10, "log_compaction_seconds": 1},
+}
+KILL_GAP_SECONDS: Final = (0.3, 1.5)
+KILL_HOLD_SECONDS: Final = (0.2, 1.0)
+
+#: corrupt-minority: small store files (so that each kind has several files, and copies for roll-backs are
+#: cheap) and compactions every few seconds (so that members hold a Raft snapshot and compacted journals)
+CORRUPT_MINORITY_OVERRIDES: Final[dict[str, dict[str, Any]]] = {
+    "store": {"segment_size_bytes": 1 << 20, "body_size_max_bytes": 256 << 10, "consume_queue_units_per_file": 1024,
+              "index_slot_count": 1024, "index_entry_capacity": 4096},
+    "raft": {"log_compaction_entries": 500, "log_compaction_seconds": 5},
 }
 
 Action = Callable[[Faults, random.Random], Awaitable[None]]
@@ -43,12 +69,16 @@ class Scenario:
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: why this scenario cannot run on this machine, or None (checked before the group starts)
     unavailable: Callable[[], str | None] = lambda: None
+    #: every member's data directory on a powerfs mount of its own from the start (chaos.powerfs)
+    on_powerfs: bool = False
+    #: seconds between the end of one fault and the start of the next (uniform in this range)
+    gap_seconds: tuple[float, float] = GAP_SECONDS
 
     async def drive(self, faults: Faults, rng: random.Random, deadline: float) -> None:
         """Inject ``action`` repeatedly, a random gap apart, until the loop time ``deadline``."""
         loop = asyncio.get_running_loop()
         while True:
-            gap = rng.uniform(*GAP_SECONDS)
+            gap = rng.uniform(*self.gap_seconds)
             if loop.time() + gap >= deadline:
                 return
             await asyncio.sleep(gap)
@@ -85,6 +115,23 @@ async def partition_random(faults: Faults, rng: random.Random) -> None:
 
 async def kill_all_restart(faults: Faults, rng: random.Random) -> None:
     await faults.kill_all(rng.uniform(0.5, 2.0))
+
+
+async def power_loss(faults: Faults, rng: random.Random) -> None:
+    """Every member loses power at once, under load: what none of them fsynced is gone."""
+    await faults.power_loss(faults.cluster.node_ids, rng.uniform(0.5, 2.0))
+
+
+async def power_loss_leader_paused(faults: Faults, rng: random.Random) -> None:
+    """A follower is paused, the leader loses power and boots again, then the follower resumes (Jepsen's
+    NATS JetStream report): while the follower sleeps, the leader and the other follower are the majority
+    every acknowledgement needed, and the leader's unsynced tail is gone."""
+    leader = await faults.leader()
+    followers = sorted(faults.followers())
+    if leader is None or not followers:
+        return
+    await faults.power_loss([leader], rng.uniform(0.5, 2.0), paused=rng.choice(followers),
+                            resume_after_seconds=rng.uniform(1.0, 3.0))
 
 
 async def wipe_follower(faults: Faults, rng: random.Random) -> None:
@@ -139,6 +186,43 @@ async def corrupt_follower(faults: Faults, rng: random.Random) -> None:
     followers = sorted(faults.followers())
     if followers:
         await faults.corrupt(rng.choice(followers), rng)
+
+
+async def kill_during_compaction(faults: Faults, rng: random.Random) -> None:
+    """SIGKILL the leader or a follower (half the time each), restart it 0.2-1 s later: with compaction every
+    few entries (COMPACTION_OVERRIDES) and a kill every second or so, many land inside a compaction (the
+    snapshot being written, the journal's manifest replaced, old segments deleted)."""
+    leader = await faults.leader()
+    if leader is None:
+        return
+    followers = sorted(faults.followers())
+    target = leader if rng.random() < 0.5 or not followers else rng.choice(followers)
+    await faults.kill(target, rng.uniform(*KILL_HOLD_SECONDS), show_interrupted=True)
+
+
+async def corrupt_minority(faults: Faults, rng: random.Random) -> None:
+    """Once the group is caught up: SIGKILL the leader or a follower (half the time each), damage one of its
+    files (every kind of file and damage of :mod:`chaos.corruption` but its open findings), restart it and wait
+    for what it does (faults.Faults.damage_file): one member at a time, so a majority always holds every
+    acknowledged message."""
+    await _corrupt_one_member(faults, rng, corruption.SURVIVED_DAMAGE)
+
+
+async def corrupt_minority_open_findings(faults: Faults, rng: random.Random) -> None:
+    """:func:`corrupt_minority` with the damage of :data:`chaos.corruption.OPEN_FINDINGS` too: it fails until
+    those are fixed."""
+    await _corrupt_one_member(faults, rng, corruption.EVERY_DAMAGE)
+
+
+async def _corrupt_one_member(faults: Faults, rng: random.Random, choices: tuple[tuple[str, str], ...]) -> None:
+    if not await faults.caught_up(CATCH_UP_SECONDS):
+        return
+    leader = await faults.leader()
+    if leader is None:
+        return
+    followers = sorted(faults.followers())
+    target = leader if rng.random() < 0.5 or not followers else rng.choice(followers)
+    await faults.damage_file(target, rng, choices)
 
 
 async def slow_link(faults: Faults, rng: random.Random) -> None:
@@ -200,6 +284,12 @@ async def client_link(faults: Faults, rng: random.Random) -> None:
     await rng.choice((partition_client_leader, client_link_reset, slow_client_link))(faults, rng)
 
 
+async def clock_skew(faults: Faults, rng: random.Random) -> None:
+    """One member's wall clock minutes or hours ahead or behind, and that member made the leader."""
+    offset_ms = rng.choice(CLOCK_SKEWS_MS) * rng.choice((1, -1))
+    await faults.clock_skew(rng.choice(faults.cluster.node_ids), offset_ms, rng.uniform(5.0, 10.0))
+
+
 # -------------------------------------------------------------------------------------------- mixed
 
 
@@ -235,6 +325,16 @@ SCENARIOS: Final[dict[str, Scenario]] = {scenario.name: scenario for scenario in
              False, disk_full, DISK_FULL_OVERRIDES, disk.tmpfs_unavailable),
     Scenario("corrupt-follower", "stop a caught-up follower, flip a byte inside a committed record of its "
              "commit log, restart it", False, corrupt_follower),
+    Scenario("kill-during-compaction", "Raft log compaction every 10 entries; SIGKILL the leader or a follower "
+             "every 0.3-1.5 s, restart it 0.2-1 s later", False, kill_during_compaction, COMPACTION_OVERRIDES,
+             gap_seconds=KILL_GAP_SECONDS),
+    Scenario("corrupt-minority", "SIGKILL the leader or a follower, bit-flip, truncate or roll back one of its "
+             "files (Raft journal, snapshot, commit log, consume queue, key index, checkpoint), restart it, wait "
+             "until caught up (not the damage of chaos.corruption.OPEN_FINDINGS)", False, corrupt_minority,
+             CORRUPT_MINORITY_OVERRIDES),
+    Scenario("corrupt-minority-open-findings", "corrupt-minority with the damage the group does not survive yet "
+             "too (a commit-log segment bit-flipped or rolled back, a key-index file bit-flipped, the Raft snapshot "
+             "bit-flipped or truncated): fails until fixed", False, corrupt_minority_open_findings, CORRUPT_MINORITY_OVERRIDES),
     Scenario("slow-link", "50-250 ms latency (sometimes 500 KB/s) on random Raft links for 4-8 s", True, slow_link),
     Scenario("partition-client-leader", "black-hole every client's link to the leader for 4-7 s (Raft healthy)",
              True, partition_client_leader),
@@ -242,6 +342,15 @@ SCENARIOS: Final[dict[str, Scenario]] = {scenario.name: scenario for scenario in
              "or one, for 3-6 s", True, client_link_reset),
     Scenario("slow-client-link", "50-1500 ms latency (sometimes 20 KB/s) on clients' links to the leader, every "
              "member or one, for 4-8 s", True, slow_client_link),
+    Scenario("clock-skew", "restart a member with its wall clock 5 min, 2 h or 73 h ahead or behind, make it "
+             "the leader for 5-10 s, restart it with the right clock", False, clock_skew, CLOCK_SKEW_OVERRIDES,
+             clock_unavailable),
     Scenario("mixed", "a random fault of every scenario above, one after another (disk-full only where a tmpfs "
              "can be mounted)", True, mixed, DISK_FULL_OVERRIDES),
+    # not part of mixed: every member's directory must be on powerfs before the group starts
+    Scenario("power-loss", "cut the power of every member at once (powerfs: unsynced writes lost), boot them "
+             "0.5-2 s later", False, power_loss, unavailable=powerfs.powerfs_unavailable, on_powerfs=True),
+    Scenario("power-loss-leader-paused", "pause a follower, cut the leader's power, boot it 0.5-2 s later, "
+             "resume the follower 1-3 s after that", False, power_loss_leader_paused,
+             unavailable=powerfs.powerfs_unavailable, on_powerfs=True),
 )}
