@@ -66,21 +66,13 @@ EVERY_DAMAGE: Final = tuple((file_kind, damage) for file_kind in FILE_KINDS for 
 #: damage the group does not survive yet, with what goes wrong: ``corrupt-minority`` leaves it out, and
 #: ``corrupt-minority-open-findings`` makes it too (it fails until these are fixed)
 OPEN_FINDINGS: Final[dict[tuple[str, str], str]] = {
-    (COMMIT_LOG, ROLL_BACK): "records below the checkpoint come back as zeros (or older bytes); recovery trusts the "
-    "checkpoint, and the scrubber finds the first one but cannot repair it (the repair takes the record's size "
-    "from its own damaged size field: 'no usable size (0)'), so the replica keeps a commit log unlike its peers'",
     (COMMIT_LOG, BIT_FLIP): "only a record's body has a CRC: a flipped byte in its head (timestamps, hosts, flag, "
     "queue offset) or its properties is noticed by nothing and the replica keeps and serves a record unlike its "
-    "peers'; a flipped size field is found but cannot be repaired (as for a roll-back)",
+    "peers'",
     (KEY_INDEX, BIT_FLIP): "key-index files carry no checksum and nothing checks their entries and slots against "
     "the commit log: the damage stays, and apply's dedupe lookups (find_recent_sends) read this index, so a "
     "retry whose entry went bad can be stored again on this replica only, or name a non-record offset that "
     "stops the member at every replay (DamagedRecordError that no repair can fix)",
-    (SNAPSHOT, BIT_FLIP): "a member whose own snapshot is unreadable at start (CRC mismatch: pysyncobj logs 'failed "
-    "to load full dump' and goes on from applied index 1) holds a journal compacted past index 2, so it applies "
-    "nothing more, and it does not install the leader's snapshot either ('not newer than our log (applied 1)': "
-    "the leader's last entry is in its journal): it stays behind for good",
-    (SNAPSHOT, TRUNCATE): "as for a bit-flip: the snapshot fails its CRC at start and the member stays behind",
 }
 #: what ``corrupt-minority`` makes: every pair but the open findings
 SURVIVED_DAMAGE: Final = tuple(pair for pair in EVERY_DAMAGE if pair not in OPEN_FINDINGS)

@@ -977,6 +977,10 @@ class SegmentedJournal:
                 log.info("completing a truncation of the Raft journal after entry %d", expected - 1)
         if meta_missing and last_term > 0:
             damage.append("the meta file (term and vote) is missing")
+        elif meta is not None and meta.term < last_term:
+            # the term is stored (durably) before any entry of it is written here: an older one was rolled
+            # back, and the vote of a later term may be forgotten with it (a second vote in one term)
+            damage.append(f"the meta file's term {meta.term} is older than the log's last term {last_term}")
 
         if damage or manifest.damage is not None:
             after = max(expected, held_first, 1) - 1

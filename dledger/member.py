@@ -549,7 +549,9 @@ class GroupMember:
         record (a byte gone bad on disk) is put back from a peer's copy, which is byte-identical."""
         position = 0
         end = self.store.max_physical_offset
-        while not self._stop_scrubber.wait(SCRUB_PAUSE_SECONDS):
+        pause = SCRUB_PAUSE_SECONDS
+        while not self._stop_scrubber.wait(pause):
+            pause = SCRUB_PAUSE_SECONDS
             # while the group writes faster than the scrubber reads, it yields the GIL to the write path
             # and reads a quarter as much (pulls check what they serve meanwhile)
             previous_end, end = end, self.store.max_physical_offset
@@ -559,17 +561,24 @@ class GroupMember:
                 if damaged is not None:
                     self._repair(damaged)
                     position = damaged
+                    # no pause after a repair: a damaged region (a segment rolled back to an older copy, its
+                    # newer records zeros) is put back record after record, not one every pause
+                    pause = 0.0
             except (StoreError, OSError, ValueError) as exc:
                 log.warning("scrubbing stopped at %d: %s", position, exc)
                 position = 0
 
     def _repair(self, physical_offset: int) -> None:
-        size = self.store.record_extent(physical_offset)
+        """Put the damaged record at ``physical_offset`` back from a peer's byte-identical copy. Its size is
+        read from the peer's copy too: the damage may be in our size field (a flipped byte, or a segment
+        rolled back to zeros), which then named no record or the wrong one."""
         peers = [parse_address(peer.catchup_address, "catchup_address") for peer in self.config.peers]
-        if not 0 < size <= self.entry_bytes_max:
-            raise StoreError(f"the damaged record at {physical_offset} has no usable size ({size})")
         log.critical("damaged record at commit-log offset %d: repairing it from a peer", physical_offset)
         try:
+            head = fetch_range(peers, self.config.secret, physical_offset, physical_offset + 4)
+            size = int.from_bytes(head[:4], "big", signed=True)
+            if not 0 < size <= self.entry_bytes_max:
+                raise StoreError(f"the peers' record at {physical_offset} has no usable size ({size})")
             data = fetch_range(peers, self.config.secret, physical_offset, physical_offset + size)
             self.store.repair_record(physical_offset, data)
         except (CatchupError, RecordError) as exc:

@@ -286,6 +286,13 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
             return None  # pysyncobj receives it, the load fails, and that is answered as a failure (fix 2)
         if index > self.raftLastApplied and self._term_at(index) != term:
             return None
+        first = self._SyncObj__raftLog[0][1]
+        if index > self.raftLastApplied and self.raftLastApplied + 1 < first:
+            # our log starts after what we applied: our own snapshot did not load (damaged on disk), so
+            # nothing here can apply until one is installed, however much of the log we hold (fix 11)
+            log.warning("installing the leader's snapshot at index %d: ours did not load (applied %d, our log "
+                        "starts at %d)", index, self.raftLastApplied, first)
+            return None
         log.info("the leader's snapshot at index %d is not newer than our log (applied %d): not installed",
                  index, self.raftLastApplied)
         return index

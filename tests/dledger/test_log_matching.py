@@ -202,6 +202,21 @@ def test_a_snapshot_newer_than_the_log_is_installed(tmp_path: Path) -> None:
         assert raft.raftLastApplied == 20
 
 
+def test_a_member_whose_own_snapshot_did_not_load_installs_the_leaders(tmp_path: Path) -> None:
+    """Its snapshot was damaged on disk, so nothing loaded (applied 1) while its journal, compacted to that
+    snapshot, starts at 9: the leader's snapshot at 15 is in its log with the same term, yet it is the only
+    way this member applies anything again."""
+    with follower(tmp_path) as raft:
+        raft_log = raft._SyncObj__raftLog
+        raft_log.clear()
+        for _, index, term in entries(9, 20, 1):
+            raft_log.add(NO_OP, index, term)
+        first, last = snapshot_chunks(15, 1)
+        assert deliver(raft, first) is None
+        assert deliver(raft, last) == success(16)
+        assert raft.raftLastApplied == 15
+
+
 def test_a_compaction_finished_just_before_a_stale_snapshot_still_leaves_a_log(tmp_path: Path) -> None:
     """The sequence that emptied a restarted member's log (its every tick then raised IndexError): a local
     compaction is written at index 9 and pysyncobj deletes the entries up to it on the next tick; in

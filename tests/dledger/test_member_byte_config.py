@@ -205,3 +205,57 @@ def test_a_follower_repairs_a_damaged_timer_from_a_peer_before_releasing_it(tmp_
         wait_for(lambda: all(member.store.max_physical_offset == end for member in members), 30, "the release")
         for member in members:
             assert member.store.read_committed(0, end) == leader.store.read_committed(0, end)
+
+
+@pytest.mark.parametrize("damage", ["size field", "zeros"])
+def test_a_record_whose_own_size_field_is_damaged_is_repaired_from_a_peer(tmp_path: Path, damage: str) -> None:
+    """The size comes from the peer's copy: a flipped size byte, or a segment rolled back to zeros, left the
+    scrubber retrying a repair it could not make, forever."""
+    with running(write_configs(tmp_path)) as members:
+        leader = leader_of(members)
+        (stored,) = leader.append([plain(1)]).result(timeout=30)
+        end = leader.store.max_physical_offset
+        wait_for(lambda: all(member.store.max_physical_offset == end for member in members), 30, "the message stored")
+        follower = next(member for member in members if member is not leader)
+        follower._stop_scrubber.set()  # the repair is called here, not by the scrubber
+        follower._scrubber.join(timeout=10)
+        offset = stored.physical_offset
+        segment = follower.store.commit_log.segments[follower.store.commit_log.segment_start(offset)]
+        at = offset - follower.store.commit_log.segment_start(offset)
+        descriptor = os.open(segment.path, os.O_RDWR)
+        try:
+            size = int.from_bytes(os.pread(descriptor, 4, at), "big")
+            os.pwrite(descriptor, b"\x00\x7f\x00\x39" if damage == "size field" else bytes(size), at)
+        finally:
+            os.close(descriptor)
+        assert follower.store.read_committed(offset, end) != leader.store.read_committed(offset, end)
+        follower._repair(offset)
+        assert follower.store.read_committed(0, end) == leader.store.read_committed(0, end)
+
+
+def test_a_member_whose_snapshot_is_damaged_on_disk_catches_up_from_the_leaders(tmp_path: Path) -> None:
+    """Its own snapshot fails its CRC at start, its journal is compacted past it: it applies nothing more
+    until the leader's snapshot is installed (which it had refused as "not newer than our log")."""
+    configs = write_configs(tmp_path)
+    for config in configs:
+        config.write_text(config.read_text() + "[raft]\nlog_compaction_entries = 5\nlog_compaction_seconds = 1\n")
+    with running(configs) as members:
+        leader = leader_of(members)
+        for number in range(1, 40):
+            leader.append([plain(number % 200 + 1)]).result(timeout=30)
+        follower = next(member for member in members if member is not leader)
+        wait_for(lambda: follower.raft.journal().first_index > 3 and follower.snapshot_path.exists(), 60,
+                 "the follower to compact its journal")
+        index = members.index(follower)
+    members[index].stop()
+    snapshot = NodeConfig.from_toml(configs[index]).data_dir / "raft" / "snapshot"
+    data = bytearray(snapshot.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    snapshot.write_bytes(bytes(data))
+    with running(configs) as members:
+        leader = leader_of(members)
+        for number in range(40, 60):
+            (last,) = leader.append([plain(number % 200 + 1)]).result(timeout=30)
+        restarted = members[index]
+        wait_for(lambda: restarted.store.max_physical_offset > last.physical_offset, 60,
+                 "the member with the damaged snapshot to catch up")

@@ -332,6 +332,7 @@ def test_a_bit_flip_in_a_middle_record_is_damage_and_the_prefix_is_kept(tmp_path
     assert entries_of(reopened) == added[:9]
     assert reopened.damage is not None and "entry 10" in reopened.damage
     assert (reopened.damaged_after_index, reopened.refetch_index) == (9, 20)
+    reopened.setCurrentTerm(2, None)  # the new leader's term, stored before its entries
     reopened.add(command_for(10, 5), 10, 2)  # refilled from the leader
     reopened.close()
     again = open_journal(directory)  # the damage stays recorded across restarts until the member clears it
@@ -394,6 +395,22 @@ def test_a_damaged_meta_file_is_damage_not_a_blank_vote(tmp_path: Path, damage: 
     reopened = open_journal(directory)
     assert reopened.damage is not None and "meta file" in reopened.damage
     assert reopened.last_index == 3  # the log itself is whole
+    reopened.close()
+
+
+def test_a_meta_file_rolled_back_to_an_older_term_is_damage(tmp_path: Path) -> None:
+    """A valid but older meta (term 4, vote for another member) under entries of term 5: the member may have
+    voted in term 5 already; taking the old meta as is would let it vote again."""
+    directory = tmp_path / "journal.d"
+    journal = open_journal(directory)
+    journal.setCurrentTerm(4, "10.0.0.2:5000")
+    older = (directory / META_NAME).read_bytes()
+    journal.setCurrentTerm(5, "10.0.0.3:5000")
+    fill(journal, 1, 3, term=5)
+    journal.close()
+    (directory / META_NAME).write_bytes(older)
+    reopened = open_journal(directory)
+    assert reopened.damage is not None and "older than the log's last term 5" in reopened.damage
     reopened.close()
 
 
@@ -505,7 +522,7 @@ def roll_op(journal: SegmentedJournal, added: list[LogEntry]) -> list[LogEntry]:
 
 def start_after_clear_op(journal: SegmentedJournal, added: list[LogEntry]) -> list[LogEntry]:
     """The entry pysyncobj adds after a clear (from a snapshot): its index is anyone's."""
-    entry = (command_for(5000, 90), 5000, 7)
+    entry = (command_for(5000, 90), 5000, 2)  # of the journal's current term, as a leader's snapshot is
     journal.add(*entry)
     journal.make_durable()
     return [entry]
