@@ -368,6 +368,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
         self._send_durable_replies()
         if self._refetch_index is not None:
             self._hold_back_election()
+        elif self._cannot_apply():
+            # our snapshot did not load (fix 11): as leader this member would commit and never apply; it
+            # follows until a leader's snapshot is installed
+            setattr(self, "_SyncObj__raftElectionDeadline",  # noqa: B010  (pysyncobj's field)
+                    pysyncobj_monotonic() + self._SyncObj__generateRaftTimeout())
         if self._disk_full_until > pysyncobj_monotonic():
             # a member whose journal cannot take entries does not stand for election (fix 9)
             deadline: float = getattr(self, "_SyncObj__raftElectionDeadline")  # noqa: B009  (pysyncobj's field)
@@ -467,6 +472,14 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
     # opened the journal, or a store ahead of its log) neither votes nor stands for election until it holds
     # the log up to everything it could have acknowledged again, committed by a leader. Otherwise its vote
     # could elect a member that lacks an entry that only it and the old leader held.
+
+    def _cannot_apply(self) -> bool:
+        """Our log starts after what we applied, once pysyncobj loaded (or failed to load) our snapshot:
+        nothing here applies until a snapshot is installed."""
+        if getattr(self, "_SyncObj__needLoadDumpFile", True):
+            return False
+        raft_log = self._SyncObj__raftLog
+        return len(raft_log) > 0 and self.raftLastApplied + 1 < raft_log[0][1]
 
     def _hold_back_election(self) -> None:
         refetch = self._refetch_index
