@@ -4,7 +4,6 @@ hour here), stamp messages 73 h ahead, or deliver a timer due in an hour at once
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -13,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import ResponseCode
 from cli.cluster import LocalCluster
 from tests.broker import wire
+from tests.broker.test_retention import min_offsets
 from tests.support import small_store, wait_for
 
 pytestmark = pytest.mark.slow
@@ -31,15 +31,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
                              "broker": {"file_reserved_seconds": 3600, "retention_check_seconds": 0.3}})
     with LocalCluster.start(tmp_path_factory.mktemp("clock-skew"), overrides=overrides) as started:
         yield started
-
-
-def min_offsets(cluster: LocalCluster) -> list[int]:
-    values = []
-    for node in cluster.info.nodes:
-        code, _, body = wire.call(node.broker_address, RequestCode.GET_BROKER_RUNTIME_INFO)
-        assert code == ResponseCode.SUCCESS
-        values.append(int(json.loads(body)["table"]["commitLogMinOffset"]))
-    return values
 
 
 def restart_with_clock_moved(cluster: LocalCluster, node_id: str, offset_ns: int) -> None:

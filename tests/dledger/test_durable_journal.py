@@ -117,20 +117,26 @@ def test_a_follower_flushes_its_journal_before_it_answers_success(tmp_path: Path
         assert events == [("flush", 3), ("send", "next_node_idx", True)]
 
 
+def slow_flushes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Flushes wait until the event returned is set (a disk that is busy)."""
+    release = threading.Event()
+    flush = SegmentedJournal.make_durable
+
+    def slow_flush(journal: SegmentedJournal) -> None:
+        release.wait(10)
+        flush(journal)
+
+    monkeypatch.setattr(SegmentedJournal, "make_durable", slow_flush)
+    return release
+
+
 def test_a_follower_goes_on_receiving_while_its_flusher_syncs(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The flush runs on the flusher thread: the tick thread takes the next entries meanwhile, and the
     replies claim only what the flush covered."""
     events: Events = []
     with node(tmp_path, events, [LEADER, OTHER], monkeypatch) as follower:
-        release = threading.Event()
-        flush = SegmentedJournal.make_durable
-
-        def slow_flush(journal: SegmentedJournal) -> None:
-            release.wait(10)
-            flush(journal)
-
-        monkeypatch.setattr(SegmentedJournal, "make_durable", slow_flush)
+        release = slow_flushes(monkeypatch)
         follower._SyncObj__onMessageReceived(TCPNode(LEADER), append((1, 0), entries(2, 4, 1), 1))
         follower._SyncObj__onMessageReceived(TCPNode(LEADER), append((4, 1), entries(5, 9, 1), 1))
         follower.doTick(0)
@@ -148,14 +154,7 @@ def test_a_held_back_reply_is_dropped_when_its_entries_are_cut(tmp_path: Path,
     """A reply waiting for the flush must not claim entries that a newer leader replaced meanwhile."""
     events: Events = []
     with node(tmp_path, events, [LEADER, OTHER], monkeypatch) as follower:
-        release = threading.Event()
-        flush = SegmentedJournal.make_durable
-
-        def slow_flush(journal: SegmentedJournal) -> None:
-            release.wait(10)
-            flush(journal)
-
-        monkeypatch.setattr(SegmentedJournal, "make_durable", slow_flush)
+        release = slow_flushes(monkeypatch)
         follower._SyncObj__onMessageReceived(TCPNode(LEADER), append((1, 0), entries(2, 4, 1), 1))
         # a leader of term 2 replaces 3-4 before the flush of term 1's entries finished
         follower._SyncObj__onMessageReceived(TCPNode(OTHER), append((2, 1), entries(3, 3, 2), 1, term=2))

@@ -43,6 +43,7 @@ from dledger.journal import (
     create_journal,
     segment_name,
 )
+from tests.commitlog.test_sync_errors import Stopped, stops  # noqa: F401  (a fixture, used by name)
 from tests.support import free_ports
 
 #: small files and a small cache, so that tests roll segments and read entries back from them
@@ -731,20 +732,6 @@ def test_make_durable_runs_on_another_thread_while_entries_are_added(tmp_path: P
     reopened = open_journal(tmp_path / "journal.d")
     assert entries_of(reopened) == added and reopened.damage is None
     reopened.close()
-
-
-class Stopped(Exception):
-    def __init__(self, code: int) -> None:
-        super().__init__(code)
-        self.code = code
-
-
-@pytest.fixture
-def stops(monkeypatch: pytest.MonkeyPatch) -> None:
-    def exit_now(code: int) -> None:
-        raise Stopped(code)
-
-    monkeypatch.setattr(os, "_exit", exit_now)
 
 
 def failing(error: int) -> Callable[..., Any]:
