@@ -66,9 +66,6 @@ EVERY_DAMAGE: Final = tuple((file_kind, damage) for file_kind in FILE_KINDS for 
 #: damage the group does not survive yet, with what goes wrong: ``corrupt-minority`` leaves it out, and
 #: ``corrupt-minority-open-findings`` makes it too (it fails until these are fixed)
 OPEN_FINDINGS: Final[dict[tuple[str, str], str]] = {
-    (COMMIT_LOG, BIT_FLIP): "only a record's body has a CRC: a flipped byte in its head (timestamps, hosts, flag, "
-    "queue offset) or its properties is noticed by nothing and the replica keeps and serves a record unlike its "
-    "peers'",
     (KEY_INDEX, BIT_FLIP): "key-index files carry no checksum and nothing checks their entries and slots against "
     "the commit log: the damage stays, and apply's dedupe lookups (find_recent_sends) read this index, so a "
     "retry whose entry went bad can be stored again on this replica only, or name a non-record offset that "

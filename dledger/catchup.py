@@ -17,6 +17,9 @@ Protocol (blocking TCP, one request per connection), after mutual authentication
                        2: I do not have to_offset yet)
     server -> client: chunk* then u32 0, where chunk = u32 compressed length | lz4 block (size stored)
 
+A digest request sends ``to_offset`` negated; the answer is the status line, then (status 0) the CRC-32 u32
+of the committed bytes ``[from_offset, -to_offset)``: the scrubber compares replicas with it.
+
 Nothing is read from an unauthenticated peer beyond the 64 handshake bytes; nothing is unpickled.
 """
 
@@ -34,6 +37,7 @@ from collections.abc import Iterator, Sequence
 from typing import Final
 
 import lz4.block
+from isal.isal_zlib import crc32
 
 from commitlog.errors import StoreError
 from commitlog.store import MessageStore
@@ -50,6 +54,9 @@ CHUNK_BYTES: Final = 4 << 20
 CHUNK_BYTES_MAX: Final = 2 * CHUNK_BYTES
 CONNECTIONS_MAX: Final = 4
 SOCKET_TIMEOUT_SECONDS: Final = 10.0
+
+#: the longest range one digest request may cover
+DIGEST_BYTES_MAX: Final = 64 << 20
 
 STATUS_OK: Final = 0
 STATUS_BELOW_RETENTION: Final = 1
@@ -116,6 +123,9 @@ class CatchupServer:
             connection.sendall(_mac(self.secret, b"catchup-server", client_nonce, server_nonce))
             from_offset, to_offset = REQUEST.unpack(_receive_exactly(connection, REQUEST.size))
             low, end = self.store.commit_log.min_offset, self.store.max_physical_offset
+            if to_offset < 0:
+                self._serve_digest(connection, from_offset, -to_offset, low, end)
+                return
             if from_offset < low:
                 connection.sendall(RESPONSE.pack(STATUS_BELOW_RETENTION, low, end))
                 return
@@ -135,6 +145,24 @@ class CatchupServer:
         finally:
             connection.close()
             self._slots.release()
+
+    def _serve_digest(self, connection: socket.socket, from_offset: int, to_offset: int, low: int, end: int) -> None:
+        """A digest request (``to_offset`` sent negated): the CRC-32 of the committed bytes ``[from_offset,
+        to_offset)``, for the scrubber's comparison of replicas. A member from before digests answers such a
+        request "not yet" (its range looks reversed), which the asker takes as no answer."""
+        if from_offset < low:
+            connection.sendall(RESPONSE.pack(STATUS_BELOW_RETENTION, low, end))
+            return
+        if to_offset > end or from_offset > to_offset or to_offset - from_offset > DIGEST_BYTES_MAX:
+            connection.sendall(RESPONSE.pack(STATUS_NOT_YET, low, end))
+            return
+        crc = 0
+        position = from_offset
+        while position < to_offset:
+            data = self.store.read_committed(position, min(CHUNK_BYTES, to_offset - position))
+            crc = crc32(data, crc)
+            position += len(data)
+        connection.sendall(RESPONSE.pack(STATUS_OK, low, end) + U32.pack(crc))
 
     def close(self) -> None:
         self._stopped.set()
@@ -180,6 +208,19 @@ def fetch_range(peers: Sequence[tuple[str, int]], secret: bytes, from_offset: in
         except (OSError, ConnectionError, CatchupError, struct.error, lz4.block.LZ4BlockError) as exc:
             errors.append(f"{peer[0]}:{peer[1]}: {exc}")
     raise CatchupError("no peer could serve the range: " + "; ".join(errors))
+
+
+def fetch_digest(peer: tuple[str, int], secret: bytes, from_offset: int, to_offset: int) -> int | None:
+    """The CRC-32 of the peer's committed bytes ``[from_offset, to_offset)``, or None when it cannot say
+    (unreachable, behind, past its retention point, or a member from before digests)."""
+    try:
+        with _request(peer, secret, from_offset, -to_offset) as (connection, status, _, _):
+            if status != STATUS_OK:
+                return None
+            (crc,) = U32.unpack(_receive_exactly(connection, U32.size))
+            return int(crc)
+    except (OSError, ConnectionError, CatchupError, struct.error):
+        return None
 
 
 @contextlib.contextmanager

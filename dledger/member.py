@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
+from isal.isal_zlib import crc32
+
 from commitlog.checkpoint import read_checkpoint
 from commitlog.errors import CorruptionError, StoreError
 from commitlog.message import MessageInput, RecordError
@@ -38,7 +40,7 @@ from dledger.apply import (
     StateMachine,
     check_byte_config,
 )
-from dledger.catchup import CatchupError, CatchupServer, fetch, fetch_range
+from dledger.catchup import CatchupError, CatchupServer, fetch, fetch_digest, fetch_range
 from dledger.command import ByteConfig, Command, encode_command
 from dledger.config import NodeConfig, parse_address
 from dledger.framing import ENTRY_DIGESTS
@@ -557,6 +559,7 @@ class GroupMember:
             previous_end, end = end, self.store.max_physical_offset
             step = SCRUB_BYTES // 4 if end - previous_end >= SCRUB_BYTES else SCRUB_BYTES
             try:
+                start = position
                 damaged, position = self.store.scrub(position, step)
                 if damaged is not None:
                     self._repair(damaged)
@@ -564,9 +567,53 @@ class GroupMember:
                     # no pause after a repair: a damaged region (a segment rolled back to an older copy, its
                     # newer records zeros) is put back record after record, not one every pause
                     pause = 0.0
+                elif position > start:
+                    self._compare_with_peers(max(start, self.store.commit_log.min_offset), position)
             except (StoreError, OSError, ValueError) as exc:
                 log.warning("scrubbing stopped at %d: %s", position, exc)
                 position = 0
+
+    def _compare_with_peers(self, start: int, end: int) -> None:
+        """Anti-entropy: the CRC-32 of the committed range ``[start, end)`` (just validated here) against the
+        peers'. Replicas hold it byte for byte, and only a record's body carries a CRC: a byte gone bad in a
+        record's head or properties passes validation and only shows as a difference. When a majority of the
+        group (the peers alone) agree on other bytes than ours, each record of ours that differs from their
+        copy is put back from it; when only some peers differ, it is theirs to find."""
+        peers = [parse_address(peer.catchup_address, "catchup_address") for peer in self.config.peers]
+        try:
+            ours = self.store.read_committed(start, end - start)
+        except StoreError:
+            return  # retention moved past it meanwhile
+        local = crc32(ours)
+        digests = [fetch_digest(peer, self.config.secret, start, end) for peer in peers]
+        others = [digest for digest in digests if digest is not None and digest != local]
+        if not others:
+            return
+        majority = (len(peers) + 1) // 2 + 1
+        if len(others) < majority or len(set(others)) != 1:
+            log.warning("commit-log bytes [%d, %d) differ between replicas without a majority against ours: "
+                        "left to the others' scrubbers", start, end)
+            return
+        try:
+            theirs = fetch_range(peers, self.config.secret, start, end)
+        except CatchupError as exc:
+            log.warning("cannot fetch [%d, %d) to compare it: %s", start, end, exc)
+            return
+        if crc32(theirs) != others[0]:
+            return  # the peer that served differs from the majority: try again on the next round
+        position = 0
+        while position + 4 <= len(theirs):
+            size = int.from_bytes(theirs[position:position + 4], "big", signed=True)
+            if not 0 < size <= len(theirs) - position:
+                break  # a segment's filler and what follows it
+            if theirs[position:position + size] != ours[position:position + size]:
+                log.critical("the record at commit-log offset %d differs from a majority of the replicas (a byte "
+                             "outside its body went bad): repairing it from a peer", start + position)
+                try:
+                    self.store.repair_record(start + position, theirs[position:position + size])
+                except (StoreError, RecordError) as exc:
+                    log.warning("cannot repair the record at %d: %s", start + position, exc)
+            position += size
 
     def _repair(self, physical_offset: int) -> None:
         """Put the damaged record at ``physical_offset`` back from a peer's byte-identical copy. Its size is

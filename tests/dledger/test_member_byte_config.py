@@ -259,3 +259,27 @@ def test_a_member_whose_snapshot_is_damaged_on_disk_catches_up_from_the_leaders(
         restarted = members[index]
         wait_for(lambda: restarted.store.max_physical_offset > last.physical_offset, 60,
                  "the member with the damaged snapshot to catch up")
+
+
+def test_a_byte_gone_bad_outside_a_records_body_is_found_by_comparing_replicas_and_repaired(tmp_path: Path) -> None:
+    """Only the body carries a CRC: a flipped byte in a record's properties passes validation. The scrubber
+    compares each range's CRC-32 with the peers' and puts back the record that differs from both."""
+    with running(write_configs(tmp_path)) as members:
+        leader = leader_of(members)
+        results = [leader.append([plain(number)]).result(timeout=30)[0] for number in range(1, 6)]
+        end = leader.store.max_physical_offset
+        wait_for(lambda: all(member.store.max_physical_offset == end for member in members), 30, "the messages stored")
+        follower = next(member for member in members if member is not leader)
+        target = results[2]
+        segment = follower.store.commit_log.segments[follower.store.commit_log.segment_start(target.physical_offset)]
+        at = target.physical_offset - follower.store.commit_log.segment_start(target.physical_offset)
+        size = follower.store.record_extent(target.physical_offset)
+        descriptor = os.open(segment.path, os.O_RDWR)
+        try:
+            last = at + size - 2  # inside the record's properties
+            os.pwrite(descriptor, bytes([os.pread(descriptor, 1, last)[0] ^ 0x20]), last)
+        finally:
+            os.close(descriptor)
+        assert follower.store.read_committed(0, end) != leader.store.read_committed(0, end)
+        wait_for(lambda: follower.store.read_committed(0, end) == leader.store.read_committed(0, end) or None, 30,
+                 "the scrubber to find and repair the damaged properties")
