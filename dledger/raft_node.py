@@ -88,12 +88,19 @@ class _JournalFlusher:
         self._journal = journal
         self._wake = threading.Event()
         self._stopped = False
+        #: flushes run (tests wait for one to know the flusher is idle)
+        self.cycles = 0
         self._notifier = PipeNotifier(poller, on_durable)  # on the tick thread: the poller is not thread-safe
         self._thread = threading.Thread(target=self._run, name="journal-flusher", daemon=True)
         self._thread.start()
 
     def request(self) -> None:
         self._wake.set()
+
+    @property
+    def pending(self) -> bool:
+        """A flush was asked for and has not started."""
+        return self._wake.is_set()
 
     def stop(self) -> None:
         """Stop after the flush in progress, if any (before the journal is closed)."""
@@ -109,6 +116,7 @@ class _JournalFlusher:
                 return
             self._journal.make_durable()  # a failed flush stops the process (stop_on_sync_error)
             self._notifier.notify()
+            self.cycles += 1
 
 
 class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
