@@ -210,16 +210,22 @@ def fetch_range(peers: Sequence[tuple[str, int]], secret: bytes, from_offset: in
     raise CatchupError("no peer could serve the range: " + "; ".join(errors))
 
 
-def fetch_digest(peer: tuple[str, int], secret: bytes, from_offset: int, to_offset: int) -> int | None:
+def fetch_digest(peer: tuple[str, int], secret: bytes, from_offset: int, to_offset: int,
+                 reasons: list[str] | None = None) -> int | None:
     """The CRC-32 of the peer's committed bytes ``[from_offset, to_offset)``, or None when it cannot say
-    (unreachable, behind, past its retention point, or a member from before digests)."""
+    (unreachable, behind, past its retention point, or a member from before digests); why, appended to
+    ``reasons`` when given."""
     try:
-        with _request(peer, secret, from_offset, -to_offset) as (connection, status, _, _):
+        with _request(peer, secret, from_offset, -to_offset) as (connection, status, low, end):
             if status != STATUS_OK:
+                if reasons is not None and status != STATUS_NOT_YET:
+                    reasons.append(f"{peer[0]}:{peer[1]} holds [{low}, {end})")
                 return None
             (crc,) = U32.unpack(_receive_exactly(connection, U32.size))
             return int(crc)
-    except (OSError, ConnectionError, CatchupError, struct.error):
+    except (OSError, ConnectionError, CatchupError, struct.error) as exc:
+        if reasons is not None:
+            reasons.append(f"{peer[0]}:{peer[1]}: {exc}")
         return None
 
 

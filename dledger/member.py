@@ -79,6 +79,8 @@ TRANSFER_RETRY_SECONDS = 0.05
 #: percent of a core: a GB is re-validated every four minutes or so; 1 MB/s while writes are heavier)
 SCRUB_BYTES = 1 << 20
 SCRUB_PAUSE_SECONDS = 0.25
+#: at most one warning this often that a peer did not answer a digest request
+DIGEST_WARNING_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +195,7 @@ class GroupMember:
                               durable_journal=raft.journal_flush == "durable")
         self.raft.addOnTickCallback(self._on_tick)
         self._stop_scrubber = threading.Event()
+        self._next_digest_warning = 0.0  # (the scrubber's: when it may say again that a peer did not answer)
         self._scrubber = threading.Thread(target=self._scrub_loop, name="scrubber", daemon=True)
         self._scrubber.start()
 
@@ -559,16 +562,18 @@ class GroupMember:
             previous_end, end = end, self.store.max_physical_offset
             step = SCRUB_BYTES // 4 if end - previous_end >= SCRUB_BYTES else SCRUB_BYTES
             try:
-                start = position
+                start = max(position, self.store.commit_log.min_offset)
                 damaged, position = self.store.scrub(position, step)
                 if damaged is not None:
+                    if damaged > start:  # what was validated before the damage is compared too
+                        self._compare_with_peers(start, damaged)
                     self._repair(damaged)
                     position = damaged
                     # no pause after a repair: a damaged region (a segment rolled back to an older copy, its
                     # newer records zeros) is put back record after record, not one every pause
                     pause = 0.0
                 elif position > start:
-                    self._compare_with_peers(max(start, self.store.commit_log.min_offset), position)
+                    self._compare_with_peers(start, position)
             except (StoreError, OSError, ValueError) as exc:
                 log.warning("scrubbing stopped at %d: %s", position, exc)
                 position = 0
@@ -585,7 +590,12 @@ class GroupMember:
         except StoreError:
             return  # retention moved past it meanwhile
         local = crc32(ours)
-        digests = [fetch_digest(peer, self.config.secret, start, end) for peer in peers]
+        reasons: list[str] = []
+        digests = [fetch_digest(peer, self.config.secret, start, end, reasons) for peer in peers]
+        if reasons and time.monotonic() >= self._next_digest_warning:
+            self._next_digest_warning = time.monotonic() + DIGEST_WARNING_SECONDS
+            log.warning("comparing commit-log bytes [%d, %d) with the peers: no answer from %s", start, end,
+                        "; ".join(reasons))
         others = [digest for digest in digests if digest is not None and digest != local]
         if not others:
             return

@@ -528,7 +528,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
 
     def _SyncObj__sendNextNodeIdx(self, node: Any, reset: bool = False, nextNodeIdx: int | None = None,
                                   success: bool = False) -> None:
-        if success and self._member.snapshot_load_failed:
+        if success and (self._member.snapshot_load_failed or self._cannot_apply()):
+            # ask for the leader's snapshot (again, until one is installed: fix 11; a transfer that broke off
+            # would otherwise leave this member holding entries it can never apply)
             self._member.snapshot_load_failed = False
             SyncObj._SyncObj__sendNextNodeIdx(self, node, reset=True, nextNodeIdx=1, success=False)
             return
