@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-at demo lint typecheck unit bench chaos clean system-packages
+.PHONY: test test-at demo lint typecheck unit bench bench-packages chaos clean system-packages grpc-v2
 
 $(STAMP): pyproject.toml setup.py commitlog/_native.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,8 +21,18 @@ typecheck: $(STAMP)
 system-packages:
 	@sh scripts/system-packages.sh
 
-unit: $(STAMP) system-packages
+# the stock RocketMQ 5.x Python SDK in a venv of its own (.venv/rocketmq5), for the gRPC interop tests
+SDK5_STAMP := $(VENV)/rocketmq5/requirements.sha256
+
+$(SDK5_STAMP): $(STAMP) tests/interop/sdk5-requirements.txt
+	$(BIN)/python -m tests.interop.sdk5
+
+unit: $(STAMP) system-packages $(SDK5_STAMP)
 	$(BIN)/pytest
+
+# regenerate broker/v2/protocol/ from broker/v2/proto/ (the generated modules are committed)
+grpc-v2: $(STAMP)
+	PYTHON=$(BIN)/python sh scripts/generate-grpc-v2.sh
 
 test: lint typecheck unit
 
@@ -37,7 +47,11 @@ test-at: $(STAMP)
 demo: $(STAMP) system-packages
 	$(BIN)/raftmq demo
 
-bench: $(STAMP)
+# the system packages plus nats-server, broker_bench.py's reference: a failure here is not fatal (it skips NATS)
+bench-packages:
+	-@sh scripts/system-packages.sh bench
+
+bench: $(STAMP) bench-packages
 	$(BIN)/python bench/store_bench.py
 	$(BIN)/python bench/replication_bench.py
 	$(BIN)/python bench/broker_bench.py
@@ -46,7 +60,7 @@ bench: $(STAMP)
 
 # every chaos scenario for several minutes each (a soak run, not part of make test)
 CHAOS_SCENARIOS := kill-leader pause-leader partition-leader partition-random kill-all-restart power-loss \
-	power-loss-leader-paused wipe-follower slow-link disk-full corrupt-follower kill-during-compaction corrupt-minority \
+	power-loss-leader-paused wipe-follower slow-link disk-full disk-full-leader corrupt-follower kill-during-compaction corrupt-minority \
 	partition-client-leader client-link-reset slow-client-link clock-skew mixed
 CHAOS_DURATION ?= 300
 CHAOS_SEED ?= 1

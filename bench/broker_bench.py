@@ -1,35 +1,66 @@
 """Broker benchmark: a three-node group (a name server and three broker processes) on this machine, driven
-through the RocketMQ wire protocol by one client process. Prints one JSON line per setting:
+through the RocketMQ wire protocol by one client process, next to a three-node NATS JetStream R3 file stream
+measured the same way in the same run. Prints one JSON line per measurement:
 
 * ``produce`` at in-flight 1, 32 and 256: acked SEND_MESSAGE_V2 of 1 KB messages (msgs/s, MB/s, p50/p99 ms);
-* ``consume``: PULL_MESSAGE of everything produced, 32 messages per pull, one queue after another.
+* ``consume``: PULL_MESSAGE of everything produced, 32 messages per pull, one queue after another;
+* ``cpu_us_per_msg`` in each: CPU microseconds per acknowledged (consumed) message of each process over the
+  measurement (``bench/cpu_meter.py``): the leader, both followers, the name server and the client.
 
 Each line names its ``journal_flush``: the durable default, then (unless ``--journal-flush durable``) a
 second group with ``page_cache`` in the same run, for the ratio (README.md, "Flush policy").
 
-Usage: ``python bench/broker_bench.py [--count 20000] [--inflight 1,32,256] [--journal-flush both]``
+``--variant NAME:SECTION.KEY=VALUE[,SECTION.KEY=VALUE...]`` (repeatable) adds a group per variant, durable,
+with those settings changed, in the same run: a change's effect as a ratio measured side by side.
+
+The first group also serves the stock C++ client (``bench/cpp_producer.py``; ``--no-cpp`` leaves it out):
+sync sends in a loop and async sends at the largest in-flight setting, ``"client": "cpp"``.
+
+NATS (``bench/nats_bench.py``; ``"system": "nats"``): when ``nats-server`` (Debian) and ``nats-py`` are
+installed, unless ``--no-nats``; stderr says why when it is skipped. The same body, counts and in-flight
+settings; once with JetStream's default sync (no fsync per write) and, where the installed server takes
+``sync_interval: always``, once fsyncing every write (``nats_sync_setting``).
+
+After the JSON lines (each a line starting with ``{``) comes a table for people: each ratio raftmq / NATS,
+p50 and p99 of both, CPU per message and the C++ client's figures (``bench/bench_table.py``).
+
+Usage: ``python bench/broker_bench.py [--count 20000] [--inflight 1,32,256] [--journal-flush both]
+[--variant linger0:group_commit.linger_ms=0] [--no-nats] [--no-cpp] [--client-loop asyncio]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
+import shutil
+import signal
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine, Mapping
 from pathlib import Path
+from typing import Any, Final, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import bench_table, cpp_producer, cpu_meter
+from bench.figures import percentile as percentile  # timer_bench.py imports it from here
+from bench.figures import produce_figures
 from broker.remoting.client import RemotingClient
 from broker.remoting.codes import RequestCode, ResponseCode
 from cli.cluster import LocalCluster, route_master
 
-TOPIC = "BenchTopic"
-QUEUES = 4
-BODY = os.urandom(1024)
+TOPIC: Final = "BenchTopic"
+QUEUES: Final = 4
+BODY: Final = os.urandom(1024)
+#: in-flight 1 is slow: it sends at most this many messages whatever ``--count`` says
+IN_FLIGHT_1_COUNT_MAX: Final = 2000
+CLIENT_LOOPS: Final = ("uvloop", "asyncio")
+
+Result = TypeVar("Result")
 
 
 def send_fields(sequence: int) -> dict[str, str]:
@@ -39,12 +70,8 @@ def send_fields(sequence: int) -> dict[str, str]:
             "m": "false"}
 
 
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))] if ordered else 0.0
-
-
-async def produce(address: str, count: int, in_flight: int, first: int) -> dict[str, object]:
+async def produce(address: str, count: int, in_flight: int, first: int,
+                  processes: Mapping[str, int]) -> dict[str, object]:
     host, _, port = address.rpartition(":")
     connections = max(1, min(8, in_flight // 32))
     clients = [await RemotingClient.connect(host, int(port)) for _ in range(connections)]
@@ -66,23 +93,24 @@ async def produce(address: str, count: int, in_flight: int, first: int) -> dict[
                 continue
             latencies.append(time.perf_counter() - started)
 
+    before = cpu_meter.sample(processes)
     started = time.perf_counter()
     await asyncio.gather(*(worker(clients[n % connections]) for n in range(in_flight)))
     seconds = time.perf_counter() - started
+    after = cpu_meter.sample(processes)
     for client in clients:
         await client.close()
-    acked = len(latencies)
-    return {"bench": "broker", "mode": "produce", "in_flight": in_flight, "messages": acked, "errors": errors,
-            "msgs_per_s": round(acked / seconds), "MB_per_s": round(acked * len(BODY) / seconds / 1e6, 2),
-            "p50_ms": round(1000 * percentile(latencies, 0.5), 2),
-            "p99_ms": round(1000 * percentile(latencies, 0.99), 2)}
+    return {"bench": "broker", "system": "raftmq", "client": "python", "mode": "produce", "in_flight": in_flight,
+            **produce_figures(latencies, errors, seconds, len(BODY)),
+            "cpu_us_per_msg": cpu_meter.microseconds_per_message(before, after, len(latencies))}
 
 
-async def consume(address: str) -> dict[str, object]:
+async def consume(address: str, processes: Mapping[str, int]) -> dict[str, object]:
     host, _, port = address.rpartition(":")
     client = await RemotingClient.connect(host, int(port))
     total = 0
     pulls = 0
+    before = cpu_meter.sample(processes)
     started = time.perf_counter()
     for queue_id in range(QUEUES):
         offset = 0
@@ -101,33 +129,198 @@ async def consume(address: str) -> dict[str, object]:
                 position += int.from_bytes(body[position : position + 4], "big")
                 total += 1
     seconds = time.perf_counter() - started
+    after = cpu_meter.sample(processes)
     await client.close()
-    return {"bench": "broker", "mode": "consume", "messages": total, "pulls": pulls,
-            "msgs_per_s": round(total / seconds), "MB_per_s": round(total * len(BODY) / seconds / 1e6, 2)}
+    return {"bench": "broker", "system": "raftmq", "client": "python", "mode": "consume", "messages": total,
+            "pulls": pulls, "msgs_per_s": round(total / seconds), "MB_per_s": round(total * len(BODY) / seconds / 1e6, 2),
+            "cpu_us_per_msg": cpu_meter.microseconds_per_message(before, after, total)}
+
+
+def variant(text: str) -> tuple[str, dict[str, dict[str, object]]]:
+    """``NAME:SECTION.KEY=VALUE,...`` as (name, overrides); values are ints when they parse as one."""
+    name, _, assignments = text.partition(":")
+    changes: dict[str, dict[str, object]] = {}
+    for assignment in filter(None, assignments.split(",")):
+        key, equals, raw = assignment.partition("=")
+        section, dot, field = key.partition(".")
+        if not (name and equals and dot and section and field):
+            raise argparse.ArgumentTypeError(f"expected NAME:SECTION.KEY=VALUE[,...], got {text!r}")
+        value: object = int(raw) if raw.lstrip("-").isdigit() else raw
+        changes.setdefault(section, {})[field] = value
+    return name, changes
+
+
+def run(coroutine: Coroutine[Any, Any, Result], client_loop: str) -> Result:
+    """The client's coroutine on ``client_loop``: uvloop (libuv's loop, as the brokers use) or asyncio's."""
+    if client_loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(coroutine)
+    return asyncio.run(coroutine)
+
+
+def raftmq_processes(cluster: LocalCluster) -> dict[str, int]:
+    """The group's processes by role (the leader, its followers, the name server) and this client."""
+    leader = cluster.leader_node()
+    if leader is None:
+        raise RuntimeError("the group has no leader")
+    followers = [node for node in cluster.info.nodes if node is not leader]
+    return {"leader": leader.pid, **{f"follower_{number}": node.pid for number, node in enumerate(followers, 1)},
+            "namesrv": cluster.info.namesrv_pid, "client": os.getpid()}
+
+
+def nats_server() -> str | None:
+    """The nats-server binary (Debian installs it in /usr/sbin, which a user's PATH may leave out)."""
+    return shutil.which("nats-server", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin"]))
+
+
+def nats_unavailable() -> str | None:
+    """Why NATS cannot be measured here, or None."""
+    if importlib.util.find_spec("nats") is None:
+        return "nats-py is not installed (pip install -e '.[dev]')"
+    if nats_server() is None:
+        return "nats-server is not installed (Debian: apt-get install nats-server; make bench-packages)"
+    return None
+
+
+class Bench:
+    """What one run measured so far, printed as it goes."""
+
+    def __init__(self, arguments: argparse.Namespace, scratch: Path) -> None:
+        self.arguments = arguments
+        self.scratch = scratch
+        self.records: list[dict[str, object]] = []
+        self.notes: list[str] = []
+        self.failures: list[str] = []
+        in_flights = [int(value) for value in arguments.inflight.split(",")]
+        self.settings = [(in_flight, min(arguments.count, IN_FLIGHT_1_COUNT_MAX) if in_flight == 1
+                          else arguments.count) for in_flight in in_flights]
+
+    def emit(self, record: dict[str, object]) -> None:
+        print(json.dumps(record), flush=True)
+        self.records.append(record)
+
+    def skip(self, what: str, reason: str) -> None:
+        print(f"broker_bench: {what} skipped: {reason}", file=sys.stderr, flush=True)
+        self.notes.append(f"{what} skipped: {reason}")
+
+    def fail(self, what: str, error: BaseException) -> None:
+        print(f"broker_bench: {what} failed: {error}", file=sys.stderr, flush=True)
+        self.failures.append(f"{what} failed: {error}")
+
+    def measure_raftmq(self, label: dict[str, str], changes: dict[str, dict[str, object]], with_cpp: bool) -> None:
+        overrides: dict[str, dict[str, object]] = {"broker": {"default_topic_queue_nums": QUEUES},
+                                                   "raft": {"journal_flush": "durable"}}
+        for section, values in changes.items():
+            overrides[section] = {**overrides.get(section, {}), **values}
+        loop = {"client_loop": self.arguments.client_loop}
+        with (tempfile.TemporaryDirectory(prefix="raftmq-broker-bench-") as directory,
+              LocalCluster.start(Path(directory) / "cluster", overrides=overrides) as cluster):
+            address = route_master(cluster.namesrv)
+            assert address is not None
+            processes = raftmq_processes(cluster)
+            sent = 0
+            for in_flight, count in self.settings:
+                figures = run(produce(address, count, in_flight, sent, processes), self.arguments.client_loop)
+                self.emit({**figures, **loop, **label})
+                sent += count
+            self.emit({**run(consume(address, processes), self.arguments.client_loop), **loop, **label})
+            if with_cpp:
+                self.measure_cpp(cluster.namesrv, {key: pid for key, pid in processes.items() if key != "client"},
+                                 label, Path(directory))
+
+    def measure_cpp(self, namesrv: str, processes: dict[str, int], label: dict[str, str], directory: Path) -> None:
+        """The stock C++ client: sync sends (in-flight 1), then async at the largest in-flight setting."""
+        largest = max(in_flight for in_flight, _ in self.settings)
+        for mode, in_flight, count in (("sync", 1, min(self.arguments.count, IN_FLIGHT_1_COUNT_MAX)),
+                                       ("async", largest, self.arguments.count)):
+            try:
+                figures = cpp_producer.measure(namesrv, TOPIC, mode, count, in_flight, processes,
+                                               directory / f"cpp-{mode}")
+            except (RuntimeError, OSError) as error:
+                self.fail(f"the C++ client ({mode})", error)
+                return
+            self.emit({"bench": "broker", "system": "raftmq", "mode": "produce", **figures, **label})
+
+    def measure_nats(self) -> None:
+        from bench import nats_bench
+
+        binary = nats_server()
+        assert binary is not None
+        version = nats_bench.server_version(binary)
+        always = nats_bench.sync_always_support(binary, self.scratch / "nats-probe")
+        syncs: list[tuple[str, str | None, str]] = [("default", None, nats_bench.default_sync(version))]
+        if always is None:
+            syncs.append(("always", "always", "fsync per write (sync_interval: always)"))
+        else:
+            self.skip(f"NATS with sync_interval: always (nats-server {version})", always)
+        self.notes.append(f"NATS: nats-server {version}, R3 file stream; default sync: {syncs[0][2]}; "
+                          f"in-flight N = nats-py publish_async with a window of N")
+        for setting, sync_interval, described in syncs:
+            label = {"bench": "broker", "system": "nats", "client": "nats-py", "nats_server": version,
+                     "nats_sync_setting": setting, "nats_sync": described,
+                     "client_loop": self.arguments.client_loop}
+            try:
+                with nats_bench.NatsCluster(binary, self.scratch / f"nats-{setting}", sync_interval) as cluster:
+                    figures = run(nats_bench.measure(cluster, BODY, self.settings, os.getpid()),
+                                  self.arguments.client_loop)
+            except nats_bench.FAILURES as error:
+                self.fail(f"NATS ({setting} sync)", error)
+                continue
+            for record in figures:
+                self.emit({**label, **({"publish": "publish_async window"} if record["mode"] == "produce" else {}),
+                           **record})
+
+
+def stop_on_terminate(signal_number: int, _frame: object) -> None:
+    """SIGTERM unwinds like Ctrl-C, through the ``with`` blocks that stop every server this run started
+    (a second SIGTERM is ignored: it would cut that short)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signal_number)
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, stop_on_terminate)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=20_000, help="messages per in-flight setting")
     parser.add_argument("--inflight", default="1,32,256")
     parser.add_argument("--journal-flush", choices=("durable", "page_cache", "both"), default="both")
+    parser.add_argument("--variant", action="append", default=[], type=variant,
+                        help="NAME:SECTION.KEY=VALUE[,...]: one more durable group with these settings")
+    parser.add_argument("--nats", action=argparse.BooleanOptionalAction, default=None,
+                        help="measure NATS JetStream R3 too (default: when nats-server and nats-py are installed)")
+    parser.add_argument("--cpp", action=argparse.BooleanOptionalAction, default=True,
+                        help="measure the stock C++ client against the first group (default: on)")
+    parser.add_argument("--client-loop", choices=CLIENT_LOOPS,
+                        default="uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio",
+                        help="the event loop of the Python clients, ours and nats-py (default: uvloop when there)")
     arguments = parser.parse_args()
-    settings = [int(value) for value in arguments.inflight.split(",")]
+    missing_nats = None if arguments.nats is False else nats_unavailable()
+    if arguments.nats and missing_nats:
+        parser.error(f"--nats: {missing_nats}")
     policies = ("durable", "page_cache") if arguments.journal_flush == "both" else (arguments.journal_flush,)
-    for policy in policies:
-        with (tempfile.TemporaryDirectory(prefix="raftmq-broker-bench-") as directory,
-              LocalCluster.start(Path(directory) / "cluster",
-                                 overrides={"broker": {"default_topic_queue_nums": QUEUES},
-                                            "raft": {"journal_flush": policy}}) as cluster):
-            address = route_master(cluster.namesrv)
-            assert address is not None
-            sent = 0
-            for in_flight in settings:
-                count = min(arguments.count, 2000) if in_flight == 1 else arguments.count
-                figures = asyncio.run(produce(address, count, in_flight, sent))
-                print(json.dumps({**figures, "journal_flush": policy}), flush=True)
-                sent += count
-            print(json.dumps({**asyncio.run(consume(address)), "journal_flush": policy}), flush=True)
+    groups: list[tuple[dict[str, str], dict[str, dict[str, object]]]] = [
+        ({"journal_flush": policy}, {"raft": {"journal_flush": policy}}) for policy in policies]
+    groups += [({"journal_flush": "durable", "variant": name}, changes) for name, changes in arguments.variant]
+    with tempfile.TemporaryDirectory(prefix="raftmq-bench-reference-") as scratch:
+        bench = Bench(arguments, Path(scratch))
+        if arguments.nats is False:
+            bench.skip("NATS", "--no-nats")
+        elif missing_nats:
+            bench.skip("NATS", missing_nats)
+        if not arguments.cpp:
+            bench.skip("the C++ client", "--no-cpp")
+        elif importlib.util.find_spec("rocketmq") is None:
+            bench.skip("the C++ client", "PyPI rocketmq is not installed (pip install -e '.[dev]')")
+        with_cpp = arguments.cpp and importlib.util.find_spec("rocketmq") is not None
+        for index, (label, changes) in enumerate(groups):
+            bench.measure_raftmq(label, changes, with_cpp=with_cpp and index == 0)
+        if arguments.nats is not False and missing_nats is None:
+            bench.measure_nats()
+    print()
+    print(bench_table.render(bench.records, bench.notes + bench.failures), flush=True)
+    if bench.failures:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

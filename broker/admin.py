@@ -146,6 +146,8 @@ class AdminProcessor:
             "uniqKeyCollisions": str(status.uniq_key_collisions),
             "raftJournalSyncs": str(status.journal_syncs),
             "raftDamage": status.damage or "",
+            # where the send path's time goes on this member (dledger.stages; raftmq bench produce --stages)
+            "sendStages": broker.member.stages.encode(),
             "topics": str(len(broker.state.topics)),
         }
 

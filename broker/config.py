@@ -13,6 +13,8 @@ One TOML file per node (``raftmq broker --config node.toml``)::
     acl_file = "acl.toml"                       # optional: RocketMQ plain ACL (broker.acl.config); off if unset
     tls_cert_file = "broker.pem"                # optional, with tls_key_file: TLS on the remoting port
     tls_key_file = "broker.key"
+    grpc_address = "127.0.0.1:8081"             # optional: RocketMQ 5.x clients (gRPC, broker.v2); off if unset
+    peer_grpc_addresses = { n1 = "127.0.0.1:8082", n2 = "127.0.0.1:8083" }   # the others' grpc_address
 
 ``advertised_address`` is the address that names this broker to clients: it is registered with the name
 servers (brokerAddr, haServerAddr), reported by admin requests, and handed out by the other members as
@@ -20,6 +22,9 @@ servers (brokerAddr, haServerAddr), reported by admin requests, and handed out b
 than its listen address (NAT, a load balancer, a proxy: the chaos runs put a Toxiproxy proxy in front of
 every broker). The server itself always listens on ``listen_address``. ``peer_addresses`` are therefore
 the other members' advertised addresses (their listen addresses when they advertise none).
+
+``grpc_address`` is both where the gRPC server listens and what it tells 5.x clients (QueryRoute names the
+leader's); ``peer_grpc_addresses`` lets a follower name the leader's and forward sends to it.
 
 Relative file names are read from the node file's directory. The file named by ``acl_file`` must exist
 and be valid when the node starts; afterwards it is reloaded on change (broker.acl.reloader).
@@ -37,7 +42,7 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from broker.acl.config import load_acl_file
 from broker.acl.permissions import AclConfigError
@@ -48,6 +53,8 @@ from dledger.config import NodeConfig, parse_address, read_toml
 DEFAULT_DELAY_LEVELS_SECONDS: tuple[int, ...] = (
     1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
 )
+#: the event loops ``broker.event_loop`` may name
+EVENT_LOOPS: Final = ("uvloop", "asyncio")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +107,16 @@ class BrokerConfig:
     remoting_in_flight_requests_max: int = 1024
     #: a connection with no whole frame either way for this long is closed (slow-loris, half-open peers)
     remoting_idle_timeout_seconds: float = 120.0
+    #: the RocketMQ 5.x gRPC server (broker.v2): where it listens and what clients are told; empty: off
+    grpc_address: str = ""
+    #: member id -> that member's ``grpc_address`` (to name the leader to 5.x clients and forward to it)
+    peer_grpc_addresses: Mapping[str, str] = field(default_factory=dict)
+    #: gRPC calls served at once (Telemetry streams included: one per client); more are refused RESOURCE_EXHAUSTED
+    grpc_in_flight_requests_max: int = 1024
+
+    #: the broker's event loop: "uvloop" (libuv's, less CPU per request; the stdlib's where uvloop cannot be
+    #: imported) or "asyncio" (the stdlib's)
+    event_loop: str = "uvloop"
 
     @property
     def announced_address(self) -> str:
@@ -117,6 +134,14 @@ class BrokerConfig:
             parse_address(address, f"broker.namesrv[{position}]")
         for member, address in self.peer_addresses.items():
             parse_address(address, f"broker.peer_addresses.{member}")
+        if self.grpc_address != "":
+            host, _ = parse_address(self.grpc_address, "broker.grpc_address")
+            if host == "0.0.0.0":
+                raise ConfigError("broker.grpc_address is also the address 5.x clients are given: it must be one "
+                                  f"they can connect to, not the wildcard {self.grpc_address!r}")
+        for member, address in self.peer_grpc_addresses.items():
+            parse_address(address, f"broker.peer_grpc_addresses.{member}")
+        _check_int(self, "grpc_in_flight_requests_max", 1, 1 << 20)
         for name, value in (("broker_name", self.broker_name), ("cluster_name", self.cluster_name)):
             if not value or not value.replace("-", "").replace("_", "").isalnum():
                 raise ConfigError(f"broker.{name} must be letters, digits, '-' or '_', got {value!r}")
@@ -150,6 +175,8 @@ class BrokerConfig:
                 raise ConfigError(f"broker.{name} must be a file name")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ConfigError("broker.tls_cert_file and broker.tls_key_file go together (set both, or neither)")
+        if self.event_loop not in EVENT_LOOPS:
+            raise ConfigError(f"broker.event_loop must be one of {', '.join(EVENT_LOOPS)}, got {self.event_loop!r}")
         _check_int(self, "remoting_connections_max", 1, 1 << 20)
         _check_int(self, "remoting_in_flight_requests_max", 1, 1 << 20)
         idle = self.remoting_idle_timeout_seconds
@@ -177,9 +204,12 @@ class BrokerConfig:
                 if not isinstance(value, list):
                     raise ConfigError(f"broker.{name} must be a list")
                 arguments[name] = tuple(value)
-        peers = arguments.get("peer_addresses", {})
-        if not isinstance(peers, dict) or not all(isinstance(v, str) for v in peers.values()):
-            raise ConfigError("broker.peer_addresses must map member ids to 'host:port'")
+        for name in ("peer_addresses", "peer_grpc_addresses"):
+            peers = arguments.get(name, {})
+            if not isinstance(peers, dict) or not all(isinstance(v, str) for v in peers.values()):
+                raise ConfigError(f"broker.{name} must map member ids to 'host:port'")
+        if not isinstance(arguments.get("grpc_address", ""), str):
+            raise ConfigError("broker.grpc_address must be 'host:port'")
         for name in ("broker_name", "cluster_name"):
             if name in arguments and not isinstance(arguments[name], str):
                 raise ConfigError(f"broker.{name} must be a string")
@@ -194,9 +224,10 @@ def load_node_file(path: Path) -> tuple[NodeConfig, BrokerConfig]:
         raise ConfigError(f"{path}: a [broker] table is required")
     node = NodeConfig.from_mapping(document, base=path.parent)
     broker = BrokerConfig.from_mapping(broker_values)
-    unknown_members = sorted(set(broker.peer_addresses) - {peer.id for peer in node.peers})
+    unknown_members = sorted((set(broker.peer_addresses) | set(broker.peer_grpc_addresses))
+                             - {peer.id for peer in node.peers})
     if unknown_members:
-        raise ConfigError(f"broker.peer_addresses names non-members: {', '.join(unknown_members)}")
+        raise ConfigError(f"broker.peer_addresses or peer_grpc_addresses names non-members: {', '.join(unknown_members)}")
     broker = _resolve_files(broker, path.parent)
     return node, broker
 

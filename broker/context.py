@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from broker.config import BrokerConfig
@@ -43,6 +44,7 @@ from dledger.group_commit import (
     OutcomeUnknownError,
 )
 from dledger.member import GroupMember
+from dledger.stages import StageHistograms
 from dledger.state import ReplicatedState
 
 
@@ -67,7 +69,7 @@ class BrokerContext:
             if peer.id in config.peer_addresses:
                 self.client_address_by_raft[peer.raft_address] = config.peer_addresses[peer.id]
         self._topic_creations: dict[str, asyncio.Future[TopicConfig]] = {}
-        self._completions = _Completions()
+        self._completions = _Completions(member.stages)
         #: barriers asked for, the asks the last applied barrier covered, and the last failed barrier (the
         #: asks it covered, its error): see :meth:`barrier`
         self._barrier_requests = 0
@@ -205,12 +207,14 @@ class BrokerContext:
             del self._topic_creations[topic]
 
     async def topic_for_send(self, topic: str, default_queue_nums: int) -> TopicConfig:
-        problem = check_topic_name(topic)
-        if problem is not None:
-            raise RequestError(ResponseCode.SYSTEM_ERROR, problem)
-        if topic in SYSTEM_TOPICS:
-            raise RequestError(ResponseCode.NO_PERMISSION, f"sending message to system topic {topic} is forbidden")
-        config = self.topic_config(topic)
+        config = self.state.topics.get(topic)
+        if config is None or topic in SYSTEM_TOPICS:  # (a topic of the group had its name checked on creation)
+            problem = check_topic_name(topic)
+            if problem is not None:
+                raise RequestError(ResponseCode.SYSTEM_ERROR, problem)
+            if topic in SYSTEM_TOPICS:
+                raise RequestError(ResponseCode.NO_PERMISSION, f"sending message to system topic {topic} is forbidden")
+            config = self.topic_config(topic)
         if config is None:
             if not self.config.auto_create_topic:
                 raise RequestError(ResponseCode.TOPIC_NOT_EXIST,
@@ -240,11 +244,13 @@ class _Completions:
     """Hands futures completed on the group-commit thread to the event loop in batches: one loop
     wake-up for every entry's worth of sends, not one per send (asyncio.wrap_future's cost)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stages: StageHistograms) -> None:
         self._lock = threading.Lock()
         self._done: list[tuple[asyncio.Future[tuple[AppendResult, ...]], AppendFuture[tuple[AppendResult, ...]]]] = []
         self._scheduled = False
+        self._scheduled_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._stages = stages
 
     def expect(self) -> tuple[asyncio.Future[tuple[AppendResult, ...]],
                               Callable[[AppendFuture[tuple[AppendResult, ...]]], None]]:
@@ -259,6 +265,7 @@ class _Completions:
                 if self._scheduled:
                     return
                 self._scheduled = True
+                self._scheduled_at = time.monotonic()
             loop.call_soon_threadsafe(self._deliver)
 
         return waiter, completed
@@ -267,6 +274,8 @@ class _Completions:
         with self._lock:
             done, self._done = self._done, []
             self._scheduled = False
+            scheduled_at = self._scheduled_at
+        self._stages.record("answer", time.monotonic() - scheduled_at, len(done))
         for waiter, future in done:
             if waiter.done():
                 continue

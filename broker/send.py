@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import struct
+import time
 from dataclasses import dataclass
 from typing import Final
 
@@ -19,7 +20,7 @@ from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import RequestContext
 from broker.requests import RequestError, SendHeader
-from broker.timers import TIMER_IMMEDIATE_MS, due_time_ms
+from broker.timers import TIMER_IMMEDIATE_MS, TIMER_PROPERTIES, due_time_ms
 from broker.topics import DLQ_PREFIX, PERM_WRITE, RETRY_PREFIX, SCHEDULE_TOPIC, TRANS_HALF_TOPIC, dlq_topic
 from commitlog.message import (
     PROPERTIES_BYTES_MAX,
@@ -42,7 +43,6 @@ PROPERTY_CLUSTER: Final = "CLUSTER"
 PROPERTY_UNIQ_KEY: Final = "UNIQ_KEY"
 PROPERTY_TRANSACTION_PREPARED: Final = "TRAN_MSG"
 PROPERTY_PRODUCER_GROUP: Final = "PGROUP"
-TIMER_PROPERTIES: Final = ("__STARTDELIVERTIME", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS")
 SEND_CODES: Final = (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
 
 
@@ -132,6 +132,10 @@ class SendProcessor:
     async def send(self, context: RequestContext) -> RemotingCommand:
         broker = self.broker
         request = context.request
+        started = time.monotonic()
+        stages = broker.member.stages
+        if context.received:
+            stages.record("remoting", started - context.received)
         header = SendHeader.parse(request.ext_fields, request.code == RequestCode.SEND_MESSAGE_V2)
         broker.require_leader()
         batch = header.batch or request.code == RequestCode.SEND_BATCH_MESSAGE
@@ -174,6 +178,7 @@ class SendProcessor:
             messages = [self.build_message(topic, queue_id, header.flag, sys_flag, header.born_timestamp, born_host,
                                            request.body, properties, reconsume_times, transaction_type,
                                            header.producer_group)]
+        stages.record("prepare", time.monotonic() - started)
         results = await broker.append(messages)
         transaction_id = None
         if transaction_type == TRANSACTION_PREPARED_TYPE:
@@ -189,8 +194,8 @@ class SendProcessor:
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
                                f"the message body size {len(body)} exceeds {broker.store.config.body_size_max_bytes}")
         due_ms = None
-        if transaction_type != TRANSACTION_PREPARED_TYPE:
-            now_ms = broker.wall_clock_ms()
+        if transaction_type != TRANSACTION_PREPARED_TYPE and not TIMER_PROPERTIES.isdisjoint(properties):
+            now_ms = broker.wall_clock_ms()  # (the group's time: not read for sends that ask for no time)
             due_ms = due_time_ms(properties, now_ms)
             if due_ms is not None and due_ms - now_ms <= TIMER_IMMEDIATE_MS:
                 due_ms = None  # due (or past): delivered now

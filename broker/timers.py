@@ -31,6 +31,8 @@ TIMER_HORIZON_MS: Final = 30 * 86_400_000
 TIMER_IMMEDIATE_MS: Final = 1_000
 ABSOLUTE_PROPERTIES: Final = ("__STARTDELIVERTIME", "TIMER_DELIVER_MS")
 RELATIVE_PROPERTIES: Final = {"TIMER_DELAY_SEC": 1000, "TIMER_DELAY_MS": 1}
+#: every property that asks for a delivery time
+TIMER_PROPERTIES: Final = frozenset((*ABSOLUTE_PROPERTIES, *RELATIVE_PROPERTIES))
 #: an idle leader moves the progress forward at most this often (one small command)
 IDLE_ADVANCE_SECONDS: Final = 10.0
 

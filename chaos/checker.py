@@ -18,6 +18,10 @@ What counts as a violation (each breaks a promise of shared/DESIGN.md, "Failure 
 - ``reused_id``: one UNIQ_KEY given to two different messages (another producer, sharding key or
   sequence). Every other check folds a message's attempts by UNIQ_KEY, so a reused id would hide the
   loss of one of its messages; a client's ids must not repeat, whatever the date or the send rate.
+- ``wedged``: while the leader's disk was full (a ``disk-full-leader`` fault: that member's disk alone, the
+  other members healthy), no send was acknowledged for longer than ``WEDGE_BOUND_SECONDS``, or the full
+  member went on leading that long. A full disk on the leader makes it step down or stop, never wedge the
+  group (see :func:`check_full_disk_leaders`).
 
 A transactional message whose half was acknowledged and whose local transaction decided to commit counts
 as an acknowledged send: ``lost`` and ``stored_twice`` apply to it (each group receives it, from one
@@ -66,8 +70,19 @@ VIOLATIONS_SHOWN_MAX: Final = 20
 #: how far around a violation's own events a slice reaches for faults, leader changes and sessions
 SLICE_MARGIN_SECONDS: Final = 2.0
 
+#: the fault a full disk on the leader is recorded as (chaos.faults.Faults.disk_full_leader)
+FULL_DISK_LEADER_FAULT: Final = "disk-full-leader"
+#: while the leader's disk is full, acknowledgements stop and the full member leads no longer than this. The
+#: leader finds the disk full at its next journal append (at once under load) and steps down; the followers
+#: stand after an election timeout without heartbeats (``[raft] election_timeout_max_ms``, 2 s), twice with a
+#: split vote (4 s); a send the full leader had taken waits out the client's timeout (the workload's
+#: ``send_timeout_seconds``, 5 s) before its retry reaches the new leader, while sends that meet the old one
+#: later get "not leader" and go to the new one at once. 4 + 5 s: every fill lasts longer
+#: (chaos.scenarios.DISK_FULL_LEADER_HOLD_SECONDS), so a leader that keeps leading through it is caught.
+WEDGE_BOUND_SECONDS: Final = 9.0
+
 VIOLATION_KINDS: Final = ("lost", "stored_twice", "queue_order", "key_order", "ack_mismatch", "position_conflict",
-                          "phantom", "rolled_back_consumed", "reused_id")
+                          "phantom", "rolled_back_consumed", "reused_id", "wedged")
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +186,42 @@ class Unavailability:
 
 
 @dataclass(frozen=True, slots=True)
+class FullDiskLeader:
+    """What one full disk on the leader (a ``disk-full-leader`` fault, from its fill to its freeing) did to the
+    group: the acks and who led, as the history shows them."""
+
+    fault: FaultEvent
+    #: the longest gap between acks that overlaps the time the disk was full (to the fault's end when no
+    #: ack came after its start)
+    longest_gap: Gap | None
+    #: from the fill to the ack that ended that gap; None: no ack came after the fill
+    acks_resumed_after_seconds: float | None
+    #: from the fill to the end of the full member's first stretch as leader (0: it did not lead when its
+    #: disk was filled); None: it led until the disk was freed
+    stepped_down_after_seconds: float | None
+    #: the longest stretch the full member led while its disk was full (a gap in the monitor's view between
+    #: two of its stretches counts as leading)
+    led_seconds: float
+
+    @property
+    def wedged(self) -> bool:
+        gap = self.longest_gap
+        return (self.acks_resumed_after_seconds is None or (gap is not None and gap.seconds > WEDGE_BOUND_SECONDS)
+                or self.led_seconds > WEDGE_BOUND_SECONDS)
+
+    def to_json(self) -> dict[str, Any]:
+        def rounded(value: float | None) -> float | None:
+            return None if value is None else round(value, 3)
+
+        return {"node": self.fault.target, "start": round(self.fault.start, 3), "end": round(self.fault.end, 3),
+                "longest_gap": None if self.longest_gap is None else self.longest_gap.to_json(),
+                "acks_resumed_after_seconds": rounded(self.acks_resumed_after_seconds),
+                "stepped_down_after_seconds": rounded(self.stepped_down_after_seconds),
+                "led_seconds": round(self.led_seconds, 3), "bound_seconds": WEDGE_BOUND_SECONDS,
+                "wedged": self.wedged, "detail": self.fault.detail}
+
+
+@dataclass(frozen=True, slots=True)
 class GroupFigures:
     deliveries: int
     distinct_messages: int
@@ -196,6 +247,7 @@ class CheckResult:
     groups: dict[str, GroupFigures] = field(default_factory=dict)
     transactions: dict[str, int] = field(default_factory=dict)
     unavailability: Unavailability = field(default_factory=lambda: Unavailability(None, ()))
+    full_disk_leaders: tuple[FullDiskLeader, ...] = ()
 
     @property
     def clean(self) -> bool:
@@ -223,6 +275,7 @@ class CheckResult:
             "groups": {name: figures.to_json() for name, figures in sorted(self.groups.items())},
             "transactions": self.transactions,
             "unavailability": self.unavailability.to_json(),
+            "full_disk_leaders": [window.to_json() for window in self.full_disk_leaders],
         }
 
 
@@ -533,6 +586,91 @@ def unavailability(history: History) -> Unavailability:
     return Unavailability(longest_gap(times), fault_windows(history.faults, times))
 
 
+# ------------------------------------------------------------------------------ full disk on the leader
+
+
+def leader_segments(history: History, start: float, end: float) -> list[tuple[float, float, str | None]]:
+    """Who the monitor saw leading over [start, end]: (from, to, leader or None) in time order."""
+    events = sorted(history.leaders, key=event_time)
+    current: str | None = None
+    for event in events:
+        if event.time > start:
+            break
+        current = event.leader
+    segments = []
+    at = start
+    for event in events:
+        if start < event.time < end:
+            segments.append((at, event.time, current))
+            at, current = event.time, event.leader
+    segments.append((at, end, current))
+    return segments
+
+
+def led_stretches(segments: Sequence[tuple[float, float, str | None]], node: str) -> list[tuple[float, float]]:
+    """The stretches ``node`` led in ``segments``: a time nobody was seen leading between two of its own
+    segments is part of the stretch (a poll it did not answer in time), another leader ends it."""
+    stretches = []
+    begin: float | None = None
+    last = 0.0
+    for low, high, leader in segments:
+        if leader == node:
+            begin = low if begin is None else begin
+            last = high
+        elif leader is not None and begin is not None:
+            stretches.append((begin, last))
+            begin = None
+    if begin is not None:
+        stretches.append((begin, last))
+    return stretches
+
+
+def full_disk_leaders(history: History, times: Sequence[float] | None = None) -> tuple[FullDiskLeader, ...]:
+    """Per ``disk-full-leader`` fault: the longest ack gap while the disk was full, when acks resumed, and how
+    long the full member went on leading."""
+    times = ack_times(history.sends) if times is None else times
+    windows = []
+    for fault in sorted(history.faults, key=lambda fault: fault.start):
+        if fault.kind != FULL_DISK_LEADER_FAULT:
+            continue
+        after = bisect.bisect_right(times, fault.start)
+        if after < len(times):
+            gap = longest_gap(times, fault.start, fault.end)
+            resumed = None if gap is None else max(0.0, gap.end - fault.start)
+        else:  # nothing acknowledged after the fill, up to the end of the run
+            gap = Gap(times[after - 1] if after else fault.start, fault.end)
+            resumed = None
+        stretches = led_stretches(leader_segments(history, fault.start, fault.end), fault.target)
+        if not stretches or stretches[0][0] > fault.start:
+            stepped_down: float | None = 0.0
+        else:
+            stepped_down = None if stretches[0][1] >= fault.end else stretches[0][1] - fault.start
+        led = max((high - low for low, high in stretches), default=0.0)
+        windows.append(FullDiskLeader(fault, gap, resumed, stepped_down, led))
+    return tuple(windows)
+
+
+def check_full_disk_leaders(windows: Iterable[FullDiskLeader]) -> list[Violation]:
+    """A full disk on the leader that wedged the group: no ack, or the full member leading, for longer than
+    ``WEDGE_BOUND_SECONDS`` (the other members were healthy throughout)."""
+    violations = []
+    for window in windows:
+        if not window.wedged:
+            continue
+        fault, gap = window.fault, window.longest_gap
+        what = [f"{fault.target}'s disk full from {fault.start:.3f} to {fault.end:.3f} s"]
+        if window.acks_resumed_after_seconds is None:
+            what.append("no send acknowledged after it was filled")
+        elif gap is not None and gap.seconds > WEDGE_BOUND_SECONDS:
+            what.append(f"no ack for {gap.seconds:.1f} s ({gap.start:.3f}-{gap.end:.3f} s)")
+        if window.led_seconds > WEDGE_BOUND_SECONDS:
+            what.append(f"{fault.target} led for {window.led_seconds:.1f} s of it")
+        violations.append(Violation(
+            "wedged", "; ".join(what) + f" (bound {WEDGE_BOUND_SECONDS:g} s; {fault.detail})", (), None, None,
+            fault.start, fault.end))
+    return violations
+
+
 # ------------------------------------------------------------------------------------------- all
 
 
@@ -553,6 +691,7 @@ def group_figures(history: History) -> dict[str, GroupFigures]:
 def check(history: History) -> CheckResult:
     messages = fold_messages(history.sends)
     stored_twice, outside_window = check_stored_twice(history, messages)
+    full_disks = full_disk_leaders(history)
     violations = [
         *check_lost(history, messages),
         *stored_twice,
@@ -563,6 +702,7 @@ def check(history: History) -> CheckResult:
         *check_phantoms(history),
         *check_rolled_back(history, messages),
         *check_reused_ids(history),
+        *check_full_disk_leaders(full_disks),
     ]
     delivered = {delivery.uniq_key for delivery in history.deliveries}
     acked = sum(1 for message in messages.values() if message.acked)
@@ -579,6 +719,7 @@ def check(history: History) -> CheckResult:
         groups=group_figures(history),
         transactions=transaction_figures(messages, delivered),
         unavailability=unavailability(history),
+        full_disk_leaders=full_disks,
     )
 
 

@@ -6,7 +6,8 @@ Process faults act on the members' processes: SIGKILL then restart (``kill``), S
 it empty: it must rejoin and become byte-identical). ``power-loss`` cuts the power of members whose data
 directories are on powerfs mounts (:mod:`chaos.powerfs`): what they had not fsynced is lost, they are
 SIGKILLed and booted again from what their disks kept. Disk faults: ``disk-full`` moves a member's data
-directory onto its own small tmpfs (once) and fills it for a while; ``corrupt`` stops a member, flips one
+directory onto its own small tmpfs (once) and fills it for a while, ``disk-full-leader`` the same to a member
+made the leader first (and watches whether it stops leading); ``corrupt`` stops a member, flips one
 byte inside a committed record of its commit log and restarts it, then records what the member did about
 it (:data:`CORRUPTION_OUTCOMES`); ``damage_file`` does the same with one file of any kind and any damage of
 :mod:`chaos.corruption` (also recorded as ``corrupt``, the file and the damage in its detail). Network faults need a proxied cluster: ``partition``
@@ -85,6 +86,10 @@ CORRUPTION_OUTCOMES: Final = (CORRUPTION_REPAIRED, CORRUPTION_REFUSED, CORRUPTIO
 TMPFS_HEADROOM_BYTES: Final = 32 << 20
 #: how often a member moved onto a tmpfs gets its headroom back between disk-full faults
 TMPFS_CHECK_SECONDS: Final = 5.0
+#: disk-full-leader: how long the member made leader has to acknowledge a send before its disk is filled (an
+#: outage of its own election must not count as the full disk's), and how often it is watched while full
+LEADER_ACK_SECONDS: Final = 10.0
+FULL_LEADER_WATCH_SECONDS: Final = 0.1
 
 
 class Faults:
@@ -291,38 +296,116 @@ class Faults:
     def node_dir(self, node_id: str) -> Path:
         return Path(self.cluster.local.info.node(node_id).config).parent
 
+    def on_tmpfs(self) -> list[str]:
+        """The members whose data directory is on a tmpfs of its own (moved there by a disk-full fault)."""
+        return [node_id for node_id in self.cluster.node_ids
+                if self.node_dir(node_id).resolve() in disk.mounted_tmpfs(self.node_dir(node_id))]
+
     async def disk_full(self, node_id: str, hold_seconds: float) -> FaultEvent:
         """Fill the file system of ``node_id``'s data directory for ``hold_seconds``, then free it. The first
         time, the member is stopped (SIGTERM) and its directory moved onto a tmpfs of its own."""
-        node_dir = self.node_dir(node_id)
-        if node_dir.resolve() not in disk.mounted_tmpfs(node_dir):
-            if self._alive(node_id):
-                await asyncio.to_thread(self.cluster.local.kill, node_id, signal.SIGTERM)
-            size = await asyncio.to_thread(disk.directory_bytes, node_dir)
-            await asyncio.to_thread(disk.mount_tmpfs, node_dir, size + TMPFS_HEADROOM_BYTES)
-            self.note("tmpfs", f"{node_id}'s data directory moved onto a tmpfs of {size + TMPFS_HEADROOM_BYTES} "
-                               "bytes")
-            await self._restart(node_id)
+        await self._move_onto_tmpfs(node_id)
         start = self.recorder.now()
+        filled = await self._fill(node_id)
+        try:
+            await asyncio.sleep(hold_seconds)
+        finally:
+            await self._free(node_id)
+        alive = await self._restart_if_exited(node_id)
+        return self._record("disk-full", node_id, start, f"{filled} filler bytes for {hold_seconds:.1f} s"
+                            + ("" if alive else "; the member exited and was restarted"))
+
+    async def disk_full_leader(self, node_id: str, hold_seconds: float) -> FaultEvent | None:
+        """Make ``node_id`` the leader (its directory moved onto a tmpfs of its own first, once), wait until a
+        send is acknowledged through it, fill its disk for ``hold_seconds``, then free it. It must step down
+        or stop, and the other members go on acknowledging: :func:`chaos.checker.check_full_disk_leaders`
+        judges that from the history (leader changes and acks); the detail says what was seen here (when the
+        monitor stopped seeing it lead, whether it exited). None when it never led, or led without
+        acknowledging anything (an outage of its own election is not the full disk's)."""
+        await self._move_onto_tmpfs(node_id)
+        if not await self._make_leader(node_id):
+            self.note("disk-full-leader skipped", f"{node_id} did not win an election")
+            return None
+        if not await self._acknowledged_since(self.recorder.now(), LEADER_ACK_SECONDS):
+            self.note("disk-full-leader skipped", f"{node_id} leads, but no send was acknowledged within "
+                                                  f"{LEADER_ACK_SECONDS:g} s")
+            return None
+        loop = asyncio.get_running_loop()
+        start = self.recorder.now()
+        filled = await self._fill(node_id)
+        deadline = loop.time() + hold_seconds
+        stepped_down: float | None = None
+        exited: float | None = None
+        try:
+            while (remaining := deadline - loop.time()) > 0:
+                if stepped_down is None and self.monitor.leader != node_id:
+                    stepped_down = self.recorder.now() - start
+                if exited is None and not self._alive(node_id):
+                    exited = self.recorder.now() - start
+                await asyncio.sleep(min(FULL_LEADER_WATCH_SECONDS, remaining))
+            led_at_the_end = self.monitor.leader == node_id
+        finally:
+            await self._free(node_id)
+        seen = [f"{filled} filler bytes for {hold_seconds:.1f} s",
+                "still led when freed" if stepped_down is None
+                else f"{'no longer seen leading' if stepped_down else 'not leading'} after {stepped_down:.1f} s"]
+        if stepped_down is not None and led_at_the_end:
+            seen.append("led again when freed")
+        if exited is not None:
+            seen.append(f"exited after {exited:.1f} s, restarted once freed")
+        # the fault ends when the disk is freed (the checker's window), before the restart
+        event = self._record("disk-full-leader", node_id, start, "; ".join(seen))
+        await self._restart_if_exited(node_id)
+        return event
+
+    async def _acknowledged_since(self, since: float, timeout_seconds: float) -> bool:
+        """Wait until a send that started at ``since`` or later is acknowledged (up to ``timeout_seconds``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_seconds
+        while loop.time() < deadline:
+            for send in reversed(self.recorder.history.sends):
+                if send.end_time < since:
+                    break
+                if send.acked and send.send_time >= since:
+                    return True
+            await asyncio.sleep(0.1)
+        return False
+
+    async def _move_onto_tmpfs(self, node_id: str) -> None:
+        """Stop ``node_id`` (SIGTERM), move its data directory onto a tmpfs of its own and restart it; once."""
+        node_dir = self.node_dir(node_id)
+        if node_dir.resolve() in disk.mounted_tmpfs(node_dir):
+            return
+        if self._alive(node_id):
+            await asyncio.to_thread(self.cluster.local.kill, node_id, signal.SIGTERM)
+        size = await asyncio.to_thread(disk.directory_bytes, node_dir)
+        await asyncio.to_thread(disk.mount_tmpfs, node_dir, size + TMPFS_HEADROOM_BYTES)
+        self.note("tmpfs", f"{node_id}'s data directory moved onto a tmpfs of {size + TMPFS_HEADROOM_BYTES} bytes")
+        await self._restart(node_id)
+
+    async def _fill(self, node_id: str) -> int:
+        """Fill ``node_id``'s tmpfs (its headroom given back first, then kept from growing until :meth:`_free`);
+        the filler bytes written."""
         async with self._tmpfs_lock:
             await self._grow_tmpfs(node_id)
             self.filling.add(node_id)
             try:
-                filled = await asyncio.to_thread(disk.fill, node_dir)
+                return await asyncio.to_thread(disk.fill, self.node_dir(node_id))
             except BaseException:
                 self.filling.discard(node_id)
                 raise
-        try:
-            await asyncio.sleep(hold_seconds)
-        finally:
-            await asyncio.to_thread(disk.unfill, node_dir)
-            self.filling.discard(node_id)
-        alive = self._alive(node_id)
-        if not alive:
-            self.note("member died", f"{node_id} exited while its disk was full (see broker.log)")
-            await self._restart(node_id)
-        return self._record("disk-full", node_id, start, f"{filled} filler bytes for {hold_seconds:.1f} s"
-                            + ("" if alive else "; the member exited and was restarted"))
+
+    async def _free(self, node_id: str) -> None:
+        await asyncio.to_thread(disk.unfill, self.node_dir(node_id))
+        self.filling.discard(node_id)
+
+    async def _restart_if_exited(self, node_id: str) -> bool:
+        """Whether ``node_id`` was still running; restarted (and noted) when it was not."""
+        if self._alive(node_id):
+            return True
+        self.note("member died", f"{node_id} exited while its disk was full (see broker.log)")
+        await self._restart(node_id)
+        return False
 
     async def _grow_tmpfs(self, node_id: str, grow_below: int | None = None) -> None:
         """Give the member's tmpfs its headroom back (what it wrote since it was moved there used it up);

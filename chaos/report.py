@@ -77,8 +77,8 @@ def plot_timeline(history: History, result: CheckResult, path: Path) -> None:
     rate_axes.plot(starts, errors, drawstyle="steps-post", color="tab:red", alpha=0.7, label="send errors/s")
     colors = {"kill": "tab:red", "pause": "tab:purple", "partition": "tab:orange", "cut-link": "tab:brown",
               "kill-all": "black", "wipe": "tab:green", "latency": "tab:olive", "bandwidth": "tab:cyan",
-              "disk-full": "tab:pink", "corrupt": "darkred", "client-cut": "goldenrod", "client-reset": "magenta",
-              "client-latency": "yellowgreen", "client-bandwidth": "teal"}
+              "disk-full": "tab:pink", "disk-full-leader": "deeppink", "corrupt": "darkred", "client-cut": "goldenrod",
+              "client-reset": "magenta", "client-latency": "yellowgreen", "client-bandwidth": "teal"}
     labelled: set[str] = set()
     for fault in history.faults:
         color = colors.get(fault.kind, "tab:gray")

@@ -352,4 +352,16 @@ def _print_summary(report: dict[str, Any], out: TextIO) -> None:
               f"max {figures['recovery_max_seconds']} s; longest ack gap p50 {figures['longest_gap_p50_seconds']} s "
               f"max {figures['longest_gap_max_seconds']} s; first ack after p50 "
               f"{figures['first_ack_after_p50_seconds']} s max {figures['first_ack_after_max_seconds']} s", file=out)
+    for full in check_figures["full_disk_leaders"]:
+        full_gap = full["longest_gap"]
+        print(f"  leader {full['node']}'s disk full {full['start']}-{full['end']} s: "
+              + ("WEDGED, " if full["wedged"] else "")
+              + f"longest ack gap {full_gap['seconds'] if full_gap else '-'} s, acks resumed after "
+              f"{_seconds(full['acks_resumed_after_seconds'], 'never')}, stepped down after "
+              f"{_seconds(full['stepped_down_after_seconds'], 'never')}, led {full['led_seconds']} s of it "
+              f"(bound {full['bound_seconds']} s)", file=out)
     print(f"report: {REPORT_FILE}", file=out, flush=True)
+
+
+def _seconds(value: float | None, none: str) -> str:
+    return none if value is None else f"{value} s"

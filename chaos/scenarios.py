@@ -29,6 +29,9 @@ CATCH_UP_SECONDS: Final = 60.0
 DISK_FULL_OVERRIDES: Final[dict[str, dict[str, Any]]] = {
     "store": {"segment_size_bytes": 1 << 20, "body_size_max_bytes": 256 << 10},
 }
+#: how long disk-full-leader keeps the leader's disk full: longer than chaos.checker.WEDGE_BOUND_SECONDS, so
+#: that a leader which kept leading through it (the group wedged) shows as a violation
+DISK_FULL_LEADER_HOLD_SECONDS: Final = (12.0, 16.0)
 
 #: how far clock-skew moves a member's clock (ahead or behind): minutes, hours, and the 73 h of the finding
 #: ("Time"); small segments and frequent retention checks, so that a retention run by the skewed clock
@@ -165,8 +168,7 @@ async def _fill_follower_disk(faults: Faults, rng: random.Random, one_member: bo
     followers = sorted(faults.followers())
     if not followers:
         return
-    mounted = [node for node in faults.cluster.node_ids
-               if faults.node_dir(node).resolve() in disk.mounted_tmpfs(faults.node_dir(node))]
+    mounted = faults.on_tmpfs()
     mounted_followers = [node for node in mounted if node in followers]
     if mounted_followers:
         target = mounted_followers[0]
@@ -176,6 +178,19 @@ async def _fill_follower_disk(faults: Faults, rng: random.Random, one_member: bo
     else:
         target = rng.choice(followers)
     await faults.disk_full(target, rng.uniform(4.0, 8.0))
+
+
+async def disk_full_leader(faults: Faults, rng: random.Random) -> None:
+    """Make the member on a tmpfs (at first a follower, moved there) the leader, and fill its disk for 12-16 s
+    under load: it must step down or stop, and the other two go on acknowledging (the checker's ``wedged``)."""
+    if not await faults.caught_up(CATCH_UP_SECONDS) or await faults.leader() is None:
+        return
+    mounted = faults.on_tmpfs()
+    followers = sorted(faults.followers())
+    if not mounted and not followers:
+        return
+    target = mounted[0] if mounted else rng.choice(followers)
+    await faults.disk_full_leader(target, rng.uniform(*DISK_FULL_LEADER_HOLD_SECONDS))
 
 
 async def corrupt_follower(faults: Faults, rng: random.Random) -> None:
@@ -206,12 +221,6 @@ async def corrupt_minority(faults: Faults, rng: random.Random) -> None:
     for what it does (faults.Faults.damage_file): one member at a time, so a majority always holds every
     acknowledged message."""
     await _corrupt_one_member(faults, rng, corruption.SURVIVED_DAMAGE)
-
-
-async def corrupt_minority_open_findings(faults: Faults, rng: random.Random) -> None:
-    """:func:`corrupt_minority` with the damage of :data:`chaos.corruption.OPEN_FINDINGS` too: it fails until
-    those are fixed."""
-    await _corrupt_one_member(faults, rng, corruption.EVERY_DAMAGE)
 
 
 async def _corrupt_one_member(faults: Faults, rng: random.Random, choices: tuple[tuple[str, str], ...]) -> None:
@@ -323,6 +332,9 @@ SCENARIOS: Final[dict[str, Scenario]] = {scenario.name: scenario for scenario in
              wipe_follower),
     Scenario("disk-full", "fill a follower's own small tmpfs for 4-8 s (its data directory moved there once)",
              False, disk_full, DISK_FULL_OVERRIDES, disk.tmpfs_unavailable),
+    Scenario("disk-full-leader", "make the member on its own small tmpfs the leader, fill it for 12-16 s: it must "
+             "step down, acks must resume (a wedge fails the verdict)", False, disk_full_leader, DISK_FULL_OVERRIDES,
+             disk.tmpfs_unavailable),
     Scenario("corrupt-follower", "stop a caught-up follower, flip a byte inside a committed record of its "
              "commit log, restart it", False, corrupt_follower),
     Scenario("kill-during-compaction", "Raft log compaction every 10 entries; SIGKILL the leader or a follower "
@@ -332,9 +344,6 @@ SCENARIOS: Final[dict[str, Scenario]] = {scenario.name: scenario for scenario in
              "files (Raft journal, snapshot, commit log, consume queue, key index, checkpoint), restart it, wait "
              "until caught up (not the damage of chaos.corruption.OPEN_FINDINGS)", False, corrupt_minority,
              CORRUPT_MINORITY_OVERRIDES),
-    Scenario("corrupt-minority-open-findings", "corrupt-minority with the damage the group does not survive yet "
-             "too (a commit-log segment bit-flipped or rolled back, a key-index file bit-flipped, the Raft snapshot "
-             "bit-flipped or truncated): fails until fixed", False, corrupt_minority_open_findings, CORRUPT_MINORITY_OVERRIDES),
     Scenario("slow-link", "50-250 ms latency (sometimes 500 KB/s) on random Raft links for 4-8 s", True, slow_link),
     Scenario("partition-client-leader", "black-hole every client's link to the leader for 4-7 s (Raft healthy)",
              True, partition_client_leader),

@@ -10,14 +10,19 @@ refused as invalid (MESSAGE_ILLEGAL, by the client or the broker) exit with 2; n
 
 from __future__ import annotations
 
+import array
 import asyncio
 import dataclasses
 import datetime
+import io
 import json
 import math
+import os
 import random
 import re
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +32,7 @@ from typing import Any, Final, TypeVar
 import click
 
 from broker.namesrv.model import PERM_READ, PERM_WRITE
+from broker.remoting import event_loop
 from broker.remoting.codes import ResponseCode
 from client.admin import AsyncAdmin
 from client.config import (
@@ -46,6 +52,7 @@ from client.message import Message, MessageExt, MessageQueue, PullStatus, SendRe
 from client.producer import AsyncProducer
 from client.pull_consumer import AsyncPullConsumer
 from client.running_info import ConsumerRunningInfo
+from dledger import stages as stage_counts
 
 T = TypeVar("T")
 NAMESRV_ENV: Final = "RAFTMQ_NAMESRV"
@@ -129,7 +136,7 @@ def run(coroutine: Awaitable[T]) -> T:
         return await coroutine
 
     try:
-        return asyncio.run(main())
+        return event_loop.run(main())
     except MQClientError as error:
         if error.code == ResponseCode.MESSAGE_ILLEGAL:
             raise BadInputError(str(error)) from None  # refused input, by the client or the broker
@@ -745,6 +752,8 @@ class BenchStats:
     errors: int = 0
     first_error: str = ""
     seconds: float = 0.0
+    #: wall-clock time (time.time()) the sends began: how --clients lines up its processes' spans
+    started_at: float = field(default_factory=time.time)
 
     def percentile_ms(self, fraction: float) -> float:
         if not self.latencies:
@@ -756,6 +765,7 @@ class BenchStats:
     def summary(self) -> dict[str, float | int | str]:
         seconds = max(self.seconds, 1e-9)
         result: dict[str, float | int | str] = {
+            "started_at": round(self.started_at, 6),
             "messages": self.messages,
             "errors": self.errors,
             "seconds": round(self.seconds, 3),
@@ -770,10 +780,11 @@ class BenchStats:
         return result
 
 
-def report(stats: BenchStats, as_json: bool, latency_of: str) -> None:
+def report(stats: BenchStats, as_json: bool, latency_of: str,
+           stages: list[dict[str, object]] | None = None) -> None:
     summary = stats.summary()
     if as_json:
-        echo_json(summary)
+        echo_json({**summary, **({"stages": stages} if stages is not None else {})})
     else:
         echo_table(["metric", "value"], [
             ["messages", summary["messages"]], ["errors", summary["errors"]], ["seconds", summary["seconds"]],
@@ -781,6 +792,11 @@ def report(stats: BenchStats, as_json: bool, latency_of: str) -> None:
             [f"p50 ms ({latency_of})", summary["p50_ms"]], [f"p99 ms ({latency_of})", summary["p99_ms"]],
             [f"max ms ({latency_of})", summary["max_ms"]],
         ])
+        if stages is not None:
+            click.echo("send path on the leader (per send unless noted; stages overlap: leader_fsync runs "
+                       "during replication):")
+            echo_table(["stage", "per", "count", "p50 ms", "p99 ms"],
+                       [[row["stage"], row["per"], row["count"], row["p50_ms"], row["p99_ms"]] for row in stages])
         if stats.first_error:
             click.echo(f"first error: {stats.first_error}", err=True)
     if stats.errors:
@@ -792,60 +808,174 @@ def bench() -> None:
     """Measure throughput and latency against a running cluster."""
 
 
+#: messages ``bench produce`` sends without --count; with --duration it sends until the time is up
+DEFAULT_BENCH_COUNT: Final = 10_000
+UNCAPPED_BENCH_COUNT: Final = 1 << 62
+
+
 @bench.command("produce", context_settings=CONTEXT)
 @click.option("--topic", "topic_name", default="BenchTopic", show_default=True)
-@click.option("--count", type=click.IntRange(min=1), default=10_000, show_default=True, help="Messages to send.")
+@click.option("--count", type=click.IntRange(min=1), default=None,
+              help="Messages to send, over every client (default 10000; with --duration: no cap).")
+@click.option("--duration", type=click.FloatRange(min=0.1), default=None,
+              help="Send for this many seconds instead of COUNT messages.")
 @click.option("--size", type=click.IntRange(1, 4 * 1024 * 1024), default=1024, show_default=True, help="Body bytes.")
 @click.option("--inflight", type=click.IntRange(1, 10_000), default=64, show_default=True,
-              help="Concurrent unacknowledged sends.")
+              help="Concurrent unacknowledged sends (per client).")
+@click.option("--clients", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Client processes sending at once (each with INFLIGHT sends outstanding).")
+@click.option("--stages", "show_stages", is_flag=True,
+              help="Also print where the send path's time went on each group's leader, stage by stage.")
 @click.option("--group", default="raftmq-bench-producer", show_default=True, help="Producer group.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random bodies.")
+@click.option("--latency-file", type=click.Path(dir_okay=False, path_type=Path), default=None, hidden=True,
+              help="(for --clients) write each send's latency here, as native doubles")
 @json_option
 @namesrv_option
-def bench_produce(topic_name: str, count: int, size: int, inflight: int, group: str, seed: int, as_json: bool,
+def bench_produce(topic_name: str, count: int | None, duration: float | None, size: int, inflight: int, clients: int,
+                  show_stages: bool, group: str, seed: int, latency_file: Path | None, as_json: bool,
                   namesrv: str) -> None:
-    """Send COUNT messages of SIZE random bytes with INFLIGHT sends outstanding; print msgs/s, MB/s and
-    send latency (p50/p99/max). Exit code 1 if any send failed.
+    """Send COUNT messages (or for --duration seconds) of SIZE random bytes with INFLIGHT sends
+    outstanding, from one or --clients processes; print msgs/s, MB/s and send latency (p50/p99/max), and
+    with --stages the latency of each stage of the send path as each group's leader recorded it. Exit
+    code 1 if any send failed.
 
     \b
     Examples:
       raftmq bench produce --count 100000 --size 1024 --inflight 256
+      raftmq bench produce --duration 30 --clients 4 --inflight 64 --stages
       raftmq bench produce --topic Bench --count 5000 --json
     """
     config = client_config(namesrv)
+    if count is None:
+        count = DEFAULT_BENCH_COUNT if duration is None else UNCAPPED_BENCH_COUNT
+    before = run(leader_stages(config)) if show_stages else {}
+    if clients > 1:
+        stats = produce_from_processes(config, topic_name, count, duration, size, inflight, clients, group, seed)
+    else:
+        stats = run(produce_here(config, topic_name, count, duration, size, inflight, group, seed,
+                                 progress=latency_file is None))
+    if latency_file is not None:
+        latency_file.write_bytes(array.array("d", stats.latencies).tobytes())
+    stages = stage_rows(before, run(leader_stages(config))) if show_stages else None
+    report(stats, as_json, "send", stages)
+
+
+async def produce_here(config: ClientConfig, topic_name: str, count: int, duration: float | None, size: int,
+                       inflight: int, group: str, seed: int, progress: bool = True) -> BenchStats:
+    """One client's sends: COUNT messages, or as many as fit in ``duration`` seconds (at most COUNT)."""
     body = random.Random(seed).randbytes(size)
+    stats = BenchStats()
+    remaining = count
+    producer_config = ProducerConfig(group=group, inflight_sends_max=max(inflight, 1), compress_body_over_bytes=0)
+    async with AsyncProducer(config, producer_config) as producer:
+        length = count if duration is None else max(1, round(duration * 10))
+        with click.progressbar(length=length, label="produce", file=sys.stderr if progress else io.StringIO(),
+                               update_min_steps=max(1, length // 200)) as bar:
+            started = time.perf_counter()
+            stats.started_at = time.time()
+            stop_at = started + duration if duration is not None else math.inf
+            shown = 0
 
-    async def produce() -> BenchStats:
-        stats = BenchStats()
-        remaining = count
-        producer_config = ProducerConfig(group=group, inflight_sends_max=max(inflight, 1),
-                                         compress_body_over_bytes=0)
-        async with AsyncProducer(config, producer_config) as producer:
-            with click.progressbar(length=count, label="produce", file=sys.stderr,
-                                   update_min_steps=max(1, count // 200)) as bar:
-
-                async def worker() -> None:
-                    nonlocal remaining
-                    while remaining > 0:
-                        remaining -= 1
-                        started = time.perf_counter()
-                        try:
-                            await producer.send(Message(topic_name, body))
-                        except MQClientError as error:
-                            stats.errors += 1
-                            stats.first_error = stats.first_error or str(error)
-                        else:
-                            stats.latencies.append(time.perf_counter() - started)
-                            stats.messages += 1
-                            stats.payload_bytes += size
+            async def worker() -> None:
+                nonlocal remaining, shown
+                while remaining > 0 and time.perf_counter() < stop_at:
+                    remaining -= 1
+                    sent = time.perf_counter()
+                    try:
+                        await producer.send(Message(topic_name, body))
+                    except MQClientError as error:
+                        stats.errors += 1
+                        stats.first_error = stats.first_error or str(error)
+                    else:
+                        stats.latencies.append(time.perf_counter() - sent)
+                        stats.messages += 1
+                        stats.payload_bytes += size
+                    if duration is None:
                         bar.update(1)
+                    elif (now := min(length, int((time.perf_counter() - started) * 10))) > shown:
+                        bar.update(now - shown)
+                        shown = now
 
-                started = time.perf_counter()
-                await asyncio.gather(*(worker() for _ in range(min(inflight, count))))
-                stats.seconds = time.perf_counter() - started
-        return stats
+            await asyncio.gather(*(worker() for _ in range(min(inflight, count))))
+            if duration is not None:
+                bar.update(length - shown)
+            stats.seconds = time.perf_counter() - started
+    return stats
 
-    report(run(produce()), as_json, "send")
+
+def produce_from_processes(config: ClientConfig, topic_name: str, count: int, duration: float | None, size: int,
+                           inflight: int, clients: int, group: str, seed: int) -> BenchStats:
+    """``clients`` processes of ``raftmq bench produce`` at once, COUNT split among them; their sends and
+    latencies merged. Throughput is every message over the span from the first start to the last end."""
+    environment = {**os.environ, NAMESRV_ENV: ";".join(config.namesrv_addresses)}
+    if config.access_key is not None and config.secret_key is not None:
+        environment.update({ACCESS_KEY_ENV: config.access_key, SECRET_KEY_ENV: config.secret_key})
+    if config.tls:
+        environment[TLS_ENV] = "1"
+    if config.tls_ca_file:
+        environment[TLS_CA_FILE_ENV] = str(config.tls_ca_file)
+    with tempfile.TemporaryDirectory(prefix="raftmq-bench-") as directory:
+        processes: list[tuple[subprocess.Popen[bytes], Path]] = []
+        try:
+            for index in range(clients):
+                share = count // clients + (1 if index < count % clients else 0)
+                latency_file = Path(directory) / f"client-{index}.latencies"
+                command = [sys.executable, "-m", "cli.main", "bench", "produce", "--topic", topic_name,
+                           "--count", str(max(1, share)), "--size", str(size), "--inflight", str(inflight),
+                           "--group", group, "--seed", str(seed + index), "--json",
+                           "--latency-file", str(latency_file)]
+                if duration is not None:
+                    command += ["--duration", str(duration)]
+                processes.append((subprocess.Popen(command, env=environment, stdout=subprocess.PIPE,
+                                                   stderr=subprocess.DEVNULL), latency_file))
+            stats = BenchStats()
+            spans: list[tuple[float, float]] = []
+            for process, latency_file in processes:
+                output, _ = process.communicate()
+                try:
+                    child = json.loads(output.decode().strip().splitlines()[-1])
+                except (ValueError, IndexError):
+                    raise click.ClickException(f"a client process failed (exit code {process.returncode})") from None
+                stats.messages += int(child["messages"])
+                stats.errors += int(child["errors"])
+                stats.first_error = stats.first_error or str(child.get("first_error", ""))
+                stats.payload_bytes += int(child["messages"]) * size
+                spans.append((float(child["started_at"]), float(child["started_at"]) + float(child["seconds"])))
+                latencies = array.array("d")
+                latencies.frombytes(latency_file.read_bytes())
+                stats.latencies.extend(latencies)
+        finally:
+            for process, _ in processes:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+    stats.seconds = max(end for _, end in spans) - min(start for start, _ in spans)
+    return stats
+
+
+async def leader_stages(config: ClientConfig) -> dict[str, dict[str, list[int]]]:
+    """Each broker group's send-path stage counts (dledger.stages), from its leader."""
+    found: dict[str, dict[str, list[int]]] = {}
+    async with AsyncAdmin(config) as admin:
+        for name in await admin.broker_names():
+            table, address = await admin.runtime_info(name)
+            try:
+                found[name] = stage_counts.decode(table.get("sendStages", ""))
+            except ValueError as exc:
+                raise click.ClickException(f"unreadable send stages from {address}: {exc}") from None
+    return found
+
+
+def stage_rows(before: dict[str, dict[str, list[int]]],
+               after: dict[str, dict[str, list[int]]]) -> list[dict[str, object]]:
+    """The stages of the run (``after`` less ``before``), every group's counts added up."""
+    total = {stage: [0] * stage_counts.BUCKETS for stage in stage_counts.STAGES}
+    for name, counts in after.items():
+        run_counts = stage_counts.difference(counts, before.get(name, {}))
+        for stage, values in run_counts.items():
+            total[stage] = [a + b for a, b in zip(total[stage], values, strict=True)]
+    return stage_counts.summary(total)
 
 
 @bench.command("consume", context_settings=CONTEXT)

@@ -51,6 +51,8 @@ class NodeInfo:
     pid: int = 0
     #: the address the broker gives clients (``[broker] advertised_address``); empty: ``broker_address``
     advertised_address: str = ""
+    #: where RocketMQ 5.x clients reach this member (``[broker] grpc_address``); empty: no gRPC server
+    grpc_address: str = ""
 
     @property
     def client_address(self) -> str:
@@ -169,7 +171,8 @@ def is_alive(pid: int) -> bool:
 SETTABLE_SECTIONS: Final = ("store", "raft", "group_commit", "broker")
 RESERVED_SETTINGS: Final = frozenset({("store", "store_host"), ("broker", "listen_address"), ("broker", "namesrv"),
                                       ("broker", "broker_id"), ("broker", "advertised_address"),
-                                      ("broker", "peer_addresses")})
+                                      ("broker", "peer_addresses"), ("broker", "grpc_address"),
+                                      ("broker", "peer_grpc_addresses")})
 
 
 def parse_setting(text: str) -> tuple[str, str, Any]:
@@ -226,11 +229,15 @@ def node_toml(node: NodeInfo, peers: list[NodeInfo], namesrv: str, broker_id: in
                   f"catchup_address = {value(peer.catchup_address)}", ""]
     broker = {"listen_address": node.broker_address, "namesrv": [namesrv], "broker_id": broker_id,
               **({"advertised_address": node.advertised_address} if node.advertised_address else {}),
+              **({"grpc_address": node.grpc_address} if node.grpc_address else {}),
               **overrides.get("broker", {})}
     lines.append("[broker]")
     lines += [f"{key} = {value(item)}" for key, item in broker.items()]
     lines.append("[broker.peer_addresses]")  # what a follower names the leader by: the peers' advertised addresses
     lines += [f"{peer.id} = {value(peer.client_address)}" for peer in peers]
+    if node.grpc_address:  # the others' gRPC addresses: to name the leader to 5.x clients and forward to it
+        lines.append("[broker.peer_grpc_addresses]")
+        lines += [f"{peer.id} = {value(peer.grpc_address)}" for peer in peers if peer.grpc_address]
     store = {"store_host": store_host, "segment_size_bytes": 64 << 20, **overrides.get("store", {})}
     lines += ["", "[store]"] + [f"{key} = {value(item)}" for key, item in store.items()]
     for section in ("raft", "group_commit"):
@@ -336,8 +343,9 @@ class LocalCluster:
             if is_alive(existing.namesrv_pid) or any(is_alive(node.pid) for node in existing.nodes):
                 raise ClusterError(f"a cluster is already running in {data_dir}; stop it with `raftmq cluster down`")
         data_dir.mkdir(parents=True, exist_ok=True)
-        ports = (list(range(base_port, base_port + 1 + 3 * nodes)) if base_port is not None
-                 else free_ports(1 + 3 * nodes))
+        # the name server, then broker, Raft and catch-up ports per member, then each member's gRPC port
+        ports = (list(range(base_port, base_port + 1 + 4 * nodes)) if base_port is not None
+                 else free_ports(1 + 4 * nodes))
         secret_path = data_dir / "group.secret"
         if not secret_path.exists():
             secret_path.write_text(secrets.token_hex(24) + "\n")
@@ -349,7 +357,8 @@ class LocalCluster:
             node_dir.mkdir(exist_ok=True)
             broker_port, raft_port, catchup_port = ports[1 + 3 * index : 4 + 3 * index]
             infos.append(NodeInfo(node_id, f"{HOST}:{broker_port}", f"{HOST}:{raft_port}", f"{HOST}:{catchup_port}",
-                                  str(node_dir / "node.toml"), str(node_dir / "broker.log")))
+                                  str(node_dir / "node.toml"), str(node_dir / "broker.log"),
+                                  grpc_address=f"{HOST}:{ports[1 + 3 * nodes + index]}"))
         namesrv = f"{HOST}:{ports[0]}"
         info = ClusterInfo(str(data_dir), namesrv, 0, str(data_dir / "namesrv.log"), infos)
         for index, node in enumerate(infos):

@@ -50,14 +50,15 @@ def cluster() -> None:
 @data_dir_option
 @click.option("--nodes", type=click.IntRange(1, 9), default=3, show_default=True, help="Group members to start.")
 @click.option("--base-port", type=click.IntRange(1024, 65000), default=None,
-              help="First of 1 + 3 * NODES consecutive ports (default: free ports picked at start).")
+              help="First of 1 + 4 * NODES consecutive ports (default: free ports picked at start).")
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", callback=_settings,
               help="A node-file setting for every member (repeatable): a key of [store], [raft], [group_commit] "
                    "or [broker], e.g. store.segment_size_bytes=134217728 or store.flush_policy=sync.")
 def up(data_dir: Path, nodes: int, base_port: int | None, overrides: dict[str, dict[str, Any]]) -> None:
     """Start a name server and the group's members in the background; wait for a leader.
 
-    Prints `namesrv=HOST:PORT` (what clients need) and writes DATA_DIR/cluster.json.
+    Prints `namesrv=HOST:PORT` (what 4.x clients need), then `grpc=HOST:PORT` (an endpoint for RocketMQ 5.x
+    clients: the leader's), and writes DATA_DIR/cluster.json (every member's addresses).
 
     \b
     Example:
@@ -71,6 +72,8 @@ def up(data_dir: Path, nodes: int, base_port: int | None, overrides: dict[str, d
         _fail(exc)
     leader = started.leader_id()
     click.echo(f"namesrv={started.namesrv}")
+    leader_node = started.info.node(leader) if leader is not None else started.info.nodes[0]
+    click.echo(f"grpc={leader_node.grpc_address}")
     click.echo(f"leader={leader}", err=True)
     click.echo(f"cluster file: {started.data_dir / 'cluster.json'}", err=True)
 

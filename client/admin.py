@@ -195,6 +195,19 @@ class AsyncAdmin:
     def _deadline(self) -> float:
         return self.instance.now() + self.timeout_seconds
 
+    async def runtime_info(self, broker_name: str) -> tuple[dict[str, str], str]:
+        """GET_BROKER_RUNTIME_INFO of the group's leader (another member if it cannot be reached): its
+        ``table``, and the address that answered."""
+        response, address = await self.instance.invoke_any(broker_name, RequestCode.GET_BROKER_RUNTIME_INFO)
+        check_response(response, address)
+        try:
+            table = json.loads(response.body)["table"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise MQClientError(ResponseCode.SYSTEM_ERROR, f"unreadable runtime info from {address}: {exc}") from None
+        if not isinstance(table, dict):
+            raise MQClientError(ResponseCode.SYSTEM_ERROR, f"the runtime info from {address} is not a table")
+        return {str(key): str(value) for key, value in table.items()}, address
+
     # -------------------------------------------------------------------------------- topics
 
     async def cluster_info(self) -> ClusterInfo:

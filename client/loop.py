@@ -15,6 +15,8 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
+from broker.remoting.event_loop import new_event_loop
+
 T = TypeVar("T")
 
 
@@ -22,7 +24,7 @@ class EventLoopThread:
     """A daemon thread running one event loop until :meth:`stop`."""
 
     def __init__(self, name: str = "raftmq-client") -> None:
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run_loop, name=name, daemon=True)
         self._thread.start()

@@ -34,6 +34,16 @@ class CorruptionError(StoreError):
     """Stored bytes fail validation somewhere recovery cannot repair by itself."""
 
 
+class DamagedRecordError(CorruptionError):
+    """A committed record a verified read needed fails its checks (body CRC, layout, its own offset): its
+    bytes are not the group's. Deciding from them could make this replica diverge; the record must be put
+    back from a peer's copy (``MessageStore.repair_record``) before the read is made again."""
+
+    def __init__(self, physical_offset: int, reason: str) -> None:
+        super().__init__(f"the record at commit-log offset {physical_offset} is damaged: {reason}")
+        self.physical_offset = physical_offset
+
+
 class DiskFullError(StoreError):
     """A write failed for lack of space; nothing was reported appended."""
 

@@ -38,8 +38,10 @@ from commitlog.checkpoint import ApplyPositionFile, Checkpoint, read_checkpoint,
 from commitlog.commit_log import CommitLog
 from commitlog.config import StoreConfig
 from commitlog.consume_queue import CQ_UNIT, UNIT_BYTES, ConsumeQueue
-from commitlog.errors import CorruptionError, StoreError, SyncError, invariant, stop_on_sync_error
-from commitlog.key_index import IndexColumns, IndexEntry, KeyIndex, key_hash
+from commitlog.errors import CorruptionError, StoreError, SyncError, fail, invariant, stop_on_sync_error
+from commitlog.errors import DamagedRecordError as DamagedRecordError  # (where apply and the member find it)
+from commitlog.index_rebuild import rebuild_file, rebuild_index
+from commitlog.key_index import ENTRY, IndexColumns, IndexEntry, IndexFile, KeyIndex, image_problem, key_hash
 from commitlog.mapped_file import drop_cached
 from commitlog.message import (
     FILLER_HEADER_BYTES,
@@ -96,21 +98,14 @@ CQ_UNIT_DTYPE: Final = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tag", ">i
 invariant(CQ_UNIT_DTYPE.itemsize == UNIT_BYTES, "the unit dtype is the unit struct")
 #: (queue, its first offset in this append, the append's units of it packed back to back)
 PackedRun = tuple[tuple[str, int], int, bytes]
+#: rounds of checking (and rebuilding) key-index files a lookup that decides apply makes at most: each round
+#: either finds the index whole or rebuilds a damaged file, so a few are plenty
+INDEX_CHECK_ROUNDS_MAX: Final = 8
 
 
 def _packed_runs(runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]]) -> list[PackedRun]:
     return [(queue_key, first_offset, b"".join([CQ_UNIT.pack(*unit) for unit in units]))
             for queue_key, (first_offset, units) in runs.items()]
-
-
-class DamagedRecordError(CorruptionError):
-    """A committed record a verified read needed fails its checks (body CRC, layout, its own offset): its
-    bytes are not the group's. Deciding from them could make this replica diverge; the record must be put
-    back from a peer's copy (:meth:`MessageStore.repair_record`) before the read is made again."""
-
-    def __init__(self, physical_offset: int, reason: str) -> None:
-        super().__init__(f"the record at commit-log offset {physical_offset} is damaged: {reason}")
-        self.physical_offset = physical_offset
 
 
 class AppendStatus(enum.Enum):
@@ -249,6 +244,15 @@ def _topic_prefix_crc(topic: str) -> int:
     return _crc32(f"{topic}#".encode())
 
 
+def _record_index_entries(message: StoredMessage) -> list[IndexEntry]:
+    """The key-index entries dispatch makes of a stored record, in order (none for a rolled-back half)."""
+    if message.sys_flag & TRANSACTION_TYPE_MASK == TRANSACTION_ROLLBACK_TYPE:
+        return []
+    _, keys, uniq_key = _dispatch_fields(message.properties)
+    return [(hash_value, message.physical_offset, message.store_timestamp)
+            for hash_value in _index_hashes(_topic_prefix_crc(message.topic), keys, uniq_key)]
+
+
 class MessageStore:
     """One replica's store. ``append``/``delete_below`` come from the apply thread; reads from any thread."""
 
@@ -295,9 +299,15 @@ class MessageStore:
         self._last_flush = clock()
         #: end of raw bytes copied from a peer and not yet dispatched (-1: none)
         self._ingested_end = -1
+        #: where the scrubber's next check of key-index files starts (a file name's offset)
+        self._index_scrub_next = 0
         self._recover()
         # after recovery, so the filter holds whatever the undone, re-dispatched or rebuilt index holds:
-        # "no" is exact from the first dedupe window after opening on
+        # "no" is exact from the first dedupe window after opening on. The files it reads are checked first
+        # (and rebuilt if damaged): a key hash gone bad there would be denied by the filter for good
+        newest = self.index.newest_timestamp()
+        if newest is not None:
+            self._trust_index(newest - recent_keys_seed_span_ms)
         self._recent_keys.seed(self.index, recent_keys_seed_span_ms)
         if config.flush_policy == "async" and background_flush:
             self._flusher = threading.Thread(target=self._flush_loop, name="store-flush", daemon=True)
@@ -383,7 +393,7 @@ class MessageStore:
                 queue_from = self.commit_log.min_offset
                 break
         index_from = durable_end
-        present = {f.begin_physical: f.entry_count for f in self.index.files}
+        present = {f.name_begin: f.entry_count for f in self.index.files}
         for begin, count in checkpoint.index_files:
             if begin >= self.min_offset and present.get(begin, -1) < count:
                 log.warning("key index file %020d is missing or short: rebuilding the key index", begin)
@@ -397,12 +407,14 @@ class MessageStore:
         else:
             for queue in self.queues.values():
                 queue.truncate_physical(queue_from)
-        if index_from < durable_end:
+        whole_index = index_from < durable_end
+        if not whole_index and not self._undo_index_from(index_from):
+            log.warning("key index does not fit the commit log: rebuilding the key index")
+            whole_index, index_from = True, self.commit_log.min_offset
+        if whole_index:
             self.index.close()
             shutil.rmtree(self.root / "index", ignore_errors=True)
             self.index = KeyIndex(self.root / "index", self.config.index_slot_count, self.config.index_entry_capacity)
-        else:
-            self.index.undo_from(index_from)
 
         # 3. Re-dispatch the tail (or everything, for a rebuild).
         start = min(queue_from, index_from)
@@ -432,6 +444,150 @@ class MessageStore:
         self.flush()
         # have the segment the next record goes to ready before the first append needs it
         self.commit_log.preallocate(self.commit_log.segment_start(end))
+
+    def _undo_index_from(self, index_from: int) -> bool:
+        """Recovery: undo the key-index entries of records from ``index_from`` on (they are dispatched again),
+        and check the file appends go on in. A file whose checksum fails before the undo, or that fails its
+        checks after it, is rebuilt from the commit log up to ``index_from`` instead. False when such a file
+        does not fit the files before it (the whole index must be rebuilt)."""
+        damaged = self.index.undo_from(index_from)
+        if damaged is not None and not self._rebuild_index_file(damaged[0], damaged[1], end=index_from):
+            return False
+        if self.index.files:
+            last = self.index.files[-1]
+            problem = self.index.problem(last)
+            if problem is not None:
+                return self._rebuild_index_file(last, problem, end=index_from)
+        return True
+
+    # ------------------------------------------------------------------ the key index's upkeep
+
+    def _rebuild_index_file(self, index_file: IndexFile, reason: str, end: int | None = None) -> bool:
+        """Rebuild a damaged key-index file from the commit log, byte for byte what appends made of it, and
+        put it in place atomically (:func:`commitlog.index_rebuild.rebuild_file`); the whole index when the
+        file's layout does not fit its neighbours. Logged once. ``end`` (recovery): where the commit log ends
+        for the last file, the re-dispatch's start; False then instead of rebuilding the whole index (recovery
+        does). :class:`DamagedRecordError` when a record it needs is damaged (put it back from a peer, then ask
+        again). Store lock held."""
+        log.critical("key-index file %s is damaged (%s): rebuilding it from the commit log", index_file.file.path,
+                     reason)
+        if rebuild_file(self.commit_log, self.index, index_file, _record_index_entries,
+                        self.commit_log.end_offset if end is None else end):
+            return True
+        if end is not None:
+            return False
+        log.critical("key-index file %s does not fit the files around it: rebuilding the whole key index",
+                     index_file.file.path)
+        self.index = rebuild_index(self.commit_log, self.index, _record_index_entries)
+        return True
+
+    def _trust_index(self, since_timestamp: int) -> None:
+        """Check each key-index file a lookup of keys stored since ``since_timestamp`` reads and that is not
+        checked yet (once, until a lookup doubts it): a damaged one is rebuilt from the commit log before
+        anything is decided from it. Newest first: only a checked file's begin says whether the lookup reads
+        the file before it. Store lock held."""
+        while True:
+            unchecked = next((f for f in self.index.files_from(since_timestamp) if not f.checked), None)
+            if unchecked is None:
+                return
+            problem = self.index.problem(unchecked)
+            if problem is not None:
+                self._rebuild_index_file(unchecked, problem)
+
+    def _settle_doubts(self, doubts: list[tuple[IndexFile, DamagedRecordError]]) -> None:
+        """After a lookup that decides apply met entries that do not name the record they were made for: their
+        files are checked again, and the damaged ones rebuilt (the caller then looks up again). When every
+        file holds, the entries are what dispatch wrote, so the record is what went bad: its
+        :class:`DamagedRecordError` is raised (apply puts it back from a peer's copy). Store lock held."""
+        rebuilt = False
+        for index_file, _ in doubts:
+            if any(each is index_file for each in self.index.files):  # (not rebuilt by an earlier doubt)
+                problem = self.index.problem(index_file)
+                if problem is not None:
+                    self._rebuild_index_file(index_file, problem)
+                    rebuilt = True
+        if not rebuilt:
+            damaged = doubts[0][1]
+            if not self.commit_log.min_offset <= damaged.physical_offset < self.commit_log.end_offset:
+                fail(f"a key-index file that passes its checks names commit-log offset {damaged.physical_offset}, "
+                     f"outside [{self.commit_log.min_offset}, {self.commit_log.end_offset})")
+            raise damaged
+
+    def _index_trusted(self, since_timestamp: int) -> bool:
+        """Whether no lookup since the last :meth:`_trust_index` doubted a file it reads."""
+        return all(index_file.checked for index_file in self.index.files_from(since_timestamp))
+
+    def _indexed_record(self, physical: int, second: int, hashed: int, verified: bool) -> StoredMessage | DamagedRecordError:
+        """The record a key-index entry names, if it is the record the entry was made for: inside the commit
+        log, a message record that names its own offset (``verified``: its body CRC-checked too, as
+        :meth:`_verified_message`), stored in the entry's second, carrying a key of the entry's hash. Otherwise
+        the mismatch, as a :class:`DamagedRecordError` of that offset: the entry or the record went bad.
+        Store lock held."""
+        if physical >= self.commit_log.end_offset:
+            return DamagedRecordError(physical, "a key-index entry names it, past the commit log's end")
+        try:
+            message = (self._verified_message(physical) if verified
+                       else self.commit_log.read_message(physical, check_crc=False))
+        except DamagedRecordError as exc:
+            return exc
+        except StoreError as exc:
+            return DamagedRecordError(physical, str(exc))
+        if message.physical_offset != physical:
+            return DamagedRecordError(physical, f"it names commit-log offset {message.physical_offset}")
+        if message.store_timestamp // 1000 != second or all(
+                hash_value != hashed for hash_value, _, _ in _record_index_entries(message)):
+            return DamagedRecordError(physical, "it is not the record the key-index entry naming it was made for "
+                                                "(another key or store second)")
+        return message
+
+    def scrub_index(self, max_bytes: int) -> int | None:
+        """Check key-index files (:func:`commitlog.key_index.image_problem`: header, checksum, entries' order,
+        links and slots), round-robin from where the last call stopped, about ``max_bytes`` of them and each
+        file at most once per call. A file's used part is copied under the store lock and checked without it;
+        a damaged one is checked again and rebuilt from the commit log under the lock. Returns the offset of a
+        damaged record a rebuild needs (the caller puts it back; the file is rebuilt on a later call), else
+        None. From the scrubber's thread."""
+        done = 0
+        seen = 0
+        while done < max_bytes:
+            with self._lock:
+                files = self.index.files
+                if seen >= len(files):
+                    return None
+                index_file = next((f for f in files if f.name_begin >= self._index_scrub_next), files[0])
+                last = self.index.holds_newest(index_file)
+                image = index_file.file.map[: index_file.entries_base + index_file.entry_count * ENTRY.size]
+                self._index_scrub_next = 0 if index_file is files[-1] else index_file.name_begin + 1
+            seen += 1
+            done += len(image)
+            problem, _ = image_problem(image, self.index.slot_count, self.index.entry_capacity, index_file.name_begin,
+                                       last)
+            if problem is None:
+                continue
+            with self._lock:
+                if any(each is index_file for each in self.index.files):
+                    problem = self.index.problem(index_file)
+                    if problem is not None:
+                        try:
+                            self._rebuild_index_file(index_file, problem)
+                        except DamagedRecordError as exc:
+                            log.warning("%s: key-index file %s is rebuilt once that record is put back", exc,
+                                        index_file.file.path)
+                            return exc.physical_offset
+        return None
+
+    def _check_index_entries(self, expected: list[IndexEntry]) -> None:
+        """The scrubber's check of the key-index entries of the records it just validated (``expected``, in
+        commit-log order, as dispatch made them) against the files: a file where they differ is rebuilt from
+        the commit log. Store lock held."""
+        mismatch = self.index.first_mismatch(expected)
+        if mismatch is None:
+            return
+        index_file, reason = mismatch
+        try:
+            self._rebuild_index_file(index_file, f"{reason}, against the commit log")
+        except DamagedRecordError as exc:
+            self.index.doubt(index_file, f"{reason}; it is rebuilt once {exc} is repaired")
 
     # ------------------------------------------------------------------ apply
 
@@ -1079,34 +1235,56 @@ class MessageStore:
     ) -> list[StoredMessage]:
         """Messages of ``topic`` whose KEYS contain ``key`` or whose UNIQ_KEY is ``key``, newest first.
 
-        ``verified`` (apply's lookups): every candidate the index names is checked (:meth:`_verified_message`)
-        before its topic or keys are compared, and a damaged one raises :class:`DamagedRecordError` instead of
-        being passed over: a damaged byte can turn a match into a miss or the reverse. Otherwise (a client's
-        query) records are not CRC-checked and unreadable ones are skipped."""
+        Every candidate the key index names is confirmed against the commit log (:meth:`_indexed_record`): an
+        entry that does not name the record it was made for is passed over, and its file doubted.
+        ``verified`` (apply's lookups): the key-index files read are checked first (:meth:`_trust_index`), the
+        records' bodies CRC-checked, and a mismatch settled before anything is returned: a damaged file is
+        rebuilt from the commit log and the lookup made again, a damaged record raises
+        :class:`DamagedRecordError`. A damaged byte can turn a match into a miss or the reverse. Otherwise (a
+        client's query) records are not CRC-checked and what does not match is skipped."""
+        hashed = key_hash(topic, key)
         with self._lock:
-            found: list[StoredMessage] = []
-            seen: set[int] = set()
-            candidates = self.index.lookup(key_hash(topic, key), max_count * 4 + 16, begin_timestamp, end_timestamp)
-            for physical in candidates:
-                if physical in seen or physical < self.commit_log.min_offset or physical >= self.commit_log.end_offset:
-                    continue
-                seen.add(physical)
-                if verified:
-                    message = self._verified_message(physical)
-                else:
-                    try:
-                        message = self.commit_log.read_message(physical, check_crc=False)
-                    except StoreError:
-                        continue
-                if message.topic != topic:
-                    continue
-                properties = message.property_map
-                keys = properties.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR)
-                if key in keys or properties.get(PROPERTY_UNIQ_KEY) == key:
-                    found.append(message)
-                    if len(found) >= max_count:
-                        break
-            return found
+            if not verified:
+                found, doubts = self._query_by_key(topic, key, hashed, max_count, begin_timestamp, end_timestamp,
+                                                   verified)
+                for index_file, damaged in doubts:
+                    self.index.doubt(index_file, f"an entry of key {key!r} of {topic} names no record of it ({damaged})")
+                return found
+            for _ in range(INDEX_CHECK_ROUNDS_MAX):
+                self._trust_index(begin_timestamp)
+                found, doubts = self._query_by_key(topic, key, hashed, max_count, begin_timestamp, end_timestamp,
+                                                   verified)
+                if doubts:
+                    self._settle_doubts(doubts)
+                elif self._index_trusted(begin_timestamp):
+                    return found
+            fail(f"the key index kept failing its checks for key {key!r} of {topic}")
+
+    def _query_by_key(self, topic: str, key: str, hashed: int, max_count: int, begin_timestamp: int,
+                      end_timestamp: int, verified: bool
+                      ) -> tuple[list[StoredMessage], list[tuple[IndexFile, DamagedRecordError]]]:
+        """:meth:`query_by_key` once: the messages found, and the entries that named no record of theirs."""
+        found: list[StoredMessage] = []
+        doubts: list[tuple[IndexFile, DamagedRecordError]] = []
+        seen: set[int] = set()
+        candidates = self.index.lookup_entries(hashed, max_count * 4 + 16, begin_timestamp, end_timestamp)
+        for physical, second, source in candidates:
+            if physical in seen or physical < self.commit_log.min_offset:
+                continue  # (below: deleted by retention)
+            seen.add(physical)
+            record = self._indexed_record(physical, second, hashed, verified)
+            if isinstance(record, DamagedRecordError):
+                doubts.append((source, record))
+                continue
+            if record.topic != topic:
+                continue
+            properties = record.property_map
+            keys = properties.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR)
+            if key in keys or properties.get(PROPERTY_UNIQ_KEY) == key:
+                found.append(record)
+                if len(found) >= max_count:
+                    break
+        return found, doubts
 
     def find_recent_send(self, topic: str, uniq_key: bytes, reconsume_times: int, digest: bytes,
                          since_timestamp: int) -> AppendResult | KeyCollision | None:
@@ -1114,49 +1292,66 @@ class MessageStore:
         UNIQ_KEY, reconsume count and content ``digest`` (:func:`retry_digest`), stored at or after
         ``since_timestamp``. A :class:`KeyCollision` when messages match all but the content, None when
         none matches. Deterministic: it reads only the key index and the commit log, which are identical on
-        every replica at the same applied index; every record it reads is verified first
-        (:class:`DamagedRecordError` when one is damaged: no answer is given from bytes that are not the
-        group's)."""
+        every replica at the same applied index; the key-index files it reads are checked first and every
+        record it reads is verified (:meth:`query_by_key` with ``verified``): a damaged file is rebuilt from
+        the commit log before it answers, and no answer is given from a record whose bytes are not the
+        group's (:class:`DamagedRecordError`)."""
         return self.find_recent_sends([(topic, uniq_key, reconsume_times, digest)], since_timestamp)[0]
 
     def find_recent_sends(self, sends: Sequence[tuple[str, bytes, int, bytes]],
                           since_timestamp: int) -> list[AppendResult | KeyCollision | None]:
         """:meth:`find_recent_send` for each (topic, UNIQ_KEY, reconsume count, digest), under one lock
         (apply asks for every send of a command at once)."""
-        found: list[AppendResult | KeyCollision | None] = []
         with self._lock:
-            lookup = self.index.lookup
             recent = self._recent_keys if self._recent_keys.authoritative(since_timestamp) else None
-            min_offset = self.commit_log.min_offset
-            end_offset = self.commit_log.end_offset
-            for topic, uniq_key, reconsume_times, digest in sends:
-                found.append(None)
-                if not uniq_key.isascii():
-                    try:
-                        uniq_key.decode()
-                    except UnicodeDecodeError:
-                        continue
-                topic_entry = self._topic_entry(topic)
-                if isinstance(topic_entry, str):
+            for _ in range(INDEX_CHECK_ROUNDS_MAX):
+                self._trust_index(since_timestamp)
+                found, doubts = self._find_recent_sends(sends, since_timestamp, recent)
+                if doubts:
+                    self._settle_doubts(doubts)
+                elif self._index_trusted(since_timestamp):
+                    return found
+            fail("the key index kept failing its checks for the sends of a command")
+
+    def _find_recent_sends(self, sends: Sequence[tuple[str, bytes, int, bytes]], since_timestamp: int,
+                           recent: RecentKeys | None
+                           ) -> tuple[list[AppendResult | KeyCollision | None], list[tuple[IndexFile, DamagedRecordError]]]:
+        """:meth:`find_recent_sends` once: the answers, and the entries that named no record of theirs."""
+        found: list[AppendResult | KeyCollision | None] = []
+        doubts: list[tuple[IndexFile, DamagedRecordError]] = []
+        lookup = self.index.lookup_entries
+        min_offset = self.commit_log.min_offset
+        for topic, uniq_key, reconsume_times, digest in sends:
+            found.append(None)
+            if not uniq_key.isascii():
+                try:
+                    uniq_key.decode()
+                except UnicodeDecodeError:
                     continue
-                # the index hashes ``topic#key``: continued from the topic prefix's CRC, as append does
-                hashed = _crc32(uniq_key, topic_entry[1])
-                if recent is not None and not recent.maybe(hashed):
-                    continue  # not stored since since_timestamp: the lookup would find nothing
-                for physical in lookup(hashed, 8, since_timestamp):
-                    if physical < min_offset or physical >= end_offset:
+            topic_entry = self._topic_entry(topic)
+            if isinstance(topic_entry, str):
+                continue
+            # the index hashes ``topic#key``: continued from the topic prefix's CRC, as append does
+            hashed = _crc32(uniq_key, topic_entry[1])
+            if recent is not None and not recent.maybe(hashed):
+                continue  # not stored since since_timestamp: the lookup would find nothing
+            for physical, second, source in lookup(hashed, 8, since_timestamp):
+                if physical < min_offset:
+                    continue  # deleted by retention
+                message = self._indexed_record(physical, second, hashed, verified=True)
+                if isinstance(message, DamagedRecordError):
+                    doubts.append((source, message))
+                    continue
+                if (message.topic == topic and message.reconsume_times == reconsume_times
+                        and message.store_timestamp >= since_timestamp
+                        and _dispatch_fields(message.properties)[2] == uniq_key):
+                    if retry_digest(message.flag, message.body, message.properties) != digest:
+                        found[-1] = KeyCollision(physical)  # unless an older match is the retried one
                         continue
-                    message = self._verified_message(physical)
-                    if (message.topic == topic and message.reconsume_times == reconsume_times
-                            and message.store_timestamp >= since_timestamp
-                            and _dispatch_fields(message.properties)[2] == uniq_key):
-                        if retry_digest(message.flag, message.body, message.properties) != digest:
-                            found[-1] = KeyCollision(physical)  # unless an older match is the retried one
-                            continue
-                        found[-1] = AppendResult(AppendStatus.OK, physical, message.queue_offset,
-                                                 message.total_size, message.store_host)
-                        break
-        return found
+                    found[-1] = AppendResult(AppendStatus.OK, physical, message.queue_offset,
+                                             message.total_size, message.store_host)
+                    break
+        return found, doubts
 
     def _verified_message(self, physical_offset: int) -> StoredMessage:
         """The record at ``physical_offset`` (inside the commit log, named by the key index), checked as the
@@ -1176,15 +1371,19 @@ class MessageStore:
         """Validate the records (CRC) from ``start`` for about ``max_bytes``: returns (offset of the first
         damaged record or None, where to continue). Catches what recovery cannot: recovery validates only
         the tail past the checkpoint, so a byte that went bad on disk deeper in a segment is found here.
-        The consume-queue unit of each valid record is checked too (:meth:`_check_queue_unit`)."""
+        The consume-queue unit and the key-index entries of each valid record are checked too
+        (:meth:`_check_queue_unit`, :meth:`_check_index_entries`)."""
         with self._lock:
             start = max(start, self.commit_log.min_offset)
             end = min(self.commit_log.end_offset, start + max_bytes)
             if start >= end:
                 return None, self.commit_log.min_offset  # wrap around
+            expected: list[IndexEntry] = []
             for message in self.commit_log.scan(start, end):
                 self._check_queue_unit(message)
+                expected.extend(_record_index_entries(message))
             reached = self.commit_log.scan_end
+            self._check_index_entries(expected)
             if reached >= end or reached >= self.commit_log.end_offset:
                 return None, reached
             return reached, reached

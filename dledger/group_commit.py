@@ -2,11 +2,11 @@
 
 Callers submit a list of messages (one send, or one batch send, which stays atomic) and get a future. A
 batcher thread takes waiting requests up to ``batch_messages_max`` messages and ``batch_bytes_max`` bytes
-(waiting up to ``linger_ms`` for more when the batch is not full), stamps them with one store timestamp
-(``wall_clock_ms``: a member passes its group clock, so the stamp is what a majority of the members' clocks
-say, not the leader's own clock; never lower than any earlier stamp, whatever the clocks of past leaders
-said), encodes one command and
-proposes it. At most ``in_flight_entries_max`` commands wait for Raft at once; beyond
+as soon as fewer than ``in_flight_entries_max`` entries are in flight (batches form from what arrives while
+entries are in flight, not by waiting; ``linger_ms``, 0 by default, adds a wait for a fuller batch), stamps
+them with one store timestamp (``wall_clock_ms``: a member passes its group clock, so the stamp is what a
+majority of the members' clocks say, not the leader's own clock; never lower than any earlier stamp,
+whatever the clocks of past leaders said), encodes one command and proposes it. Beyond
 ``pending_bytes_max`` waiting bytes a submit is refused as busy.
 
 Each future resolves with the caller's own results (offsets or per-message rejections), or fails with:
@@ -37,6 +37,7 @@ from dledger.apply import ApplyResult, OwnBatch
 from dledger.command import COMPRESS_MIN_BYTES, FLAG_LZ4, encode_messages_command, encode_records_command
 from dledger.config import GroupCommitSettings
 from dledger.future import PENDING, AppendFuture, Callbacks, set_results
+from dledger.stages import StageHistograms
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class _Request(AppendFuture[tuple[AppendResult, ...]]):
     an entry's round trip later, when they are cold in cache (on this 2-core host that freeing was a large
     share of the completion thread). ``count`` keeps their number."""
 
-    __slots__ = ("count", "messages", "size")
+    __slots__ = ("count", "messages", "size", "submitted")
 
     def __init__(self, messages: Sequence[MessageInput], size: int,
                  callback: Callable[[AppendFuture[tuple[AppendResult, ...]]], object] | None) -> None:
@@ -117,9 +118,12 @@ class _Request(AppendFuture[tuple[AppendResult, ...]]):
         self.messages: Sequence[MessageInput] = messages
         self.count = len(messages)
         self.size = size
+        #: when it was submitted (monotonic seconds: the batch_wait stage)
+        self.submitted = 0.0
 
 
 _MESSAGES: Final = operator.attrgetter("messages")
+_SUBMITTED: Final = operator.attrgetter("submitted")
 _NO_MESSAGES: Final[Sequence[MessageInput]] = ()
 
 
@@ -140,6 +144,7 @@ class GroupCommitter:
         monotonic: Callable[[], float] = time.monotonic,
         prepare: Prepare | None = None,
         command_prefix: bytes = b"",
+        stages: StageHistograms | None = None,
     ) -> None:
         self.settings = settings
         #: what ``propose`` gets in front of each command (the bytes the member stores commands after)
@@ -151,6 +156,8 @@ class GroupCommitter:
         self.body_size_max_bytes = body_size_max_bytes
         self.wall_clock_ms = wall_clock_ms
         self.monotonic = monotonic
+        #: where the send path's time goes (dledger.stages): batch_wait, encode, complete
+        self.stages = stages if stages is not None else StageHistograms()
         self._lock = threading.Lock()
         self._condition = threading.Condition(self._lock)
         self._waiting: deque[_Request] = deque()
@@ -158,7 +165,7 @@ class GroupCommitter:
         self._waiting_messages = 0
         # Futures are resolved on this thread, not on pysyncobj's tick thread: callers' callbacks must not
         # delay Raft (heartbeats, elections, the next entries).
-        self._completions: queue.SimpleQueue[tuple[list[_Request], ApplyResult | None, int] | None] = (
+        self._completions: queue.SimpleQueue[tuple[list[_Request], ApplyResult | None, int, float] | None] = (
             queue.SimpleQueue())
         self._completer = threading.Thread(target=self._complete_loop, name="group-commit-complete", daemon=True)
         self._completer.start()
@@ -200,6 +207,7 @@ class GroupCommitter:
         if size > self.entry_bytes_max:
             raise EntryTooLargeError(f"{size} bytes of messages exceed one entry ({self.entry_bytes_max} bytes)")
         request = _Request(messages, size, callback)
+        request.submitted = self.monotonic()
         settings = self.settings
         with self._lock:  # the condition's lock, taken without Condition's Python-level __enter__
             if self._stopped:
@@ -284,11 +292,14 @@ class GroupCommitter:
                 batch = self._take_batch()
                 if not batch:
                     continue
+                taken = self.monotonic()
                 stamp = max(self.wall_clock_ms(), self._last_stamp_ms)
                 self._last_stamp_ms = stamp
                 batch_id = self._next_batch_id
                 self._next_batch_id += 1
-                self._in_flight[batch_id] = (self.monotonic(), batch)
+                self._in_flight[batch_id] = (taken, batch)
+            requests = len(batch)  # the mean wait, weighted by sends: C-level sum, no Python step per send
+            self.stages.record("batch_wait", taken - sum(map(_SUBMITTED, batch)) / requests, requests)
             messages = list(chain.from_iterable(map(_MESSAGES, batch)))  # C-level: no Python step per send
             _drop_messages(batch)
             self.proposed_entries += 1
@@ -310,6 +321,7 @@ class GroupCommitter:
             if own is records:
                 # the records carry what apply needs: the messages go now, on this thread (see _Request)
                 del messages
+            self.stages.record("encode", self.monotonic() - taken)
             self.propose(data, functools.partial(self._on_applied, batch_id), own)
 
     def _encode(self, own: OwnBatch) -> bytes:
@@ -341,14 +353,17 @@ class GroupCommitter:
             entry = self._in_flight.pop(batch_id, None)
             self._condition.notify_all()
         if entry is not None:  # None: already failed by a timeout
-            self._completions.put((entry[1], result, reason))
+            self._completions.put((entry[1], result, reason, self.monotonic()))
 
     def _complete_loop(self) -> None:
         while True:
             item = self._completions.get()
             if item is None:
                 return
-            self._complete(*item)
+            batch, result, reason, applied = item
+            self.stages.record("complete", self.monotonic() - applied)
+            self._complete(batch, result, reason)
+            del batch, result
             # The batch's requests, results and callbacks go now, while they are in cache, not when the next
             # entry wakes this thread (after the other threads' work has pushed them out: ~5% of the leader)
             del item

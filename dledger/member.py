@@ -55,6 +55,7 @@ from dledger.snapshot import (
     SnapshotError,
     read_snapshot,
 )
+from dledger.stages import StageHistograms
 from dledger.state import ReplicatedState, StateError
 from dledger.timers import TIMER_TOPIC
 from dledger.transport import OUT_OF_BAND_MIN_BYTES, transport_class
@@ -79,6 +80,9 @@ TRANSFER_RETRY_SECONDS = 0.05
 #: percent of a core: a GB is re-validated every four minutes or so; 1 MB/s while writes are heavier)
 SCRUB_BYTES = 1 << 20
 SCRUB_PAUSE_SECONDS = 0.25
+#: key-index bytes the scrubber checks per step (header, checksum, links, slots: a file's used part is copied
+#: under the store lock, then checked without it)
+INDEX_SCRUB_BYTES = 4 << 20
 #: at most one warning this often that a peer did not answer a digest request
 DIGEST_WARNING_SECONDS = 60.0
 
@@ -160,6 +164,7 @@ class GroupMember:
         raft = config.raft
         conf = tuned_conf(
             append_entries_period_seconds=raft.append_entries_period_ms / 1000,
+            auto_tick_period_seconds=raft.tick_period_ms / 1000,
             raft_min_timeout_seconds=raft.election_timeout_min_ms / 1000,
             raft_max_timeout_seconds=raft.election_timeout_max_ms / 1000,
             entry_size_max_bytes=self.entry_bytes_max + ENTRY_OVERHEAD_BYTES,
@@ -177,9 +182,11 @@ class GroupMember:
         #: the group's time (a majority of the members' clocks, fed by the transport): what the leader stamps
         #: and what the broker's services run by, never one member's clock (dledger.group_clock)
         self.group_clock = GroupClock(1 + len(config.peers), lambda: replicated_floor_ms(self.state))
+        #: where the send path's time goes (dledger.stages), recorded by the committer, Raft and the broker
+        self.stages = StageHistograms()
         self.committer = GroupCommitter(config.group_commit, self._propose_raw, self._leadership, self.entry_bytes_max,
                                         store_config.body_size_max_bytes, wall_clock_ms=self.group_clock.now_ms,
-                                        prepare=builder.build, command_prefix=RAW_COMMAND_PREFIX)
+                                        prepare=builder.build, command_prefix=RAW_COMMAND_PREFIX, stages=self.stages)
         self._transfer: tuple[str, float] | None = None  # (target address or "" for any, deadline)
         self._next_transfer_attempt = 0.0
         self._next_preference_check = 0.0
@@ -192,7 +199,7 @@ class GroupMember:
         self._note_byte_config()
         self.raft = RaftNode(self, config.raft_address, peers, conf,
                               transport_class(config.secret, group_clock=self.group_clock),
-                              durable_journal=raft.journal_flush == "durable")
+                              durable_journal=raft.journal_flush == "durable", stages=self.stages)
         self.raft.addOnTickCallback(self._on_tick)
         self._stop_scrubber = threading.Event()
         self._next_digest_warning = 0.0  # (the scrubber's: when it may say again that a peer did not answer)
@@ -551,7 +558,10 @@ class GroupMember:
 
     def _scrub_loop(self) -> None:
         """Walk the commit log validating every record, again and again, at a bounded pace; a damaged
-        record (a byte gone bad on disk) is put back from a peer's copy, which is byte-identical."""
+        record (a byte gone bad on disk) is put back from a peer's copy, which is byte-identical. The records'
+        consume-queue units and key-index entries are checked on the way (``MessageStore.scrub``), and the
+        key-index files one after the other (``MessageStore.scrub_index``): a damaged one is rebuilt from the
+        commit log."""
         position = 0
         end = self.store.max_physical_offset
         pause = SCRUB_PAUSE_SECONDS
@@ -574,6 +584,9 @@ class GroupMember:
                     pause = 0.0
                 elif position > start:
                     self._compare_with_peers(start, position)
+                needed = self.store.scrub_index(INDEX_SCRUB_BYTES)
+                if needed is not None:  # a record a key-index file is rebuilt from
+                    self._repair(needed)
             except (StoreError, OSError, ValueError) as exc:
                 log.warning("scrubbing stopped at %d: %s", position, exc)
                 position = 0

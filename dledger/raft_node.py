@@ -13,8 +13,11 @@ side of :class:`RaftNode`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,6 +38,7 @@ from dledger.snapshot import (
     peek_last_entry,
     read_snapshot,
 )
+from dledger.stages import StageHistograms
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +88,10 @@ class _JournalFlusher:
     since the last one), so that a follower's tick thread goes on receiving while the disk writes; then wakes
     the tick thread through pysyncobj's poller to send the replies that waited for it."""
 
-    def __init__(self, journal: Any, poller: Any, on_durable: Callable[[], None]) -> None:
+    def __init__(self, journal: Any, poller: Any, on_durable: Callable[[], None],
+                 on_flushed: Callable[[float], None] = lambda seconds: None) -> None:
         self._journal = journal
+        self._on_flushed = on_flushed
         self._wake = threading.Event()
         self._stopped = False
         #: flushes run (tests wait for one to know the flusher is idle)
@@ -114,15 +120,25 @@ class _JournalFlusher:
             self._wake.clear()
             if self._stopped:
                 return
+            syncs = self._journal.syncs
+            started = time.monotonic()
             self._journal.make_durable()  # a failed flush stops the process (stop_on_sync_error)
+            if self._journal.syncs != syncs:
+                self._on_flushed(time.monotonic() - started)
             self._notifier.notify()
             self.cycles += 1
 
 
 class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
     def __init__(self, member: RaftHost, self_address: str, peers: list[str], conf: Any, transport: Any,
-                 durable_journal: bool = True) -> None:
+                 durable_journal: bool = True, stages: StageHistograms | None = None) -> None:
         self._member = member
+        #: where the send path's time goes (dledger.stages): propose_wait, replication, leader_fsync, apply
+        self.stages = stages if stages is not None else StageHistograms()
+        #: when each command still in pysyncobj's queue was proposed (its queue is first in, first out)
+        self._proposed_at: deque[float] = deque(maxlen=1 << 16)
+        #: when the leader appended and sent each entry not applied yet, by index
+        self._sent_at: dict[int, float] = {}
         self._serializer: BackgroundSnapshots | None = None
         #: success replies waiting for the flusher: node -> (term, index claimed, its term, next index)
         self._pending_replies: dict[Any, tuple[int, int, int | None, int]] = {}
@@ -146,8 +162,25 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
         return self._member.apply(self.raftLastApplied + 1, decode_payload(payload))
 
     def propose_raw(self, command: bytes, callback: Callable[[ApplyResult | None, int], None]) -> None:
-        """Append ``command`` (RAW_COMMAND_PREFIX + our bytes) to the Raft log as is: no pickling."""
+        """Append ``command`` (RAW_COMMAND_PREFIX + our bytes) to the Raft log as is: no pickling; the tick
+        thread is woken to send it at once (pysyncobj's batch mode wakes it for nothing: a proposal waited
+        for the poll timeout, up to ``autoTickPeriod``)."""
+        self._proposed_at.append(time.monotonic())
         self._applyCommand(command, callback)
+        self._wake_tick_thread()
+
+    def _wake_tick_thread(self) -> None:
+        """Cut the tick thread's poll short (any thread): one byte in a pipe, unless one is already on its
+        way (the flag is cleared on the tick thread before the tick that takes the queued commands)."""
+        notifier = self._proposal_notifier
+        if notifier is None or self._wake_pending:
+            return  # before the first tick: it takes the commands anyway
+        self._wake_pending = True
+        with contextlib.suppress(BlockingIOError):  # a pipe full of unread wake-ups: the thread is awake
+            notifier.notify()
+
+    def _on_woken(self) -> None:
+        self._wake_pending = False
 
     # pysyncobj keeps its Serializer in a private attribute, built in __init__ before its tick thread
     # starts: assigning it hands the member's BackgroundSnapshots (which wraps it) back to every use.
@@ -161,8 +194,19 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
         self._serializer = self._member._snapshots(base)
 
     def _SyncObj__doApplyCommand(self, command: bytes) -> Any:
+        index = self.raftLastApplied + 1
+        sent = self._sent_at.pop(index, None) if self._sent_at else None
+        if sent is None:
+            return self._apply(index, command)
+        started = time.monotonic()
+        self.stages.record("replication", started - sent)
+        result = self._apply(index, command)
+        self.stages.record("apply", time.monotonic() - started)
+        return result
+
+    def _apply(self, index: int, command: bytes) -> Any:
         if command[:2] == RAW_COMMAND_PREFIX:
-            return self._member.apply_raw(self.raftLastApplied + 1, command)
+            return self._member.apply_raw(index, command)
         return SyncObj._SyncObj__doApplyCommand(self, command)
 
     # Safety fixes to pysyncobj 0.3.17's follower side, made by overriding its name-mangled private
@@ -197,11 +241,17 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
     _reply_index_max: int | None = None
     #: flushes a journal that allows it off the tick thread (built on the first tick: see _onTick)
     _flusher: _JournalFlusher | None = None
+    #: wakes the tick thread when a command is proposed (built on the first tick: the poller is not
+    #: thread-safe), and whether a wake-up is on its way
+    _proposal_notifier: PipeNotifier | None = None
+    _wake_pending = False
     #: the log index this member must hold again before it votes (fix 8), or None
     _refetch_index: int | None = None
     #: why (fix 8), for the member's status
     damage: str | None = None
     _journal_checked = False
+    #: pysyncobj's commit step is running on a leader whose flushes run on the flusher thread (fix 6)
+    _counting_commit = False
     #: until when (pysyncobj's monotonic clock) a full disk keeps this member out of elections (fix 9)
     _disk_full_until = 0.0
     #: the last index of the leader's snapshot now arriving that we are not installing (fix 3)
@@ -318,10 +368,12 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
     #    majority). With our journal, whose flush may run off the tick thread (``concurrent_sync``), the reply
     #    waits in ``_pending_replies`` while the flusher thread syncs, and the tick thread goes on receiving
     #    the next entries meanwhile (group fsync); otherwise the flush runs right there.
-    # 6. The leader flushes the entries it appends right after sending them to the followers (the flush and
-    #    the round trip overlap) and the no-op it appends on becoming leader; and a leader's every tick starts
-    #    with a flush of anything still unflushed, so its count of itself in the tick's commit step covers
-    #    only flushed entries.
+    # 6. The leader has the entries it appends flushed right after sending them to the followers (the flush
+    #    and the round trip overlap), and the no-op it appends on becoming leader. The flush runs on the
+    #    flusher thread, as a follower's (the tick thread goes on receiving replies and sending entries
+    #    meanwhile), and its commit step counts itself only for entries on its disk: during that step the
+    #    log's end is reported as the durable index (``_counting_commit``), so no entry is committed that a
+    #    majority does not hold on disk. Before the flusher exists (the first tick) the flush runs here.
     # 7. Apply takes only entries on this member's disk, so the store is never ahead of its own log.
     #
     # pysyncobj counts the leader itself in every commit step without asking; these hooks are the calls that
@@ -334,6 +386,23 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
         journal = self._SyncObj__raftLog
         if isinstance(journal, SegmentedJournal):
             journal.make_durable()
+
+    def _flush_soon(self) -> None:
+        """The leader's entries to disk (fix 6): on the flusher thread once it runs, here before."""
+        if self._flusher is not None:
+            self._flusher.request()
+        else:
+            self._make_durable()
+
+    def _on_flushed(self, seconds: float) -> None:
+        if self._SyncObj__raftState == RAFT_STATE_LEADER:
+            self.stages.record("leader_fsync", seconds)
+
+    def _SyncObj__getCurrentLogIndex(self) -> int:
+        index: int = SyncObj._SyncObj__getCurrentLogIndex(self)
+        if self._counting_commit:  # fix 6: the leader's commit step counts it only for what is on its disk
+            return min(index, int(self._SyncObj__raftLog.durable_index))
+        return index
 
     def _check_journal_once(self) -> None:
         """On the tick thread, before the first tick or message: the journal policy, and whether the journal
@@ -369,10 +438,14 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
         if not self._journal_checked:
             self._check_journal_once()
         journal = self._SyncObj__raftLog
+        if self._proposal_notifier is None:
+            self._proposal_notifier = PipeNotifier(self._poller, self._on_woken)
         if self._flusher is None and isinstance(journal, SegmentedJournal) and journal.sync_enabled:
-            self._flusher = _JournalFlusher(journal, self._poller, self._send_durable_replies)
-        if self._SyncObj__raftState == RAFT_STATE_LEADER or self._flusher is None:
-            self._make_durable()  # fix 6; a follower's flushes run on the flusher thread (fix 5)
+            self._flusher = _JournalFlusher(journal, self._poller, self._send_durable_replies, self._on_flushed)
+        if self._flusher is None:
+            self._make_durable()  # fix 5 and 6, on this thread until the flusher runs
+        elif self._SyncObj__raftState == RAFT_STATE_LEADER and journal.unsynced:
+            self._flusher.request()  # fix 6 (whatever is left unflushed: a flush ran while entries came)
         self._send_durable_replies()
         if self._refetch_index is not None:
             self._hold_back_election()
@@ -385,10 +458,15 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
             # a member whose journal cannot take entries does not stand for election (fix 9)
             deadline: float = getattr(self, "_SyncObj__raftElectionDeadline")  # noqa: B009  (pysyncobj's field)
             setattr(self, "_SyncObj__raftElectionDeadline", max(deadline, self._disk_full_until))  # noqa: B010
+        # fix 6: pysyncobj's commit step comes first in its tick and ends where it applies (our override of
+        # its apply clears this): the leader counts itself only for entries on its disk
+        self._counting_commit = self._SyncObj__raftState == RAFT_STATE_LEADER and self._durable_index() is not None
         try:
             SyncObj._onTick(self, timeToWait)
         except DiskFullError as exc:  # a leader appending proposals (or its no-op): the rest of this tick is skipped
             self._on_disk_full(exc)
+        finally:
+            self._counting_commit = False
 
     # Full disk (fix 9): a journal append that finds no space raises DiskFullError (nothing half-written).
     # A leader steps down (its pending proposals fail by timeout, unacknowledged); a follower does not answer
@@ -451,6 +529,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
     def _SyncObj__applyLogEntries(self) -> bool:
         """Apply only entries on disk here (fix 7): a follower's flush runs off the tick thread, and the
         store must never be ahead of its own log."""
+        self._counting_commit = False  # the commit step is over (fix 6)
         durable = self._durable_index()
         commit_index: int = getattr(self, "_SyncObj__raftCommitIndex")  # noqa: B009  (pysyncobj's private field)
         if durable is None or durable >= commit_index:
@@ -510,7 +589,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
 
     def _SyncObj__onBecomeLeader(self) -> None:
         SyncObj._SyncObj__onBecomeLeader(self)
-        self._make_durable()
+        self._flush_soon()  # its no-op (fix 6)
 
     def _checkCommandsToApply(self) -> None:
         """Commit latency: in batch mode pysyncobj sends new entries only every ``appendEntriesPeriod``, so
@@ -521,10 +600,25 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
         throughput unchanged within noise. Sending an append_entries early is always safe in Raft."""
         before = self._SyncObj__getCurrentLogIndex()
         SyncObj._checkCommandsToApply(self)
-        if self._SyncObj__raftState != RAFT_STATE_LEADER or self._SyncObj__getCurrentLogIndex() <= before:
+        after = self._SyncObj__getCurrentLogIndex()
+        if self._SyncObj__raftState != RAFT_STATE_LEADER:
+            self._proposed_at.clear()  # pysyncobj failed (or forwarded) what was queued
+            self._sent_at.clear()
+            return
+        if after <= before:
             return
         self._SyncObj__sendAppendEntries()
-        self._make_durable()  # fix 6
+        self._note_sent(before + 1, after)
+        self._flush_soon()  # fix 6
+
+    def _note_sent(self, first: int, last: int) -> None:
+        """Stages: entries ``first``..``last`` (proposed in order) left now."""
+        now = time.monotonic()
+        proposed_at = self._proposed_at
+        for index in range(first, last + 1):
+            if proposed_at:
+                self.stages.record("propose_wait", now - proposed_at.popleft())
+            self._sent_at[index] = now
 
     def _SyncObj__sendNextNodeIdx(self, node: Any, reset: bool = False, nextNodeIdx: int | None = None,
                                   success: bool = False) -> None:

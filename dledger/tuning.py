@@ -88,8 +88,10 @@ def tuned_conf(
       the leader sends new entries only every period, so the 100 ms default paces both throughput and
       commit latency (~150 ms p50 measured; ~3 ms with 2 ms). It also bounds how long one tick may spend
       sending or taking commands from the queue.
-    * ``autoTickPeriod`` = ``auto_tick_period_seconds`` (1 ms): the longest the tick thread sleeps in
-      ``poll`` with nothing to do; with 50 ms a command waits up to 50 ms before the leader sees it.
+    * ``autoTickPeriod`` = ``auto_tick_period_seconds`` (1 ms here; members use ``tick_period_ms``, 5 ms):
+      the longest the tick thread sleeps in ``poll`` with nothing to do. pysyncobj's batch mode wakes it for
+      nothing, so with 50 ms a command waited up to 50 ms before the leader saw it; our RaftNode wakes it
+      for each proposal (and for each finished flush), so the period only paces its timers.
     * ``sendBufferSize``/``recvBufferSize`` = ``socket_buffer_bytes`` (4 MiB, this host's
       ``net.core.wmem_max``/``rmem_max``): ~1-2 MB are in flight at full rate, and 64 KiB buffers make the
       leader stall on every batch.

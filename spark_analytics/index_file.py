@@ -12,7 +12,15 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
-from commitlog.key_index import ENTRY, HEADER, HEADER_BYTES, INDEX_MAGIC, INDEX_VERSION, SLOT
+from commitlog.key_index import (
+    ENTRY,
+    HEADER,
+    HEADER_BYTES,
+    INDEX_MAGIC,
+    INDEX_VERSION,
+    INDEX_VERSION_UNCHECKED,
+    SLOT,
+)
 
 #: slot-count candidates tried below the first large word (each costs a check of a few entries)
 SLOT_CANDIDATES_MAX: Final = 64
@@ -42,7 +50,7 @@ def read_index_file(data: bytes) -> IndexFileContents:
     if len(data) < HEADER_BYTES:
         raise IndexFileError(f"{len(data)} bytes: shorter than the header")
     magic, version, _, begin_physical, _, begin_timestamp, _, count = HEADER.unpack_from(data, 0)
-    if magic != INDEX_MAGIC or version != INDEX_VERSION:
+    if magic != INDEX_MAGIC or version not in (INDEX_VERSION, INDEX_VERSION_UNCHECKED):
         raise IndexFileError(f"bad magic {magic:#010x} or version {version}")
     slot_count = infer_slot_count(data, count)
     base = HEADER_BYTES + slot_count * SLOT.size

@@ -19,7 +19,7 @@ import math
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Final
+from typing import Final, cast
 
 from broker.remoting.codec import (
     FrameDecoder,
@@ -451,9 +451,10 @@ class FrameConnection(asyncio.Protocol):
     # ------------------------------------------------------------------------- transport callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if not isinstance(transport, asyncio.Transport):
+        # uvloop's stream transports are not asyncio.Transport subclasses: what a stream offers is checked
+        if not callable(getattr(transport, "write", None)) or not callable(getattr(transport, "pause_reading", None)):
             raise TypeError(f"a stream transport is required, got {type(transport).__name__}")
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)
         self._remote_host, self._remote_port, self._remote_address = _format_address(
             transport.get_extra_info("peername")
         )

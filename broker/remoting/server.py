@@ -36,6 +36,7 @@ import itertools
 import logging
 import math
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Final, Protocol
@@ -180,6 +181,8 @@ class RequestContext:
 
     request: RemotingCommand
     connection: Connection
+    #: when the server queued it for a worker (``time.monotonic()``; 0.0 when not known)
+    received: float = 0.0
 
     @property
     def remote_address(self) -> str:
@@ -203,7 +206,7 @@ class _Route:
 
     name: str
     processor: Processor
-    queue: asyncio.Queue[tuple[ServerConnection, RemotingCommand]]
+    queue: asyncio.Queue[tuple[ServerConnection, RemotingCommand, float]]
     queue_max: int
     workers: int
     tasks: list[asyncio.Task[None]]
@@ -595,7 +598,7 @@ class RemotingServer:
                 connection.answer(request, refusal)
                 return
         try:
-            route.queue.put_nowait((connection, request))
+            route.queue.put_nowait((connection, request, time.monotonic()))
         except asyncio.QueueFull:
             connection.answer(
                 request,
@@ -637,9 +640,9 @@ class RemotingServer:
 
     async def _work(self, route: _Route) -> None:
         while True:
-            connection, request = await route.queue.get()
+            connection, request, received = await route.queue.get()
             try:
-                response = await self._process(route, connection, request)
+                response = await self._process(route, connection, request, received)
                 connection.answer(request, response)
             finally:
                 connection.request_finished()
@@ -649,10 +652,10 @@ class RemotingServer:
                 route.queue.task_done()
 
     async def _process(
-        self, route: _Route, connection: ServerConnection, request: RemotingCommand
+        self, route: _Route, connection: ServerConnection, request: RemotingCommand, received: float
     ) -> RemotingCommand | None:
         try:
-            return await route.processor(RequestContext(request, connection))
+            return await route.processor(RequestContext(request, connection, received))
         except InvariantError as error:
             # A programmer error: this process can no longer be trusted to answer anything.
             self._fail(error)

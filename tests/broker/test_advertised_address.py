@@ -27,6 +27,7 @@ from broker.registration import Registrar
 from broker.remoting import RemotingClient, RequestCode, ResponseCode
 from commitlog.config import ConfigError
 from dledger.member import GroupMember, MemberStatus
+from dledger.stages import StageHistograms
 from tests.broker.helpers import LOOPBACK, NODE_FILE_HEAD, run
 
 LISTEN, ADVERTISED = "127.0.0.1:10911", "127.0.0.1:30911"
@@ -128,6 +129,7 @@ class StandInMember:
     def __init__(self, is_leader: bool, leader: str | None) -> None:
         self.is_leader = is_leader
         self.leader = leader
+        self.stages = StageHistograms()
 
     def status(self) -> MemberStatus:
         return MemberStatus("n0", "leader" if self.is_leader else "follower", 3, self.leader, 0, 0, 0, 0)

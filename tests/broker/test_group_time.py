@@ -29,6 +29,7 @@ from dledger.config import GroupCommitSettings
 from dledger.group_clock import GroupClock, replicated_floor_ms
 from dledger.group_commit import GroupCommitter
 from dledger.member import GroupMember, MemberStatus
+from dledger.stages import StageHistograms
 from dledger.state import ReplicatedState
 from dledger.timers import schedule
 from tests.broker.helpers import NODE_FILE_HEAD, run
@@ -79,6 +80,7 @@ class StandInMember:
         self.clocks = clocks
         self.own_ms = own_ms
         self.is_leader = True
+        self.stages = StageHistograms()
         self.group_clock = GroupClock(3, lambda: replicated_floor_ms(replica.state), wall_clock_ms=self.wall,
                                       monotonic=clocks.monotonic)
 

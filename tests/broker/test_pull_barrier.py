@@ -26,6 +26,7 @@ from dledger.command import Command, LeaderStamp, TopicConfig
 from dledger.group_clock import GroupClock
 from dledger.group_commit import NotLeaderError
 from dledger.member import GroupMember, MemberStatus
+from dledger.stages import StageHistograms
 from tests.broker.helpers import NODE_FILE_HEAD, run
 
 TOPIC = "Orders"
@@ -61,6 +62,7 @@ class StandInMember:
         self.group_clock = GroupClock(1)  # the barrier's leader stamp is in the group's time
         self.proposals: list[Command] = []
         self.refuse_proposals = False
+        self.stages = StageHistograms()
         self.release = threading.Event()
         self.release.set()
 

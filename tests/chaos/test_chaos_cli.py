@@ -38,6 +38,6 @@ def test_scenarios_lists_every_scenario() -> None:
     result = CliRunner().invoke(main, ["chaos", "scenarios"])
     assert result.exit_code == 0
     for name in ("kill-leader", "pause-leader", "partition-leader", "partition-random", "kill-all-restart",
-                 "wipe-follower", "slow-link", "disk-full", "corrupt-follower", "partition-client-leader",
+                 "wipe-follower", "slow-link", "disk-full", "disk-full-leader", "corrupt-follower", "partition-client-leader",
                  "client-link-reset", "slow-client-link", "mixed"):
         assert name in result.output

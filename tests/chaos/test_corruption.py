@@ -216,6 +216,8 @@ def test_corrupt_minority_makes_every_damage_but_its_open_findings() -> None:
     assert set(corruption.OPEN_FINDINGS) <= set(corruption.EVERY_DAMAGE)
     assert set(corruption.SURVIVED_DAMAGE) == set(corruption.EVERY_DAMAGE) - set(corruption.OPEN_FINDINGS)
     assert all(reason for reason in corruption.OPEN_FINDINGS.values())
+    # issue #24 (a key-index file bit-flipped) is fixed: corrupt-minority makes that damage too
+    assert (corruption.KEY_INDEX, corruption.BIT_FLIP) in corruption.SURVIVED_DAMAGE
 
 
 def test_damage_some_file_falls_back_to_a_choice_that_applies(tmp_path: Path) -> None:

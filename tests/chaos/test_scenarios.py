@@ -1,7 +1,7 @@
 """Short chaos runs against a real three-member group: a leader kill, kills during Raft log compaction, a
-leader partition, the clients cut off from the leader and the power of every member cut, each checked end to
-end (history checker, drain, convergence, byte-equal replicas). Fixed seeds; ports are picked free at run
-time; the runner stops every process it started, which each test checks.
+leader partition, the clients cut off from the leader, the power of every member cut and the leader's disk
+filled, each checked end to end (history checker, drain, convergence, byte-equal replicas). Fixed seeds; ports
+are picked free at run time; the runner stops every process it started, which each test checks.
 
 The Spark check is skipped here (on two shared cores its session alone takes about a minute); the
 runner's own byte comparison of the replicas still decides the verdict. ``make chaos`` runs Spark.
@@ -12,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
 import re
 from pathlib import Path
 
 import pytest
 
-from chaos import powerfs
+from chaos import disk, powerfs
+from chaos.checker import WEDGE_BOUND_SECONDS
 from chaos.runner import RunOptions, RunOutcome, run
 from chaos.scenarios import SCENARIOS
 from chaos.workload import WorkloadConfig
@@ -121,3 +123,53 @@ def test_power_loss_of_every_member_short_run_is_clean(tmp_path: Path) -> None:
     cuts = [json.loads(line)["detail"] for line in (report_dir / "history.jsonl").read_text().splitlines()
             if '"kind":"power-loss"' in line]
     assert sum(int(lost) for cut in cuts for lost in re.findall(r"(\d+) B in", cut)) > 0, cuts  # it bit
+
+
+#: a member started with this directory first on PYTHONPATH does not step down on a full disk (the control)
+NO_STEP_DOWN_DIRECTORY = Path(__file__).parent / "no_step_down"
+#: set to 1 to run the controls: runs that must fail, showing that a check can
+CONTROLS_VARIABLE = "RAFTMQ_CHAOS_CONTROLS"
+
+
+def run_disk_full_leader(report_dir: Path) -> tuple[RunOutcome, str]:
+    """One fill of the leader's disk (12-16 s), as the scenario makes it."""
+    if (reason := disk.tmpfs_unavailable()) is not None:
+        pytest.skip(f"no tmpfs mounts here: {reason}")
+    return run_short("disk-full-leader", report_dir, 17)
+
+
+def full_member_log(report_dir: Path, outcome: RunOutcome) -> str:
+    (window,) = outcome.result.full_disk_leaders
+    return (report_dir / "cluster" / window.fault.target / "broker.log").read_text(errors="replace")
+
+
+def test_disk_full_leader_short_run_is_clean(tmp_path: Path) -> None:
+    """The member on its own tmpfs made the leader and its disk filled under load: it steps down (then stops,
+    when it cannot store the next term), another member leads and sends are acknowledged again well within
+    the bound; nothing acknowledged is lost, the replicas end byte-identical. RAFTMQ_CHAOS_CONTROLS=1 runs the
+    same with the step-down disabled, which must fail (the test below)."""
+    report_dir = tmp_path / "disk-full-leader"
+    outcome, printed = run_disk_full_leader(report_dir)
+    assert_clean(outcome, printed, report_dir)
+    (window,) = outcome.result.full_disk_leaders
+    assert not window.wedged and window.stepped_down_after_seconds is not None, printed
+    assert window.longest_gap is not None and window.longest_gap.seconds < WEDGE_BOUND_SECONDS, printed
+    assert "the Raft journal is out of disk space" in full_member_log(report_dir, outcome), printed  # it bit
+    assert disk.mounted_tmpfs(tmp_path) == []
+
+
+@pytest.mark.skipif(os.environ.get(CONTROLS_VARIABLE) != "1", reason=f"a control run ({CONTROLS_VARIABLE}=1)")
+def test_disk_full_leader_without_the_step_down_is_wedged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control of the test above: the members started with tests/chaos/no_step_down's sitecustomize, whose
+    RaftNode._on_disk_full does nothing. The full leader goes on leading, no send is acknowledged until its disk
+    is freed, and the verdict says so (``wedged``), and nothing else."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(NO_STEP_DOWN_DIRECTORY),
+                                                                   os.environ.get("PYTHONPATH")))))
+    report_dir = tmp_path / "disk-full-leader"
+    outcome, printed = run_disk_full_leader(report_dir)
+    assert outcome.verdict == "violations", printed
+    assert {violation.kind for violation in outcome.result.violations} == {"wedged"}, printed
+    (window,) = outcome.result.full_disk_leaders
+    assert window.wedged and window.stepped_down_after_seconds is None, printed
+    assert "control run: RaftNode._on_disk_full does nothing" in full_member_log(report_dir, outcome)
+    assert "WEDGED" in printed and outcome.report["replicas_identical"]

@@ -16,6 +16,7 @@ from cli.cluster import LocalCluster
 from cli.main import main
 from client import ClientConfig, ConsumerConfig, PushConsumer
 from client.loop import EventLoopThread
+from dledger.stages import STAGES
 from tests.client.fake_broker import FakeGroup
 from tests.support import free_ports, small_store, wait_for
 
@@ -235,6 +236,36 @@ def test_group_status_asks_each_member_through_the_broker(real_cluster: LocalClu
     empty = CliRunner().invoke(main, ["group", "status", "no-such-group"], env=env)
     assert empty.exit_code == 1 and "group no-such-group has no live consumer" in empty.output
     assert "Traceback" not in empty.output
+
+
+@pytest.mark.slow
+def test_bench_produce_shows_the_stages_of_the_send_path_and_runs_several_clients(
+        real_cluster: LocalCluster) -> None:
+    env = {"RAFTMQ_NAMESRV": real_cluster.namesrv}
+    staged = CliRunner().invoke(main, ["bench", "produce", "--topic", "CliStages", "--count", "300", "--size", "100",
+                                       "--inflight", "8", "--stages", "--json"], env=env)
+    assert staged.exit_code == 0, staged.output
+    summary = json.loads(staged.stdout.strip().splitlines()[-1])
+    rows = {row["stage"]: row for row in summary["stages"]}
+    assert list(rows) == list(STAGES)
+    # every send of the run passed each per-send stage once (the counts are this run's: before and after)
+    for stage in ("remoting", "prepare", "batch_wait", "answer"):
+        assert rows[stage]["count"] == 300, rows[stage]
+    # group commit: an entry carries one send or several; the first send of a new topic creates it first
+    assert 1 <= rows["replication"]["count"] <= 300 + 2 and rows["apply"]["count"] == rows["replication"]["count"]
+    assert all(0 <= row["p50_ms"] <= row["p99_ms"] for row in rows.values())
+    table = CliRunner().invoke(main, ["bench", "produce", "--topic", "CliStages", "--count", "20", "--stages"], env=env)
+    assert table.exit_code == 0 and "replication" in table.stdout and "leader_fsync" in table.stdout
+    several = CliRunner().invoke(main, ["bench", "produce", "--topic", "CliStages", "--count", "301", "--size", "100",
+                                        "--inflight", "4", "--clients", "3", "--json"], env=env)
+    assert several.exit_code == 0, several.output
+    merged = json.loads(several.stdout.strip().splitlines()[-1])
+    assert merged["messages"] == 301 and merged["errors"] == 0 and merged["p50_ms"] <= merged["max_ms"]
+    timed = CliRunner().invoke(main, ["bench", "produce", "--topic", "CliStages", "--duration", "0.5", "--size", "100",
+                                      "--inflight", "4", "--json"], env=env)
+    assert timed.exit_code == 0, timed.output
+    ran = json.loads(timed.stdout.strip().splitlines()[-1])
+    assert ran["messages"] > 0 and 0.5 <= ran["seconds"] < 30  # stops once the time is up (not at 10,000)
 
 
 @pytest.mark.slow

@@ -44,6 +44,10 @@ def test_up_status_kill_leader_restart_down(data_dir: Path) -> None:
     namesrv = next(line for line in started.stdout.splitlines() if line.startswith("namesrv=")).split("=", 1)[1]
     info = json.loads((data_dir / "cluster.json").read_text())
     assert info["namesrv"] == namesrv and [node["id"] for node in info["nodes"]] == ["n0", "n1", "n2"]
+    # an endpoint for 5.x clients (the leader's gRPC address); cluster.json lists every member's
+    grpc_endpoint = next(line for line in started.stdout.splitlines() if line.startswith("grpc=")).split("=", 1)[1]
+    grpc_addresses = [node["grpc_address"] for node in info["nodes"]]
+    assert grpc_endpoint in grpc_addresses and len(set(grpc_addresses)) == 3
     assert (data_dir / "n0" / "store" / "commitlog").is_dir()
     for node in ("n0", "n1", "n2"):  # --set reached every member's file, and the store uses it
         settings = tomllib.loads((data_dir / node / "node.toml").read_text())
@@ -94,6 +98,7 @@ def test_usage_errors_exit_2_without_traceback(tmp_path: Path) -> None:
     ("node.id=n7", "the section must be one of store, raft, group_commit, broker"),
     ("store.store_host=10.0.0.1:1", "is set by `raftmq cluster up` itself"),
     ("broker.namesrv=[]", "is set by `raftmq cluster up` itself"),
+    ("broker.grpc_address=127.0.0.1:1", "is set by `raftmq cluster up` itself"),
     ("segment_size_bytes=1", "is not SECTION.KEY=VALUE"),
     ("store.segment_size_bytes", "is not SECTION.KEY=VALUE"),
     ("group_commit.linger_ms={ a = 1 }", "VALUE must be a number"),

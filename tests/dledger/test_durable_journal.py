@@ -189,6 +189,34 @@ def test_every_applied_entry_was_flushed_first(tmp_path: Path, monkeypatch: pyte
         assert applied == [("apply", 2, False), ("apply", 3, False)]
 
 
+def test_a_leader_counts_itself_toward_a_majority_only_for_entries_on_its_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leader's flush runs on its flusher thread (its tick thread goes on meanwhile): a follower's
+    success for entries the leader has not flushed yet is not a majority with the leader's own copy."""
+    events: Events = []
+    with node(tmp_path, events, [LEADER, OTHER], monkeypatch) as leader:
+        leader._SyncObj__setCurrentTerm(1, None)
+        leader._SyncObj__onBecomeLeader()  # appends the term's no-op (index 2)
+        deadline = time.monotonic() + 10
+        while leader._SyncObj__raftLog.durable_index < 2 and time.monotonic() < deadline:
+            leader.doTick(0.001)
+        release = slow_flushes(monkeypatch)  # the disk gets busy
+        leader.propose_raw(RAW_COMMAND_PREFIX + b"one", lambda result, error: None)
+        leader.propose_raw(RAW_COMMAND_PREFIX + b"two", lambda result, error: None)
+        leader.doTick(0)
+        assert leader._SyncObj__raftLog.last_index == 4 and leader._SyncObj__raftLog.durable_index == 2
+        # one follower holds the no-op and both commands on its disk
+        leader._SyncObj__onMessageReceived(TCPNode(LEADER), {"type": "next_node_idx", "next_node_idx": 5,
+                                                             "success": True, "term": 1})
+        for _ in range(5):
+            leader.doTick(0)
+        assert leader.raftCommitIndex == 2  # the follower and the leader's page cache are not a majority
+        assert not [event for event in events if event[0] == "apply" and event[1] > 2]
+        release.set()
+        tick_until(leader, events, ("apply", 4, False))
+        assert leader.raftCommitIndex == 4
+
+
 def test_a_single_member_leader_flushes_before_it_commits_and_applies(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     events: Events = []
@@ -199,15 +227,35 @@ def test_a_single_member_leader_flushes_before_it_commits_and_applies(tmp_path: 
         assert leader._isLeader()
         leader.propose_raw(RAW_COMMAND_PREFIX + b"one", lambda result, error: None)
         leader.propose_raw(RAW_COMMAND_PREFIX + b"two", lambda result, error: None)
-        for _ in range(5):
-            leader.doTick(0)
+        tick_until(leader, events, ("apply", 4, False))  # its flushes run on the flusher thread
         applied = [event for event in events if event[0] == "apply"]
         # a new journal starts with pysyncobj's no-op at index 1; the leader's own no-op is index 2
         assert [index for _, index, _ in applied] == [3, 4] and all(not unsynced for _, _, unsynced in applied)
-        flushed = [event[1] for event in events if event[0] == "flush" and event[1] > 1]  # 1: pysyncobj's first
-        # the no-op of the new term was flushed when it was appended; the two commands when proposed
-        assert flushed[0] == 2 and 4 in flushed
-        assert events.index(("flush", 4)) < events.index(("apply", 3, False))
+        # the no-op of the new term and the two commands were flushed (on the flusher thread, together when
+        # they came faster than a flush) before the commit step counted the leader for them
+        first_flush = next(event for event in events if event[0] == "flush" and event[1] >= 3)
+        assert events.index(first_flush) < events.index(("apply", 3, False))
+        assert ("flush", 4) in events
+
+
+def test_a_proposal_wakes_a_tick_thread_that_waits_in_its_poll(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proposal leaves at once, not when the tick thread's poll times out (``autoTickPeriod``, 1 ms in
+    production, here a tick that would wait 60 s): pysyncobj's batch mode queued it and woke nobody."""
+    events: Events = []
+    with node(tmp_path, events, [], monkeypatch) as leader:
+        deadline = time.monotonic() + 10.0
+        while not leader._isLeader() and time.monotonic() < deadline:
+            leader.doTick(0.001)
+        assert leader._isLeader()
+        for _ in range(3):
+            leader.doTick(0)  # nothing left over to wake the next poll
+        waiting = threading.Thread(target=leader.doTick, args=(60.0,), daemon=True)
+        waiting.start()
+        leader.propose_raw(RAW_COMMAND_PREFIX + b"one", lambda result, error: None)
+        waiting.join(timeout=20.0)
+        assert not waiting.is_alive(), "the tick thread slept through the proposal"
+        tick_until(leader, events, ("apply", 3, False))
 
 
 def test_the_page_cache_policy_never_flushes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

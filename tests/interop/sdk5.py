@@ -1,0 +1,90 @@
+"""The stock RocketMQ 5.x Python SDK in a venv of its own, and runs of :mod:`tests.interop.sdk5_driver` in it.
+
+The SDK never runs in the test process: its generated ``apache.rocketmq.v2`` modules register the same
+protobuf descriptors as ours (``broker.v2.protocol``), and its package ``rocketmq`` is also the C++
+binding's name. ``make test`` creates the venv (``python -m tests.interop.sdk5``) before pytest runs; a
+test run without it creates it itself. Either way it is made from ``sdk5-requirements.txt`` (every package
+pinned) and remade when that file changes. Concurrent runs wait for each other on a lock file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+REPOSITORY: Final = Path(__file__).resolve().parents[2]
+REQUIREMENTS: Final = Path(__file__).with_name("sdk5-requirements.txt")
+DRIVER: Final = Path(__file__).with_name("sdk5_driver.py")
+#: inside the main venv's directory: ignored by git and removed by `make clean` with it
+VENV: Final = REPOSITORY / ".venv" / "rocketmq5"
+STAMP: Final = VENV / "requirements.sha256"
+INSTALL_TIMEOUT_SECONDS: Final = 600.0
+#: one driver run: start, route, some sends and transactions on two shared cores
+DRIVER_TIMEOUT_SECONDS: Final = 120.0
+
+
+def python() -> Path:
+    return VENV / "bin" / "python"
+
+
+def _wanted() -> str:
+    return hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
+
+
+def ensure() -> Path:
+    """The SDK venv's python, installing the venv first when it is missing or out of date."""
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    with (VENV.parent / "rocketmq5.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        wanted = _wanted()
+        if STAMP.exists() and STAMP.read_text().strip() == wanted and python().exists():
+            return python()
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True,
+                       timeout=INSTALL_TIMEOUT_SECONDS)
+        subprocess.run([str(python()), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                        "--no-deps", "-r", str(REQUIREMENTS)], check=True, timeout=INSTALL_TIMEOUT_SECONDS)
+        subprocess.run([str(python()), "-c", "import rocketmq.v5"], check=True, timeout=60)
+        STAMP.write_text(wanted + "\n")
+        return python()
+
+
+@dataclass(frozen=True)
+class DriverRun:
+    """One finished driver run: a result per message (in order), and what it wrote to stderr."""
+
+    results: list[dict[str, Any]]
+    returncode: int
+    stderr: str
+
+    def describe(self) -> str:
+        return f"exit {self.returncode}; results {self.results}; stderr tail:\n{self.stderr[-3000:]}"
+
+
+def produce(endpoints: str, topic: str, messages: list[dict[str, Any]], *, access_key: str = "",
+            secret_key: str = "", home: Path | None = None) -> DriverRun:
+    """Send ``messages`` (see :mod:`tests.interop.sdk5_driver`) with one stock SDK producer."""
+    sdk_python = ensure()
+    spec = {"endpoints": endpoints, "topic": topic, "messages": messages, "access_key": access_key,
+            "secret_key": secret_key}
+    with tempfile.TemporaryDirectory(prefix="sdk5-") as scratch:
+        spec_path = Path(scratch) / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        # the SDK logs to $HOME/logs/rocketmq_python/: keep it out of the real home
+        environment = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        environment["HOME"] = str(home or scratch)
+        completed = subprocess.run([str(sdk_python), str(DRIVER), "produce", str(spec_path)], capture_output=True,
+                                   text=True, env=environment, cwd=scratch, timeout=DRIVER_TIMEOUT_SECONDS)
+    results = [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("{")]
+    return DriverRun(results, completed.returncode, completed.stderr)
+
+
+if __name__ == "__main__":
+    print(ensure())
