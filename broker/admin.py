@@ -1,11 +1,17 @@
 """Offsets, queries and administration: QUERY/UPDATE_CONSUMER_OFFSET, GET_MAX/MIN_OFFSET,
 SEARCH_OFFSET_BY_TIMESTAMP, GET_EARLIEST_MSG_STORETIME, QUERY_MESSAGE, VIEW_MESSAGE_BY_ID,
-UPDATE_AND_CREATE_TOPIC, DELETE_TOPIC_IN_BROKER, GET_ALL_TOPIC_CONFIG, GET_BROKER_RUNTIME_INFO, and what
+UPDATE_AND_CREATE_TOPIC, DELETE_TOPIC_IN_BROKER, GET_ALL_TOPIC_CONFIG, GET_BROKER_RUNTIME_INFO, what
 ``mqadmin topicStatus`` and ``consumerProgress`` read: GET_TOPIC_STATS_INFO and GET_CONSUME_STATS (their
-bodies key each queue by a MessageQueue object, as fastjson writes such a map)."""
+bodies key each queue by a MessageQueue object, as fastjson writes such a map), the consumer groups
+(GET_ALL_SUBSCRIPTIONGROUP_CONFIG, as rocketmq-dashboard lists them) and ``mqadmin resetOffsetByTime``'s
+INVOKE_BROKER_TO_RESET_OFFSET.
+
+Every change (a topic created, changed or deleted, an offset reset) goes through Raft: a deleted topic
+leaves every replica's state with its committed offsets, a reset offset is a replicated offset commit."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Final
 
@@ -16,8 +22,15 @@ from broker.pull_rates import PullRates
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import RequestContext
-from broker.requests import INT32_MAX, RequestError, integer, object_keyed_json, text
-from broker.topics import PERM_INHERIT, PERM_READ, PERM_WRITE, SYSTEM_TOPICS, check_topic_name
+from broker.requests import INT32_MAX, RequestError, boolean, integer, object_keyed_json, text
+from broker.topics import (
+    INTERNAL_TOPIC_QUEUES,
+    PERM_INHERIT,
+    PERM_READ,
+    PERM_WRITE,
+    SYSTEM_TOPICS,
+    check_topic_name,
+)
 from commitlog.errors import StoreError
 from commitlog.message import SYSFLAG_BORNHOST_V6
 from dledger.command import Command, TopicConfig
@@ -29,8 +42,19 @@ ADMIN_CODES: Final = (
     RequestCode.GET_MIN_OFFSET, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, RequestCode.GET_EARLIEST_MSG_STORETIME,
     RequestCode.QUERY_MESSAGE, RequestCode.VIEW_MESSAGE_BY_ID, RequestCode.UPDATE_AND_CREATE_TOPIC,
     RequestCode.DELETE_TOPIC_IN_BROKER, RequestCode.GET_ALL_TOPIC_CONFIG, RequestCode.GET_BROKER_RUNTIME_INFO,
-    RequestCode.GET_TOPIC_STATS_INFO, RequestCode.GET_CONSUME_STATS,
+    RequestCode.GET_TOPIC_STATS_INFO, RequestCode.GET_CONSUME_STATS, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+    RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
 )
+#: groups one GET_ALL_SUBSCRIPTIONGROUP_CONFIG answer lists at most (each takes ~250 bytes of a frame)
+GROUPS_LISTED_MAX: Final = 20_000
+#: INVOKE_BROKER_TO_RESET_OFFSET's timestamp that means each queue's max offset (Java's, as mqadmin sends it)
+RESET_TO_LATEST: Final = -1
+#: ours, in INVOKE_BROKER_TO_RESET_OFFSET: "true" resets while the group has live consumers of the topic.
+#: Java's broker tells live consumers to move (RESET_CONSUMER_CLIENT_OFFSET); this one does not, and a live
+#: consumer commits the position it holds over the reset within seconds, so it refuses unless asked.
+RESET_WHILE_ONLINE_FIELD: Final = "resetWhileOnline"
+#: the extField of that refusal naming the live consumers (comma-separated client ids)
+ONLINE_CONSUMERS_FIELD: Final = "onlineConsumers"
 #: where a stored record's store timestamp starts, by born host kind (the store host is always IPv4)
 _STORE_TIMESTAMP_AT: Final = (56, 68)
 
@@ -108,13 +132,7 @@ class AdminProcessor:
         if code == RequestCode.UPDATE_AND_CREATE_TOPIC:
             return await self._create_topic(request)
         if code == RequestCode.DELETE_TOPIC_IN_BROKER:
-            topic = text(fields, "topic")
-            existing = broker.topic_config(topic)
-            if existing is None:
-                return make_response(request, ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
-            await broker.propose(Command((TopicConfig(topic, 0, 0, 0, deleted=True),)))
-            broker.on_topics_changed()
-            return _ok(request)
+            return await self._delete_topic(request)
         if code == RequestCode.GET_ALL_TOPIC_CONFIG:
             table = {name: _topic_json(config) for name, config in sorted(dict(broker.state.topics).items())}
             return make_response(request, ResponseCode.SUCCESS, body=json.dumps(
@@ -126,6 +144,10 @@ class AdminProcessor:
             return self._consume_stats(request)
         if code == RequestCode.GET_BROKER_RUNTIME_INFO:
             return make_response(request, ResponseCode.SUCCESS, body=json.dumps({"table": self.runtime_info()}).encode())
+        if code == RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG:
+            return self._subscription_groups(request)
+        if code == RequestCode.INVOKE_BROKER_TO_RESET_OFFSET:
+            return await self._reset_offset(request)
         return make_response(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, "not an admin request")
 
     def runtime_info(self) -> dict[str, str]:
@@ -248,6 +270,103 @@ class AdminProcessor:
         self.broker.require_leader()
         await self.broker.put_topic(TopicConfig(topic, read, write, perm, sys_flag, order))
         return _ok(request)
+
+    async def _delete_topic(self, request: RemotingCommand) -> RemotingCommand:
+        """DELETE_TOPIC_IN_BROKER: the topic leaves the replicated state of every member, with every group's
+        committed offsets of it (``ReplicatedState.apply_topic``); pulls and sends then find no such topic.
+        The broker's own topics are refused, as Java refuses system topics. The name servers keep routing
+        it until DELETE_TOPIC_IN_NAMESRV (registrations only add topics), as with Java's broker."""
+        topic = text(request.ext_fields, "topic")
+        if topic in SYSTEM_TOPICS or topic in INTERNAL_TOPIC_QUEUES:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, f"The topic[{topic}] is conflict with system topic.")
+        if topic not in self.broker.state.topics:
+            return make_response(request, ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
+        await self.broker.propose(Command((TopicConfig(topic, 0, 0, 0, deleted=True),)))
+        self.broker.on_topics_changed()
+        return _ok(request)
+
+    def _subscription_groups(self, request: RemotingCommand) -> RemotingCommand:
+        """GET_ALL_SUBSCRIPTIONGROUP_CONFIG (Java's SubscriptionGroupWrapper): the consumer groups this broker
+        group knows. Java creates a group's entry on its first heartbeat or pull (autoCreateSubscriptionGroup)
+        and keeps it; raftmq keeps no table of such implicit groups, so the answer is what stands in for it:
+        the groups configured through Raft, those with committed offsets (both replicated) and those with live
+        consumers connected to this member, each with Java's default settings unless configured."""
+        broker = self.broker
+        configured = dict(broker.state.groups)
+        names = set(configured) | {key[0] for key in list(broker.state.consumer_offsets)}
+        names |= {name for name in list(self.consumers.consumers) if self.consumers.live(self.consumers.consumers, name)}
+        if len(names) > GROUPS_LISTED_MAX:
+            raise RequestError(ResponseCode.SYSTEM_ERROR,
+                               f"{len(names)} consumer groups exceed what one answer lists ({GROUPS_LISTED_MAX})")
+        table = {}
+        for name in sorted(names):
+            group = configured.get(name)
+            table[name] = {
+                "groupName": name, "consumeEnable": group.consume_enable if group else True,
+                "consumeFromMinEnable": True,
+                "consumeBroadcastEnable": group.consume_broadcast_enable if group else True,
+                "retryQueueNums": 1, "retryMaxTimes": group.retry_max_times if group else 16,
+                "brokerId": group.broker_id if group else 0, "whichBrokerWhenConsumeSlowly": 1,
+                "notifyConsumerIdsChangedEnable": True,
+            }
+        return make_response(request, ResponseCode.SUCCESS, body=json.dumps({
+            "subscriptionGroupTable": table, "dataVersion": {"timestamp": 0, "counter": broker.state.applied_index},
+        }).encode())
+
+    async def _reset_offset(self, request: RemotingCommand) -> RemotingCommand:
+        """INVOKE_BROKER_TO_RESET_OFFSET (``mqadmin resetOffsetByTime``; header topic, group, timestamp,
+        isForce): each read queue's committed offset of ``group`` moves to the first message stored at or
+        after ``timestamp`` (each queue's max offset for -1, its min offset for 0), or, without isForce, only
+        back, never forward (Java's rule). Committed as one replicated offset commit, after this leader
+        caught up with what any member applied (a barrier), so the max offsets are the group's latest.
+
+        Java's broker tells the group's live consumers to move and answers CONSUMER_NOT_ONLINE when it has
+        none (mqadmin then commits the offsets itself); this one commits for a group without live consumers
+        of the topic, and refuses one that has them (naming them in ``onlineConsumers``) unless
+        ``resetWhileOnline`` is true: a live consumer would commit the position it holds over the reset.
+        Answers Java's ResetOffsetBody, ``{"offsetTable": {MessageQueue: offset}}``."""
+        fields = request.ext_fields
+        topic, group = text(fields, "topic"), text(fields, "group")
+        timestamp = integer(fields, "timestamp", None, RESET_TO_LATEST)
+        only_back = not boolean(fields, "isForce", True)
+        while_online = boolean(fields, RESET_WHILE_ONLINE_FIELD, False)
+        if not group.strip():
+            raise RequestError(ResponseCode.SYSTEM_ERROR, "the consumer group is blank")
+        if topic in SYSTEM_TOPICS or topic in INTERNAL_TOPIC_QUEUES:
+            raise RequestError(ResponseCode.SYSTEM_ERROR, f"the offsets of system topic {topic} are the broker's own")
+        broker = self.broker
+        if broker.topic_config(topic) is None:
+            return make_response(request, ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
+        broker.require_leader()
+        online = [entry.client_id for entry in self.consumers.live(self.consumers.consumers, group)
+                  if topic in entry.subscriptions]
+        if online and not while_online:
+            raise RequestError(
+                ResponseCode.SYSTEM_ERROR,
+                f"consumer group {group} has {len(online)} live consumer(s) of {topic} ({', '.join(online)}): "
+                "stop them first, a live consumer commits the position it holds over a reset",
+                {ONLINE_CONSUMERS_FIELD: ",".join(online)})
+        await broker.barrier()
+        config = broker.topic_config(topic)
+        if config is None:  # deleted meanwhile
+            return make_response(request, ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
+        store = broker.store
+        targets: list[tuple[int, int]] = []
+        for queue_id in range(config.read_queue_nums):
+            if timestamp == RESET_TO_LATEST:
+                target = store.max_queue_offset(topic, queue_id)
+            else:
+                target = store.offset_by_timestamp(topic, queue_id, timestamp)
+            pending = self.offsets.pending_offset(group, topic, queue_id)
+            current = pending if pending is not None else broker.state.consumer_offset(group, topic, queue_id)
+            if only_back and current is not None and current < target:
+                target = current
+            targets.append((queue_id, target))
+        # one submission: behind any commit already waiting, and coalesced into one command
+        await asyncio.gather(*[self.offsets.submit(group, topic, queue_id, offset) for queue_id, offset in targets])
+        table = ",".join(f"{json.dumps(self._queue_key(topic, queue_id), separators=(',', ':'), sort_keys=True)}:{offset}"
+                         for queue_id, offset in targets)
+        return make_response(request, ResponseCode.SUCCESS, body=('{"offsetTable":{' + table + "}}").encode())
 
 
 def _topic_json(config: TopicConfig) -> dict[str, object]:

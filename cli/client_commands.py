@@ -34,7 +34,17 @@ import click
 from broker.namesrv.model import PERM_READ, PERM_WRITE
 from broker.remoting import event_loop
 from broker.remoting.codes import ResponseCode
-from client.admin import AsyncAdmin
+from client.admin import (
+    RESET_TO_EARLIEST,
+    RESET_TO_LATEST,
+    AsyncAdmin,
+    GroupOnlineError,
+    GroupSummary,
+    QueueReset,
+    TopicSettings,
+    check_group,
+    is_system_topic,
+)
 from client.config import (
     ACCESS_KEY_ENV,
     CREDENTIALS_FILE_ENV,
@@ -46,9 +56,9 @@ from client.config import (
     ProducerConfig,
     load_credentials,
 )
-from client.errors import MQClientError
+from client.errors import MessageValidationError, MQClientError
 from client.lite_pull_consumer import AsyncLitePullConsumer
-from client.message import Message, MessageExt, MessageQueue, PullStatus, SendResult
+from client.message import Message, MessageExt, MessageQueue, PullStatus, SendResult, check_topic
 from client.producer import AsyncProducer
 from client.pull_consumer import AsyncPullConsumer
 from client.running_info import ConsumerRunningInfo
@@ -216,14 +226,14 @@ def message_json(message: MessageExt) -> dict[str, object]:
 
 @click.group(context_settings=CONTEXT)
 def topic() -> None:
-    """Create, change, list and describe topics."""
+    """Create, change, delete, list and describe topics."""
 
 
 def _topic_options(function: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(
         [
             click.option("--queues", type=click.IntRange(1, 1024), default=None,
-                         help="Read and write queue count (default 4 for create)."),
+                         help="Read and write queue count (default 4)."),
             click.option("--read-queues", type=click.IntRange(0, 1024), default=None, help="Read queue count."),
             click.option("--write-queues", type=click.IntRange(0, 1024), default=None, help="Write queue count."),
             click.option("--perm", default="rw", show_default=True, help="rw, r, w, none, or RocketMQ's 0..7."),
@@ -241,6 +251,14 @@ def _queue_counts(queues: int | None, read: int | None, write: int | None, curre
     if queues is not None:
         return queues, queues
     return (current[0] if read is None else read, current[1] if write is None else write)
+
+
+def _valid(check: Callable[[], object]) -> None:
+    """Run a client-side check before connecting: refused input is ``Error: ...`` and exit code 2."""
+    try:
+        check()
+    except MessageValidationError as error:
+        raise BadInputError(error.remark) from None
 
 
 @topic.command("create", context_settings=CONTEXT)
@@ -266,40 +284,85 @@ def topic_create(name: str, queues: int | None, read_queues: int | None, write_q
                                             perm=perm_number, order=order, cluster=cluster)
 
     groups = run(create())
-    click.echo(f"topic {name}: {read} read / {write} write queues, perm {perm_text(perm_value(perm))} "
-               f"on {', '.join(groups)}")
+    click.echo(f"topic {name}: {read} read / {write} write queues, perm {perm_text(perm_number)}"
+               f"{', ordered' if order else ''} on {', '.join(groups)}")
+
+
+def _echo_settings(settings: TopicSettings) -> None:
+    click.echo(f"topic {settings.topic} on {settings.broker_name}: {settings.read_queue_nums} read / "
+               f"{settings.write_queue_nums} write queues, perm {perm_text(settings.perm)}"
+               f"{', ordered' if settings.order else ''}")
 
 
 @topic.command("update", context_settings=CONTEXT)
 @click.argument("name")
-@_topic_options
+@click.option("--queues", type=click.IntRange(1, 1024), default=None, help="Read and write queue count.")
+@click.option("--read-queues", type=click.IntRange(0, 1024), default=None, help="Read queue count.")
+@click.option("--write-queues", type=click.IntRange(0, 1024), default=None, help="Write queue count.")
+@click.option("--perm", default=None, help="rw, r, w, none, or RocketMQ's 0..7.")
+@click.option("--order/--no-order", default=None, help="Mark the topic as ordered, or not.")
+@click.option("--cluster", default=None, help="Only the broker groups of this cluster (default: all that have it).")
 @namesrv_option
-def topic_update(name: str, queues: int | None, read_queues: int | None, write_queues: int | None, perm: str,
-                 order: bool, cluster: str | None, namesrv: str) -> None:
-    """Change an existing topic's queue counts or permissions (unset options keep their value).
+def topic_update(name: str, queues: int | None, read_queues: int | None, write_queues: int | None,
+                 perm: str | None, order: bool | None, cluster: str | None, namesrv: str) -> None:
+    """Change what is given of topic NAME; everything else keeps the value each broker group has.
+
+    Fewer write queues: producers stop writing to the others, consumers still read them. Fewer read
+    queues would leave messages where no consumer reads them: refused while a consumer group still has
+    messages to consume in the queues removed, or when fewer read than write queues would remain. To
+    shrink, lower --write-queues first, let the groups catch up, then lower --read-queues.
 
     \b
     Examples:
       raftmq topic update Orders --queues 16
       raftmq topic update Orders --perm r        # stop writes, keep reads
+      raftmq topic update Orders --write-queues 4 && raftmq topic update Orders --read-queues 4
     """
-    perm_number = perm_value(perm)
+    if queues is not None and (read_queues is not None or write_queues is not None):
+        raise click.UsageError("use --queues or --read-queues/--write-queues, not both")
+    if queues is None and read_queues is None and write_queues is None and perm is None and order is None:
+        raise click.UsageError("nothing to change: give --queues, --read-queues, --write-queues, --perm or "
+                               "--order/--no-order")
+    read = queues if queues is not None else read_queues
+    write = queues if queues is not None else write_queues
+    perm_number = None if perm is None else perm_value(perm)
+    _valid(lambda: check_topic(name))
     config = client_config(namesrv)
 
-    async def update() -> tuple[int, int, list[str]]:
+    async def update() -> dict[str, TopicSettings]:
         async with AsyncAdmin(config) as admin:
-            route = await admin.describe_topic(name)
-            current = max(((q.read_queue_nums, q.write_queue_nums) for q in route.data.queue_datas), default=(4, 4))
-            read, write = _queue_counts(queues, read_queues, write_queues, current)
-            options: dict[str, object] = {"read_queue_nums": read, "write_queue_nums": write,
-                                          "perm": perm_number, "order": order}
-            if cluster is not None:
-                options["cluster"] = cluster
-            return read, write, await admin.update_topic(name, **options)
+            groups = await admin.update_topic(name, read_queue_nums=read, write_queue_nums=write, perm=perm_number,
+                                              order=order, cluster=cluster)
+            return await admin.topic_settings(name, groups)
 
-    read, write, groups = run(update())
-    click.echo(f"topic {name}: {read} read / {write} write queues, perm {perm_text(perm_value(perm))} "
-               f"on {', '.join(groups)}")
+    for settings in run(update()).values():
+        _echo_settings(settings)
+
+
+@topic.command("delete", context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--cluster", default=None, help="Only the broker groups of this cluster (default: all that have it).")
+@namesrv_option
+def topic_delete(name: str, cluster: str | None, namesrv: str) -> None:
+    """Delete topic NAME (mqadmin deleteTopic): from each broker group's replicated state, with every
+    consumer group's offsets of it, then from every name server's routes. Its messages are no longer
+    served; they stay in the commit log until retention deletes them. System topics are refused.
+
+    \b
+    Examples:
+      raftmq topic delete Orders
+      raftmq topic delete Orders --cluster DefaultCluster --namesrv 127.0.0.1:9876
+    """
+    _valid(lambda: check_topic(name))
+    if is_system_topic(name):
+        raise BadInputError(f"{name} is a system topic: the broker's own, it cannot be deleted")
+    config = client_config(namesrv)
+
+    async def delete() -> list[str]:
+        async with AsyncAdmin(config) as admin:
+            return await admin.delete_topic(name, cluster=cluster)
+
+    click.echo(f"topic {name} deleted from {', '.join(run(delete()))}")
 
 
 @topic.command("list", context_settings=CONTEXT)
@@ -602,7 +665,7 @@ def msg_query(key: str | None, msg_id: str | None, topic_name: str | None, max_n
 
 @click.group(context_settings=CONTEXT)
 def group() -> None:
-    """Consumer groups."""
+    """Consumer groups: list them, their progress and members, reset their offsets."""
 
 
 @group.command("progress", context_settings=CONTEXT)
@@ -737,6 +800,118 @@ def group_status(name: str, client_ids: tuple[str, ...], jstack: bool, as_json: 
         click.echo(f"Error: {client_id}: {error}", err=True)
     if failed:
         sys.exit(1)
+
+
+@group.command("list", context_settings=CONTEXT)
+@json_option
+@namesrv_option
+def group_list(as_json: bool, namesrv: str) -> None:
+    """List the consumer groups the broker groups know (those with committed offsets, configured ones and
+    those with live consumers), with their live members, the topics they consume, their total lag and
+    their consume rate over the last minute (mqadmin consumerProgress without a group).
+
+    \b
+    Examples:
+      raftmq group list
+      raftmq group list --json | jq '.[] | select(.totalLag > 1000)'
+    """
+    config = client_config(namesrv)
+
+    async def fetch() -> list[GroupSummary]:
+        async with AsyncAdmin(config) as admin:
+            return await admin.list_groups()
+
+    groups = run(fetch())
+    if as_json:
+        echo_json([{"group": entry.group, "consumers": list(entry.consumer_ids), "online": len(entry.consumer_ids),
+                    "topics": list(entry.topics), "totalLag": entry.total_lag,
+                    "consumeTps": round(entry.consume_tps, 3)} for entry in groups])
+        return
+    echo_table(["group", "online", "topics", "lag", "consume TPS"],
+               [[entry.group, len(entry.consumer_ids), ",".join(entry.topics) or "-", entry.total_lag,
+                 f"{entry.consume_tps:.1f}"] for entry in groups])
+
+
+def parse_reset_time(text: str) -> int:
+    """Epoch milliseconds from ``1767225600000`` or an ISO time ``2026-01-01T10:00:00[+01:00]`` (local time
+    when no offset is given)."""
+    text = text.strip()
+    if text.isascii() and text.isdigit():
+        value = int(text)
+    else:
+        try:
+            moment = datetime.datetime.fromisoformat(text)
+        except ValueError:
+            raise click.BadParameter(f"use epoch ms or an ISO time (2026-01-01T10:00:00), got {text!r}",
+                                     param_hint="'--to-time'") from None
+        if moment.tzinfo is None:
+            moment = moment.astimezone()
+        value = int(moment.timestamp() * 1000)
+    if not 0 <= value <= RESET_TIME_MAX_MS:
+        raise click.BadParameter(f"{text!r} is outside 1970..9999", param_hint="'--to-time'")
+    return value
+
+
+#: 9999-12-31T23:59:59.999Z: a later epoch-ms value is a typo
+RESET_TIME_MAX_MS: Final = 253_402_300_799_999
+
+
+@group.command("reset-offset", context_settings=CONTEXT)
+@click.argument("name", metavar="GROUP")
+@click.option("--topic", "topic_name", required=True, metavar="TOPIC", help="The topic whose offsets move.")
+@click.option("--to-time", default=None, metavar="ISO|EPOCH_MS",
+              help="To the first message stored at or after this time.")
+@click.option("--to", "to_position", type=click.Choice(["earliest", "latest"]), default=None,
+              help="To the first stored message, or past the last one.")
+@click.option("--force", is_flag=True,
+              help="Reset even while the group has live consumers of the topic (they may commit over it).")
+@json_option
+@namesrv_option
+def group_reset_offset(name: str, topic_name: str, to_time: str | None, to_position: str | None, force: bool,
+                       as_json: bool, namesrv: str) -> None:
+    """Move GROUP's committed offset of every queue of TOPIC (mqadmin resetOffsetByTime), forward or
+    back, through Raft like every offset commit.
+
+    Stop the group's consumers first: RocketMQ's broker tells live consumers to move, raftmq's does not,
+    and a live consumer commits the position it holds over the reset, within seconds or when it shuts
+    down. A group with live consumers of TOPIC is refused unless --force (for members the brokers still
+    list that no longer consume, e.g. cut off until their heartbeats expire).
+
+    \b
+    Examples:
+      raftmq group reset-offset audit --topic Orders --to earliest
+      raftmq group reset-offset audit --topic Orders --to-time 2026-01-01T10:00:00
+      raftmq group reset-offset audit --topic Orders --to latest --json
+    """
+    if (to_time is None) == (to_position is None):
+        raise click.UsageError("give one of --to-time or --to")
+    if to_time is not None:
+        timestamp = parse_reset_time(to_time)
+    else:
+        timestamp = RESET_TO_EARLIEST if to_position == "earliest" else RESET_TO_LATEST
+    _valid(lambda: check_group(name))
+    _valid(lambda: check_topic(topic_name))
+    if is_system_topic(topic_name):
+        raise BadInputError(f"{topic_name} is a system topic: its offsets are the broker's own")
+    config = client_config(namesrv)
+
+    async def reset() -> list[QueueReset]:
+        async with AsyncAdmin(config) as admin:
+            try:
+                return await admin.reset_offset(name, topic_name, timestamp, while_online=force)
+            except GroupOnlineError as error:
+                raise BadInputError(f"{error.remark}; or pass --force") from None
+
+    resets = run(reset())
+    rows = [{"topic": entry.queue.topic, "brokerName": entry.queue.broker_name, "queueId": entry.queue.queue_id,
+             "previousOffset": entry.previous_offset, "offset": entry.offset} for entry in resets]
+    if as_json:
+        echo_json({"group": name, "topic": topic_name, "queues": rows})
+        return
+    click.echo(f"group {name}: offsets of {topic_name} reset")
+    echo_table(["broker", "queue", "previous offset", "offset"],
+               [[row["brokerName"], row["queueId"], "-" if row["previousOffset"] is None else row["previousOffset"],
+                 row["offset"]] for row in rows])
 
 
 # ------------------------------------------------------------------------------------------- bench

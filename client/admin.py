@@ -1,14 +1,15 @@
-"""Administration (Java's ``DefaultMQAdminExt`` / ``MQAdminImpl``, the parts users need): topics,
-routes, queue offsets, consumer progress, what a consumer reports about itself (running info), and looking
-messages up by key or id.
+"""Administration (Java's ``DefaultMQAdminExt`` / ``MQAdminImpl``, the parts users need): topics (create,
+update what is given, delete), routes, queue offsets, consumer groups and their progress, offset resets, what
+a consumer reports about itself (running info), and looking messages up by key or id.
 
-Topic changes go to each broker group's leader (with the same failover as sends); reads go to the
-leader first and to followers when it cannot be reached.
+Topic changes and offset resets go to each broker group's leader (with the same failover as sends); reads
+go to the leader first and to followers when it cannot be reached.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -18,13 +19,15 @@ from typing import Any, Final, Self
 
 from broker.namesrv.model import PERM_READ, PERM_WRITE, ClusterInfo, decode_topic_list
 from broker.remoting import RequestCode, ResponseCode
-from client.config import AUTO_CREATE_TOPIC_KEY, ClientConfig
+from broker.topics import SYSTEM_TOPICS
+from client.config import AUTO_CREATE_TOPIC_KEY, ClientConfig, ConfigError, ConsumerConfig
 from client.errors import (
     BrokerUnavailableError,
     ClientErrorCode,
     MessageValidationError,
     MQBrokerError,
     MQClientError,
+    NameServerUnavailableError,
     RequestTimeoutError,
     TopicNotFoundError,
 )
@@ -56,6 +59,15 @@ QUEUE_NUMS_MAX: Final = 1024
 _QUERY_MAX_NUM: Final = 64
 #: a broker waits 10 s for a consumer's running info (Java's ``Broker2Client``): the admin waits longer
 RUNNING_INFO_TIMEOUT_SECONDS: Final = 15.0
+#: :meth:`AsyncAdmin.reset_offset` timestamps: each queue's first stored message, and its end (Java's -1)
+RESET_TO_EARLIEST: Final = 0
+RESET_TO_LATEST: Final = -1
+#: INVOKE_BROKER_TO_RESET_OFFSET's field (raftmq's) that resets while the group has live consumers, and the
+#: field of the refusal naming them (broker.admin)
+_RESET_WHILE_ONLINE_FIELD: Final = "resetWhileOnline"
+_ONLINE_CONSUMERS_FIELD: Final = "onlineConsumers"
+#: groups :meth:`AsyncAdmin.list_groups` asks about at once
+_GROUP_QUERIES_IN_FLIGHT_MAX: Final = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +151,79 @@ class ConsumerConnection:
     consume_from_where: str
 
 
+@dataclass(frozen=True, slots=True)
+class TopicSettings:
+    """A topic's configuration on one broker group (GET_ALL_TOPIC_CONFIG's TopicConfig)."""
+
+    topic: str
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    order: bool = False
+    topic_sys_flag: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSummary:
+    """One consumer group as ``mqadmin consumerProgress`` without a group lists it: its live members, the
+    topics it has committed offsets on, its total lag and how fast it consumed over the last minute."""
+
+    group: str
+    consumer_ids: tuple[str, ...]
+    topics: tuple[str, ...]
+    total_lag: int
+    consume_tps: float
+
+
+@dataclass(frozen=True, slots=True)
+class QueueReset:
+    """One queue of an offset reset: the group's committed offset before (None: it had none) and after."""
+
+    queue: MessageQueue
+    previous_offset: int | None
+    offset: int
+
+
+class GroupOnlineError(MQClientError):
+    """An offset reset refused because the group has live consumers of the topic: a live consumer keeps the
+    position it holds and commits it over the reset. Nothing was changed."""
+
+    def __init__(self, group: str, topic: str, client_ids: Sequence[str]) -> None:
+        super().__init__(
+            ResponseCode.SYSTEM_ERROR,
+            f"consumer group {group} has {len(client_ids)} live consumer(s) of {topic} ({', '.join(client_ids)}): "
+            "stop them first (a live consumer commits the position it holds over the reset)",
+        )
+        self.group = group
+        self.topic = topic
+        self.client_ids = tuple(client_ids)
+
+
+def check_group(group: object) -> str:
+    """A consumer group name the client accepts, or :class:`MessageValidationError`."""
+    try:
+        ConsumerConfig(group=group)  # type: ignore[arg-type]
+    except ConfigError as error:
+        raise MessageValidationError(str(error)) from None
+    assert isinstance(group, str)
+    return group
+
+
+def _topic_fields(settings: TopicSettings) -> dict[str, str]:
+    """UPDATE_AND_CREATE_TOPIC's header for ``settings``."""
+    return {
+        "topic": settings.topic,
+        "defaultTopic": AUTO_CREATE_TOPIC_KEY,
+        "readQueueNums": str(settings.read_queue_nums),
+        "writeQueueNums": str(settings.write_queue_nums),
+        "perm": str(settings.perm),
+        "topicFilterType": "SINGLE_TAG",
+        "topicSysFlag": str(settings.topic_sys_flag),
+        "order": "true" if settings.order else "false",
+    }
+
+
 def _connections(value: object, address: str) -> tuple[ClientConnection, ...]:
     if not isinstance(value, list):
         raise MQClientError(ResponseCode.SYSTEM_ERROR, f"connectionSet from {address} is not a list")
@@ -162,7 +247,17 @@ def _offset_table(body: bytes, address: str) -> list[tuple[MessageQueue, dict[st
 
 
 def is_system_topic(topic: str) -> bool:
-    return topic == AUTO_CREATE_TOPIC_KEY or topic.startswith(SYSTEM_TOPIC_PREFIXES)
+    return topic == AUTO_CREATE_TOPIC_KEY or topic.startswith(SYSTEM_TOPIC_PREFIXES) or topic in SYSTEM_TOPICS
+
+
+def _check_queue_count(value: object, name: str) -> None:
+    if type(value) is not int or not 0 <= value <= QUEUE_NUMS_MAX:
+        raise MessageValidationError(f"{name} must be in [0, {QUEUE_NUMS_MAX}], got {value!r}")
+
+
+def _check_perm(perm: object) -> None:
+    if type(perm) is not int or not 0 <= perm <= 7:
+        raise MessageValidationError(f"perm must be in [0, 7] (read 4, write 2, inherit 1), got {perm!r}")
 
 
 class AsyncAdmin:
@@ -243,26 +338,15 @@ class AsyncAdmin:
         ones); with ``wait_for_route``, return once the name servers route the new queue counts.
         Returns the broker groups changed."""
         check_topic(topic)
-        for name, value in (("read_queue_nums", read_queue_nums), ("write_queue_nums", write_queue_nums)):
-            if type(value) is not int or not 0 <= value <= QUEUE_NUMS_MAX:
-                raise MessageValidationError(f"{name} must be in [0, {QUEUE_NUMS_MAX}], got {value!r}")
+        _check_queue_count(read_queue_nums, "read_queue_nums")
+        _check_queue_count(write_queue_nums, "write_queue_nums")
         if read_queue_nums == 0 and write_queue_nums == 0:
             raise MessageValidationError("a topic needs read or write queues")
-        if type(perm) is not int or not 0 <= perm <= 7:
-            raise MessageValidationError(f"perm must be in [0, 7] (read 4, write 2, inherit 1), got {perm!r}")
+        _check_perm(perm)
         names = list(broker_names) if broker_names else await self.broker_names(cluster)
         if not names:
             raise MQClientError(ResponseCode.SYSTEM_ERROR, "no broker group is registered with the name servers")
-        fields = {
-            "topic": topic,
-            "defaultTopic": AUTO_CREATE_TOPIC_KEY,
-            "readQueueNums": str(read_queue_nums),
-            "writeQueueNums": str(write_queue_nums),
-            "perm": str(perm),
-            "topicFilterType": "SINGLE_TAG",
-            "topicSysFlag": "0",
-            "order": "true" if order else "false",
-        }
+        fields = _topic_fields(TopicSettings(topic, "", read_queue_nums, write_queue_nums, perm, order))
         deadline = self._deadline()
         for name in names:
             response, address = await self.instance.invoke_leader(
@@ -273,12 +357,173 @@ class AsyncAdmin:
             await self._wait_for_route(topic, set(names), read_queue_nums, write_queue_nums, perm, deadline)
         return names
 
-    async def update_topic(self, topic: str, **options: object) -> list[str]:
-        """Change an existing topic (queue counts, perm); :class:`TopicNotFoundError` if it has none."""
+    async def topic_settings(self, topic: str, broker_names: Sequence[str] | None = None) -> dict[str, TopicSettings]:
+        """The topic's configuration on each broker group of its route (or the given groups), read from each
+        group's leader (GET_ALL_TOPIC_CONFIG); a group that does not hold the topic is left out.
+        :class:`TopicNotFoundError` when the name servers route no such topic and no group is given."""
+        names = list(broker_names) if broker_names else list((await self.instance.topic_route(topic, refresh=True)).broker_names)
+        found: dict[str, TopicSettings] = {}
+        for name in names:
+            response, address = await self.instance.invoke_any(name, RequestCode.GET_ALL_TOPIC_CONFIG)
+            check_response(response, address)
+            try:
+                entry = json.loads(response.body)["topicConfigTable"].get(topic)
+                if entry is not None:
+                    found[name] = TopicSettings(topic, name, int(entry["readQueueNums"]), int(entry["writeQueueNums"]),
+                                                int(entry["perm"]), bool(entry.get("order", False)),
+                                                int(entry.get("topicSysFlag", 0)))
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise MQClientError(ResponseCode.SYSTEM_ERROR, f"unreadable topic config from {address}: {exc!r}") from None
+        return found
+
+    async def update_topic(
+        self,
+        topic: str,
+        *,
+        read_queue_nums: int | None = None,
+        write_queue_nums: int | None = None,
+        perm: int | None = None,
+        order: bool | None = None,
+        cluster: str | None = None,
+        broker_names: Sequence[str] | None = None,
+        wait_for_route: bool = True,
+    ) -> list[str]:
+        """Change what is given of an existing topic on each broker group that holds it (of ``cluster``, or
+        the given groups): everything else keeps the value that group has (read from its leader first).
+        :class:`TopicNotFoundError` when no group holds it.
+
+        Shrinking queues, as RocketMQ does it: fewer write queues is always allowed (producers stop writing to
+        the others; consumers still read them). Fewer read queues leaves the messages in the queues removed
+        where no consumer reads them, so it is refused (:class:`MessageValidationError`, nothing changed)
+        while a consumer group still has messages to consume there, or when fewer read than write queues
+        would remain: shrink the write queues first, let the groups consume what is left, then the read
+        queues. Returns the broker groups changed."""
+        check_topic(topic)
+        for name, value in (("read_queue_nums", read_queue_nums), ("write_queue_nums", write_queue_nums)):
+            if value is not None:
+                _check_queue_count(value, name)
+        if perm is not None:
+            _check_perm(perm)
+        if order is not None and not isinstance(order, bool):
+            raise MessageValidationError(f"order must be True or False, got {order!r}")
+        if read_queue_nums is None and write_queue_nums is None and perm is None and order is None:
+            raise MessageValidationError("nothing to change: give read or write queue counts, perm or order")
+        names = list(broker_names) if broker_names else None
+        if names is None:
+            route = await self.instance.topic_route(topic, refresh=True)
+            names = list(route.broker_names)
+            if cluster is not None:
+                in_cluster = set(await self.broker_names(cluster))
+                names = [name for name in names if name in in_cluster]
+        current = await self.topic_settings(topic, names)
+        if not current:
+            raise TopicNotFoundError(topic, f"no broker group{' of cluster ' + cluster if cluster else ''} "
+                                            f"holds topic {topic!r}")
+        wanted = {
+            name: TopicSettings(
+                topic, name,
+                settings.read_queue_nums if read_queue_nums is None else read_queue_nums,
+                settings.write_queue_nums if write_queue_nums is None else write_queue_nums,
+                settings.perm if perm is None else perm,
+                settings.order if order is None else order,
+                settings.topic_sys_flag)
+            for name, settings in current.items()
+        }
+        for name, settings in wanted.items():
+            if settings.read_queue_nums == 0 and settings.write_queue_nums == 0:
+                raise MessageValidationError("a topic needs read or write queues")
+            queues_changed = (settings.read_queue_nums, settings.write_queue_nums) != (
+                current[name].read_queue_nums, current[name].write_queue_nums)
+            if queues_changed and settings.read_queue_nums < settings.write_queue_nums:
+                unread = (f"queue {settings.read_queue_nums}" if settings.write_queue_nums - settings.read_queue_nums == 1
+                          else f"queues {settings.read_queue_nums}..{settings.write_queue_nums - 1}")
+                raise MessageValidationError(
+                    f"{topic} on {name}: {settings.read_queue_nums} read queues for {settings.write_queue_nums} "
+                    f"write queues: messages written to {unread} would never be consumed (shrink the write queues "
+                    "first)")
+        await self._check_read_queues_drained(topic, current, wanted)
+        deadline = self._deadline()
+        for name, settings in wanted.items():
+            response, address = await self.instance.invoke_leader(
+                name, RequestCode.UPDATE_AND_CREATE_TOPIC, _topic_fields(settings), deadline=deadline)
+            check_response(response, address)
+        if wait_for_route:
+            for name, settings in wanted.items():
+                await self._wait_for_route(topic, {name}, settings.read_queue_nums, settings.write_queue_nums,
+                                           settings.perm, deadline)
+        return sorted(wanted)
+
+    async def _check_read_queues_drained(self, topic: str, current: dict[str, TopicSettings],
+                                         wanted: dict[str, TopicSettings]) -> None:
+        """:class:`MessageValidationError` when a read queue to be removed still holds messages a consumer
+        group has not consumed (by its committed offset)."""
+        removed = {name: wanted[name].read_queue_nums for name in wanted
+                   if wanted[name].read_queue_nums < current[name].read_queue_nums}
+        if not removed:
+            return
+        behind: list[str] = []
+        for group in await self.group_names():
+            # without a topic, a broker reports only the topics the group committed on: asked for one, it
+            # reports every queue of it, at offset 0 for a group that never consumed it
+            rows, _ = await self._consume_stats_and_tps(group, None)
+            behind += [f"{group} has {row.lag} on {row.queue.broker_name} queue {row.queue.queue_id}" for row in rows
+                       if row.queue.topic == topic and row.queue.broker_name in removed
+                       and row.queue.queue_id >= removed[row.queue.broker_name] and row.lag > 0]
+        if behind:
+            raise MessageValidationError(
+                f"the read queues to remove from {topic} still hold messages to consume ({'; '.join(behind)}): shrink "
+                "the write queues first and let the groups consume them (or reset a group that no longer matters "
+                "to the latest offset)")
+
+    async def delete_topic(self, topic: str, *, cluster: str | None = None) -> list[str]:
+        """``mqadmin deleteTopic``: DELETE_TOPIC_IN_BROKER on the leader of each broker group that routes the
+        topic (of ``cluster`` only, when given), then DELETE_TOPIC_IN_NAMESRV on every name server (a name
+        server that cannot be reached is skipped: it holds nothing once restarted, and brokers register no
+        deleted topic). Returns once no name server routes it on those groups any more. System topics are
+        refused (:class:`MessageValidationError`); :class:`TopicNotFoundError` when nothing routes it.
+        Returns the broker groups it was deleted from."""
+        check_topic(topic)
+        if is_system_topic(topic):
+            raise MessageValidationError(f"{topic} is a system topic: the broker's own, it cannot be deleted")
         route = await self.instance.topic_route(topic, refresh=True)
-        if "broker_names" not in options and "cluster" not in options:
-            options["broker_names"] = list(route.broker_names)
-        return await self.create_topic(topic, **options)  # type: ignore[arg-type]
+        names = list(route.broker_names)
+        if cluster is not None:
+            in_cluster = set(await self.broker_names(cluster))
+            names = [name for name in names if name in in_cluster]
+            if not names:
+                raise TopicNotFoundError(topic, f"no broker group of cluster {cluster!r} holds topic {topic!r}")
+        deadline = self._deadline()
+        for name in names:
+            response, address = await self.instance.invoke_leader(
+                name, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic}, deadline=deadline)
+            check_response(response, address, ResponseCode.TOPIC_NOT_EXIST)  # gone already: a repeated delete
+        deleted = set(names)
+        while True:
+            await self._delete_topic_in_name_servers(topic, cluster)
+            # a registration the leader sent before its delete applied can still add the topic back once
+            remaining: set[str] = set()
+            with contextlib.suppress(TopicNotFoundError):
+                remaining = set((await self.instance.topic_route(topic, refresh=True)).broker_names) & deleted
+            if not remaining:
+                self.instance.forget_topic(topic)
+                return sorted(deleted)
+            if self.instance.now() > deadline:
+                raise MQClientError(ResponseCode.SYSTEM_ERROR, f"topic {topic!r} was deleted on the brokers but the "
+                                    f"name servers still route it on {', '.join(sorted(remaining))}")
+            await asyncio.sleep(0.05)
+
+    async def _delete_topic_in_name_servers(self, topic: str, cluster: str | None) -> None:
+        fields = {"topic": topic, **({"clusterName": cluster} if cluster else {})}
+        errors: list[str] = []
+        for address in self.instance.config.namesrv_addresses:
+            try:
+                response = await self.instance.invoke(address, RequestCode.DELETE_TOPIC_IN_NAMESRV, fields)
+            except (BrokerUnavailableError, RequestTimeoutError) as error:
+                errors.append(str(error))
+                continue
+            check_response(response, address)
+        if len(errors) == len(self.instance.config.namesrv_addresses):
+            raise NameServerUnavailableError("no name server answered: " + "; ".join(errors))
 
     async def _wait_for_route(
         self, topic: str, names: set[str], read: int, write: int, perm: int, deadline: float
@@ -368,25 +613,29 @@ class AsyncAdmin:
         """GET_CONSUME_STATS on every broker group (of ``topic``'s route when given): per queue of each topic
         the group consumes there, the broker's offset, the group's committed offset and when the last
         message it consumed was stored."""
-        rows: list[QueueConsumeStats] = []
-        for body, address in await self._consume_stats_bodies(group, topic):
-            rows.extend(QueueConsumeStats(queue, int(row.get("brokerOffset", 0)), int(row.get("consumerOffset", 0)),
-                                          int(row.get("lastTimestamp", 0)))
-                        for queue, row in _offset_table(body, address))
-        return sorted(rows, key=lambda row: row.queue)
+        rows, _ = await self._consume_stats_and_tps(group, topic)
+        return rows
 
     async def consume_tps(self, group: str, topic: str | None = None) -> float:
         """GET_CONSUME_STATS's ``consumeTps`` summed over the broker groups: the messages per second the
         group was served over the last minute (by the members that served its pulls), on ``topic`` or on
         every topic it consumes."""
+        _, tps = await self._consume_stats_and_tps(group, topic)
+        return tps
+
+    async def _consume_stats_and_tps(self, group: str, topic: str | None) -> tuple[list[QueueConsumeStats], float]:
+        rows: list[QueueConsumeStats] = []
         total = 0.0
         for body, address in await self._consume_stats_bodies(group, topic):
+            rows.extend(QueueConsumeStats(queue, int(row.get("brokerOffset", 0)), int(row.get("consumerOffset", 0)),
+                                          int(row.get("lastTimestamp", 0)))
+                        for queue, row in _offset_table(body, address))
             try:
                 value = loads_lenient(body.decode("utf-8")).get("consumeTps", 0.0)
                 total += float(value)
             except (RunningInfoError, UnicodeDecodeError, AttributeError, TypeError, ValueError) as exc:
                 raise MQClientError(ResponseCode.SYSTEM_ERROR, f"unreadable consumeTps from {address}: {exc}") from None
-        return total
+        return sorted(rows, key=lambda row: row.queue), total
 
     async def _consume_stats_bodies(self, group: str, topic: str | None) -> list[tuple[bytes, str]]:
         names = list((await self.instance.topic_route(topic)).broker_names) if topic else await self.broker_names()
@@ -397,6 +646,84 @@ class AsyncAdmin:
             check_response(response, address)
             bodies.append((response.body, address))
         return bodies
+
+    # ----------------------------------------------------------------------------- groups
+
+    async def group_names(self) -> list[str]:
+        """The consumer groups the broker groups know (GET_ALL_SUBSCRIPTIONGROUP_CONFIG of each, merged): those
+        configured, those with committed offsets, and those with live consumers."""
+        names: set[str] = set()
+        for body, address in await self._json_from_each_group(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, {}):
+            table = body.get("subscriptionGroupTable")
+            if not isinstance(table, dict):
+                raise MQClientError(ResponseCode.SYSTEM_ERROR, f"subscriptionGroupTable from {address} is not an object")
+            names.update(str(name) for name in table)
+        return sorted(names)
+
+    async def list_groups(self) -> list[GroupSummary]:
+        """Every consumer group the broker groups know (:meth:`group_names`), each with its live members, the
+        topics it has committed offsets on, its total lag and its consume rate (``mqadmin consumerProgress``
+        without a group)."""
+        limit = asyncio.Semaphore(_GROUP_QUERIES_IN_FLIGHT_MAX)
+
+        async def summary(group: str) -> GroupSummary:
+            async with limit:
+                members = await self.consumer_ids(group)
+                rows, tps = await self._consume_stats_and_tps(group, None)
+            return GroupSummary(group, tuple(members), tuple(sorted({row.queue.topic for row in rows})),
+                                sum(row.lag for row in rows), tps)
+
+        return list(await asyncio.gather(*(summary(group) for group in await self.group_names())))
+
+    async def reset_offset(self, group: str, topic: str, timestamp_ms: int, *,
+                           while_online: bool = False) -> list[QueueReset]:
+        """``mqadmin resetOffsetByTime``: on each broker group of the topic, the group's committed offset of
+        every read queue moves to the first message stored at or after ``timestamp_ms`` (epoch ms;
+        :data:`RESET_TO_EARLIEST`, :data:`RESET_TO_LATEST`), forward or back, through Raft like any offset
+        commit. Refused (:class:`GroupOnlineError`, nothing changed) while the group has live consumers of the
+        topic, unless ``while_online``: Java's broker tells them to move, raftmq's does not, and a live
+        consumer commits the position it holds over the reset. Returns each queue's offsets before and after."""
+        check_group(group)
+        check_topic(topic)
+        if is_system_topic(topic):
+            raise MessageValidationError(f"{topic} is a system topic: its offsets are the broker's own")
+        if type(timestamp_ms) is not int or timestamp_ms < RESET_TO_LATEST:
+            raise MessageValidationError(f"timestamp_ms must be epoch milliseconds, 0 or -1, got {timestamp_ms!r}")
+        route = await self.instance.topic_route(topic, refresh=True)
+        if not while_online:
+            await self._refuse_online_consumers(group, topic)
+        # the topics the group committed on (asked for one topic, a broker reports 0 for a group that never did)
+        previous = {row.queue: row.consumer_offset for row in await self.consume_stats(group) if row.queue.topic == topic}
+        fields = {"topic": topic, "group": group, "timestamp": str(timestamp_ms), "isForce": "true",
+                  _RESET_WHILE_ONLINE_FIELD: "true" if while_online else "false"}
+        deadline = self._deadline()
+        resets: list[QueueReset] = []
+        for name in route.broker_names:
+            response, address = await self.instance.invoke_leader(
+                name, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, fields, deadline=deadline)
+            online = response.ext_fields.get(_ONLINE_CONSUMERS_FIELD)
+            if response.code != ResponseCode.SUCCESS and online:
+                raise GroupOnlineError(group, topic, online.split(","))
+            check_response(response, address)
+            try:
+                table = loads_lenient(response.body.decode("utf-8")).get("offsetTable") or {}
+                resets += [QueueReset(queue, previous.get(queue), int(offset))
+                           for queue, offset in ((queue_of_key(key), value) for key, value in table.items())]
+            except (RunningInfoError, UnicodeDecodeError, AttributeError, TypeError, ValueError) as exc:
+                raise MQClientError(ResponseCode.SYSTEM_ERROR, f"unreadable reset answer from {address}: {exc}") from None
+        return sorted(resets, key=lambda reset: reset.queue)
+
+    async def _refuse_online_consumers(self, group: str, topic: str) -> None:
+        """:class:`GroupOnlineError` when a live member of ``group`` subscribes ``topic`` (asked before anything
+        changes; each broker checks again when it resets)."""
+        try:
+            connection = await self.consumer_connections(group)
+        except MQBrokerError as error:
+            if error.code == ResponseCode.CONSUMER_NOT_ONLINE:
+                return
+            raise
+        if topic in connection.subscriptions and connection.connections:
+            raise GroupOnlineError(group, topic, [entry.client_id for entry in connection.connections])
 
     async def _json_from_each_group(self, code: int, fields: dict[str, str]) -> list[tuple[dict[str, Any], str]]:
         """``code`` to every broker group: the JSON bodies of those that answered SUCCESS, with their address.

@@ -21,6 +21,7 @@ GET_TOPIC_STATS_INFO                    SUB on the topic
 QUERY/UPDATE_CONSUMER_OFFSET            SUB on the consumer group and the topic
 LOCK_BATCH_MQ, UNLOCK_BATCH_MQ          SUB on the consumer group and each queue's topic
 CONSUMER_SEND_MSG_BACK                  SUB on the group, PUB on ``originTopic``
+INVOKE_BROKER_TO_RESET_OFFSET           SUB on the group and the topic (Java checks nothing)
 admin codes (permissions.ADMIN_CODES)   an admin account
 anything else                           a valid signature of a known account
 ======================================  =====================================================
@@ -144,4 +145,7 @@ def required_permissions(request: RemotingCommand) -> dict[str, int]:
     elif code == RequestCode.CONSUMER_SEND_MSG_BACK:
         needs.group(fields.get("group"))
         needs.add(fields.get("originTopic"), PUB)
+    elif code == RequestCode.INVOKE_BROKER_TO_RESET_OFFSET:  # moves a group's position, as an offset commit
+        needs.group(fields.get("group"))
+        needs.add(fields.get("topic"), SUB)
     return needs.table

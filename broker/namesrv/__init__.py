@@ -6,6 +6,7 @@ Run one with ``python -m broker.namesrv --host 127.0.0.1 --port 9876``.
 from broker.namesrv.config import DEFAULT_PORT, NameServerConfig
 from broker.namesrv.errors import InvalidRequestError, RouteLimitError
 from broker.namesrv.headers import (
+    DeleteTopicRequestHeader,
     GetRouteInfoRequestHeader,
     RegisterBrokerRequestHeader,
     RegisterBrokerResponseHeader,
@@ -42,6 +43,7 @@ __all__ = [
     "BrokerData",
     "ClusterInfo",
     "DataVersion",
+    "DeleteTopicRequestHeader",
     "GetRouteInfoRequestHeader",
     "InvalidRequestError",
     "NameServer",

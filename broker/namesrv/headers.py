@@ -181,3 +181,24 @@ class GetRouteInfoRequestHeader:
     @classmethod
     def from_ext_fields(cls, fields: Mapping[str, str]) -> GetRouteInfoRequestHeader:
         return cls(topic=_name(fields, "topic", "GET_ROUTEINFO_BY_TOPIC"))
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopicRequestHeader:
+    """DELETE_TOPIC_IN_NAMESRV (216): ``topic``, and from RocketMQ 5 an optional ``clusterName`` that limits
+    the deletion to the broker groups of that cluster."""
+
+    topic: str
+    cluster_name: str | None = None
+
+    def to_ext_fields(self) -> dict[str, str]:
+        fields = {"topic": self.topic}
+        if self.cluster_name is not None:
+            fields["clusterName"] = self.cluster_name
+        return fields
+
+    @classmethod
+    def from_ext_fields(cls, fields: Mapping[str, str]) -> DeleteTopicRequestHeader:
+        request = "DELETE_TOPIC_IN_NAMESRV"
+        cluster = _name(fields, "clusterName", request) if fields.get("clusterName") else None
+        return cls(topic=_name(fields, "topic", request), cluster_name=cluster)

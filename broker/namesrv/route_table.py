@@ -175,6 +175,21 @@ class RouteTable:
             self._remove_group(broker_name)
         return True
 
+    def delete_topic(self, topic: str, cluster_name: str | None = None) -> bool:
+        """Forget ``topic``'s queues (DELETE_TOPIC_IN_NAMESRV), on the broker groups of ``cluster_name`` only
+        when given. Registrations only ever add a group's topics, so a topic deleted on the brokers stays
+        routed until this is asked; delete it on the brokers first, or their next registration brings it
+        back. Returns whether anything was removed."""
+        queues = self._topic_queues.get(topic)
+        if queues is None:
+            return False
+        names = set(queues) if cluster_name is None else set(queues) & self._clusters.get(cluster_name, set())
+        for name in names:
+            del queues[name]
+        if not queues:
+            del self._topic_queues[topic]
+        return bool(names)
+
     def expire_brokers(self, now_seconds: float, expiry_seconds: float) -> list[str]:
         """Remove the brokers that last registered more than ``expiry_seconds`` before ``now_seconds``;
         return their addresses."""

@@ -13,6 +13,8 @@ Requests served:
 - GET_ROUTEINFO_BY_TOPIC (105): :class:`TopicRouteData` JSON, or TOPIC_NOT_EXIST (17).
 - GET_BROKER_CLUSTER_INFO (106): :class:`ClusterInfo` JSON.
 - GET_ALL_TOPIC_LIST_FROM_NAMESERVER (206): ``{"topicList": [...]}``.
+- DELETE_TOPIC_IN_NAMESRV (216): the topic's queues are forgotten (those of one cluster's groups with
+  ``clusterName``); SUCCESS whether or not it was known, as Java answers.
 
 Every answer's extFields values are strings (the codec writes them so; the C++ client needs it).
 """
@@ -27,6 +29,7 @@ from collections.abc import Callable
 from broker.namesrv.config import NameServerConfig
 from broker.namesrv.errors import InvalidRequestError
 from broker.namesrv.headers import (
+    DeleteTopicRequestHeader,
     GetRouteInfoRequestHeader,
     RegisterBrokerRequestHeader,
     RegisterBrokerResponseHeader,
@@ -47,6 +50,7 @@ NAME_SERVER_CODES = (
     RequestCode.GET_ROUTEINFO_BY_TOPIC,
     RequestCode.GET_BROKER_CLUSTER_INFO,
     RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
+    RequestCode.DELETE_TOPIC_IN_NAMESRV,
 )
 
 
@@ -80,6 +84,7 @@ class NameServer:
             RequestCode.GET_ROUTEINFO_BY_TOPIC: self._get_route_info,
             RequestCode.GET_BROKER_CLUSTER_INFO: self._get_cluster_info,
             RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: self._get_topic_list,
+            RequestCode.DELETE_TOPIC_IN_NAMESRV: self._delete_topic,
         }
 
     @property
@@ -211,3 +216,10 @@ class NameServer:
         return make_response(
             context.request, ResponseCode.SUCCESS, body=encode_topic_list(self._routes.topics())
         )
+
+    def _delete_topic(self, context: RequestContext) -> RemotingCommand:
+        header = DeleteTopicRequestHeader.from_ext_fields(context.request.ext_fields)
+        if self._routes.delete_topic(header.topic, header.cluster_name):
+            logger.info("topic %s deleted%s by %s", header.topic,
+                        f" in cluster {header.cluster_name}" if header.cluster_name else "", context.remote_address)
+        return make_response(context.request, ResponseCode.SUCCESS)

@@ -91,6 +91,15 @@ def test_pull_needs_sub_on_topic_and_group() -> None:
     assert refusal(signed(RequestCode.PULL_MESSAGE, pull_fields("orders", "billing"), PRODUCER)) is not None
 
 
+def test_resetting_a_groups_offsets_needs_sub_on_group_and_topic() -> None:
+    fields = {"topic": "orders", "group": "billing", "timestamp": "0", "isForce": "true"}
+    assert refusal(signed(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, fields, CONSUMER)) is None
+    other_group = refusal(signed(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, {**fields, "group": "reporting"},
+                                 CONSUMER))
+    assert other_group is not None and "group:reporting" in other_group
+    assert refusal(signed(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, fields, PRODUCER)) is not None
+
+
 def test_heartbeat_needs_sub_on_groups_and_subscriptions() -> None:
     good = heartbeat_body("billing", ["orders", "%RETRY%billing"])
     assert refusal(signed(RequestCode.HEART_BEAT, {}, CONSUMER, good)) is None

@@ -14,6 +14,7 @@ from broker.namesrv import (
     MASTER_ID,
     ClusterInfo,
     DataVersion,
+    DeleteTopicRequestHeader,
     GetRouteInfoRequestHeader,
     InvalidRequestError,
     NameServer,
@@ -228,6 +229,28 @@ def test_unregister_removes_the_broker() -> None:
             header = UnregisterBrokerRequestHeader(GROUP, LEADER, CLUSTER, 0).to_ext_fields()
             assert (await client.request(RequestCode.UNREGISTER_BROKER, header)).code == ResponseCode.SUCCESS
             assert (await route(client)).code == ResponseCode.TOPIC_NOT_EXIST
+            await client.close()
+
+    run(scenario())
+
+
+def test_delete_topic_removes_its_route_until_a_registration_brings_it_back() -> None:
+    async def scenario() -> None:
+        async with running_name_server(FakeClock()) as name_server:
+            client = await RemotingClient.connect(LOOPBACK, name_server.port)
+            await register(client, LEADER, MASTER_ID)
+            other_cluster = DeleteTopicRequestHeader("orders", "ElsewhereCluster").to_ext_fields()
+            assert (await client.request(RequestCode.DELETE_TOPIC_IN_NAMESRV, other_cluster)).code == ResponseCode.SUCCESS
+            assert (await route(client)).code == ResponseCode.SUCCESS  # not a group of that cluster
+            header = DeleteTopicRequestHeader("orders").to_ext_fields()
+            assert (await client.request(RequestCode.DELETE_TOPIC_IN_NAMESRV, header)).code == ResponseCode.SUCCESS
+            assert (await route(client)).code == ResponseCode.TOPIC_NOT_EXIST
+            assert (await client.request(RequestCode.DELETE_TOPIC_IN_NAMESRV, header)).code == ResponseCode.SUCCESS
+            missing = await client.request(RequestCode.DELETE_TOPIC_IN_NAMESRV, {})
+            assert missing.code == ResponseCode.SYSTEM_ERROR and "'topic' is missing" in (missing.remark or "")
+            # as Java's: a broker that still holds the topic registers it again (delete on the brokers first)
+            await register(client, LEADER, MASTER_ID)
+            assert await route_addresses(client) == {0: LEADER}
             await client.close()
 
     run(scenario())

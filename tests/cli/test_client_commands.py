@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 
+from broker.remoting.codes import RequestCode, ResponseCode
 from cli.client_commands import BenchStats, parse_deliver_at
-from cli.cluster import LocalCluster
+from cli.cluster import LocalCluster, request
 from cli.main import main
-from client import ClientConfig, ConsumerConfig, PushConsumer
+from client import ClientConfig, ConsumerConfig, Message, MessageQueue, Producer, PushConsumer
 from client.loop import EventLoopThread
 from dledger.stages import STAGES
 from tests.client.fake_broker import FakeGroup
@@ -44,8 +47,9 @@ def json_lines(result: Result) -> list[dict[str, object]]:
 @pytest.mark.parametrize(
     "command",
     [
-        ["topic", "create"], ["topic", "update"], ["topic", "list"], ["topic", "describe"], ["send"], ["consume"],
-        ["msg", "query"], ["group", "progress"], ["group", "status"], ["bench", "produce"], ["bench", "consume"],
+        ["topic", "create"], ["topic", "update"], ["topic", "delete"], ["topic", "list"], ["topic", "describe"],
+        ["send"], ["consume"], ["msg", "query"], ["group", "list"], ["group", "progress"], ["group", "status"],
+        ["group", "reset-offset"], ["bench", "produce"], ["bench", "consume"],
     ],
 )
 def test_every_command_has_help_with_examples(command: list[str]) -> None:
@@ -85,12 +89,33 @@ def test_topic_commands(group: FakeGroup) -> None:
     updated = raftmq(group, "topic", "update", "CliTopic", "--write-queues", "2", "--perm", "rw")
     assert updated.exit_code == 0, updated.output
     assert "3 read / 2 write" in updated.stdout
+    nothing = raftmq(group, "topic", "update", "CliTopic")
+    assert nothing.exit_code == 2 and "nothing to change" in nothing.output
     missing = raftmq(group, "topic", "update", "NoSuchTopic", "--queues", "2")
     assert missing.exit_code == 1 and "NOT_FOUND_TOPIC" in missing.output
     both = raftmq(group, "topic", "create", "X", "--queues", "2", "--read-queues", "1")
     assert both.exit_code == 2
     bad_perm = raftmq(group, "topic", "create", "X", "--perm", "rwx")
     assert bad_perm.exit_code == 2 and "--perm" in bad_perm.output
+
+
+def test_topic_update_changes_only_what_it_is_given(group: FakeGroup) -> None:
+    """Issue 26: ``topic update NAME --queues 16`` reset the permission to rw and the order flag."""
+    created = raftmq(group, "topic", "create", "CliKeep", "--queues", "2", "--perm", "r", "--order")
+    assert created.exit_code == 0, created.output
+    grown = raftmq(group, "topic", "update", "CliKeep", "--queues", "6")
+    assert grown.exit_code == 0, grown.output
+    state = group.store.topics["CliKeep"]
+    assert (state.read_queue_nums, state.write_queue_nums, state.perm, state.order) == (6, 6, 4, True)
+    assert "6 read / 6 write queues, perm r-, ordered" in grown.stdout
+    writable = raftmq(group, "topic", "update", "CliKeep", "--perm", "rw")
+    assert writable.exit_code == 0 and "6 read / 6 write queues, perm rw, ordered" in writable.stdout
+    unordered = raftmq(group, "topic", "update", "CliKeep", "--no-order", "--write-queues", "3")
+    assert unordered.exit_code == 0 and "6 read / 3 write queues, perm rw" in unordered.stdout
+    assert (state.read_queue_nums, state.write_queue_nums, state.perm, state.order) == (6, 3, 6, False)
+    fewer_reads = raftmq(group, "topic", "update", "CliKeep", "--read-queues", "2")
+    assert fewer_reads.exit_code == 2 and "would never be consumed" in fewer_reads.output
+    assert state.read_queue_nums == 6  # nothing changed
 
 
 def test_send_consume_and_continue_where_the_group_stopped(group: FakeGroup, tmp_path: Path) -> None:
@@ -150,6 +175,23 @@ def test_send_consume_and_continue_where_the_group_stopped(group: FakeGroup, tmp
         ["msg", "query", "--key", "k"],
         ["msg", "query", "--topic", "T"],
         ["consume", "T"],
+        ["topic", "update", "T"],
+        ["topic", "update", "T", "--queues", "2", "--read-queues", "1"],
+        ["topic", "update", "T", "--perm", "rwx"],
+        ["topic", "update", "bad topic!", "--queues", "2"],
+        ["topic", "delete", "TBW102"],
+        ["topic", "delete", "RMQ_SYS_TRANS_HALF_TOPIC"],
+        ["topic", "delete", "SCHEDULE_TOPIC_XXXX"],
+        ["topic", "delete", "bad topic!"],
+        ["group", "reset-offset", "g", "--topic", "T"],
+        ["group", "reset-offset", "g", "--topic", "T", "--to", "latest", "--to-time", "0"],
+        ["group", "reset-offset", "g", "--topic", "T", "--to", "middle"],
+        ["group", "reset-offset", "g", "--topic", "T", "--to-time", "yesterday"],
+        ["group", "reset-offset", "g", "--topic", "T", "--to-time", "99999999999999999"],
+        ["group", "reset-offset", "g", "--to", "latest"],
+        ["group", "reset-offset", "bad group!", "--topic", "T", "--to", "latest"],
+        ["group", "reset-offset", "g", "--topic", "bad topic!", "--to", "latest"],
+        ["group", "reset-offset", "g", "--topic", "SCHEDULE_TOPIC_XXXX", "--to", "latest"],
     ],
 )
 def test_usage_errors_exit_2_without_traceback(group: FakeGroup, arguments: list[str]) -> None:
@@ -266,6 +308,90 @@ def test_bench_produce_shows_the_stages_of_the_send_path_and_runs_several_client
     assert timed.exit_code == 0, timed.output
     ran = json.loads(timed.stdout.strip().splitlines()[-1])
     assert ran["messages"] > 0 and 0.5 <= ran["seconds"] < 30  # stops once the time is up (not at 10,000)
+
+
+def topic_on_each_member(cluster: LocalCluster, topic: str) -> list[dict[str, Any] | None]:
+    """GET_ALL_TOPIC_CONFIG asked of every member: the topic's config in each one's replicated state."""
+    configs: list[dict[str, Any] | None] = []
+    for node in cluster.info.nodes:
+        code, remark, body = request(node.broker_address, RequestCode.GET_ALL_TOPIC_CONFIG, timeout_seconds=2.0)
+        assert code == ResponseCode.SUCCESS, remark
+        configs.append(json.loads(body)["topicConfigTable"].get(topic))
+    return configs
+
+
+@pytest.mark.slow
+def test_topic_and_group_admin_against_a_real_group(real_cluster: LocalCluster) -> None:
+    """Issue 26: update changes only what it is given, shrinking read queues waits for the groups, reset-offset
+    moves a group through Raft and refuses a live one, group list, and delete leaves every member's state."""
+    env = {"RAFTMQ_NAMESRV": real_cluster.namesrv}
+
+    def cli(*arguments: str, exit_code: int = 0) -> Result:
+        result = CliRunner().invoke(main, list(arguments), env=env)
+        assert result.exit_code == exit_code, result.output
+        assert "Traceback" not in result.output
+        return result
+
+    cli("topic", "create", "Admin26", "--queues", "2", "--perm", "r", "--order")
+    updated = cli("topic", "update", "Admin26", "--queues", "4")
+    assert "4 read / 4 write queues, perm r-, ordered" in updated.stdout  # perm and order kept (issue 26)
+    assert wait_for(lambda: all(config and (config["perm"], config["order"], config["readQueueNums"]) == (4, True, 4)
+                                for config in topic_on_each_member(real_cluster, "Admin26")), 20.0, "every member")
+    cli("topic", "update", "Admin26", "--perm", "rw")
+    broker_name = json.loads(cli("topic", "describe", "Admin26", "--json").stdout)["brokers"][0]["brokerName"]
+    config = ClientConfig((real_cluster.namesrv,), client_ip="127.0.0.1", request_timeout_seconds=2.0)
+    with Producer(config) as producer:
+        for queue_id in range(4):
+            producer.send(Message("Admin26", b"early"), queue=MessageQueue("Admin26", broker_name, queue_id))
+        time.sleep(0.2)
+        between_ms = time.time_ns() // 1_000_000
+        time.sleep(0.2)
+        for queue_id in range(4):
+            producer.send(Message("Admin26", b"late"), queue=MessageQueue("Admin26", broker_name, queue_id))
+
+    def offsets(result: Result) -> dict[int, int]:
+        report = json.loads(result.stdout)
+        assert report["group"] == "g26" and report["topic"] == "Admin26"
+        return {row["queueId"]: row["offset"] for row in report["queues"]}
+
+    by_time = cli("group", "reset-offset", "g26", "--topic", "Admin26", "--to-time", str(between_ms), "--json")
+    assert offsets(by_time) == dict.fromkeys(range(4), 1)
+    earliest = cli("group", "reset-offset", "g26", "--topic", "Admin26", "--to", "earliest")
+    assert "previous offset" in earliest.stdout
+    listed = {entry["group"]: entry for entry in json.loads(cli("group", "list", "--json").stdout)}
+    assert listed["g26"]["topics"] == ["Admin26"] and listed["g26"]["totalLag"] == 8 and listed["g26"]["online"] == 0
+    assert "g26" in cli("group", "list").stdout
+
+    # shrinking: the write queues at once, the read queues once no group has messages left in them
+    cli("topic", "update", "Admin26", "--write-queues", "2")
+    refused = cli("topic", "update", "Admin26", "--read-queues", "2", exit_code=2)
+    assert "g26 has 2 on" in refused.output and "queue 3" in refused.output
+    below_writes = cli("topic", "update", "Admin26", "--read-queues", "1", exit_code=2)
+    assert "would never be consumed" in below_writes.output
+    latest = cli("group", "reset-offset", "g26", "--topic", "Admin26", "--to", "latest", "--json")
+    assert offsets(latest) == dict.fromkeys(range(4), 2)
+    assert "2 read / 2 write queues, perm rw, ordered" in cli("topic", "update", "Admin26", "--read-queues", "2").stdout
+
+    # a live consumer of the topic: refused, nothing changed; --force resets anyway
+    live = PushConsumer(config, ConsumerConfig(group="g26", pull_backoff_seconds=0.1),
+                        listener=lambda messages, context: None)
+    live.subscribe("Admin26")
+    with live:
+        online = cli("group", "reset-offset", "g26", "--topic", "Admin26", "--to", "earliest", exit_code=2)
+        assert "live consumer" in online.output and live.client_id in online.output and "--force" in online.output
+        assert {entry["group"]: entry["online"] for entry in json.loads(cli("group", "list", "--json").stdout)}["g26"] == 1
+        cli("group", "reset-offset", "g26", "--topic", "Admin26", "--to", "latest", "--force")
+
+    deleted = cli("topic", "delete", "Admin26")
+    assert f"topic Admin26 deleted from {broker_name}" in deleted.stdout
+    assert "Admin26" not in json.loads(cli("topic", "list", "--json").stdout)
+    cli("topic", "describe", "Admin26", exit_code=1)
+    wait_for(lambda: topic_on_each_member(real_cluster, "Admin26") == [None] * len(real_cluster.info.nodes), 20.0,
+             "the topic to leave every member's state")
+    groups = {entry["group"]: entry for entry in json.loads(cli("group", "list", "--json").stdout)}
+    assert "Admin26" not in groups.get("g26", {}).get("topics", [])  # its offsets went with the topic
+    again = cli("topic", "delete", "Admin26", exit_code=1)
+    assert "NOT_FOUND_TOPIC" in again.output
 
 
 @pytest.mark.slow

@@ -76,6 +76,7 @@ class TopicState:
     read_queue_nums: int
     write_queue_nums: int
     perm: int = PERM_READ | PERM_WRITE
+    order: bool = False
     queues: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))  # queue -> physical offsets
 
 
@@ -550,8 +551,16 @@ async def _create_topic(node: FakeNode, context: RequestContext) -> RemotingComm
     state.read_queue_nums = int(fields["readQueueNums"])
     state.write_queue_nums = int(fields["writeQueueNums"])
     state.perm = int(fields["perm"])
+    state.order = fields.get("order") == "true"
     await node.group.register_all()
     return make_response(context.request, ResponseCode.SUCCESS)
+
+
+async def _all_topic_config(node: FakeNode, context: RequestContext) -> RemotingCommand:
+    table = {name: {"topicName": name, "readQueueNums": state.read_queue_nums, "writeQueueNums": state.write_queue_nums,
+                    "perm": state.perm, "topicSysFlag": 0, "order": state.order}
+             for name, state in node.group.store.topics.items()}
+    return make_response(context.request, ResponseCode.SUCCESS, body=json.dumps({"topicConfigTable": table}).encode())
 
 
 async def _send_back(node: FakeNode, context: RequestContext) -> RemotingCommand:
@@ -618,6 +627,7 @@ _PROCESSORS: dict[int, Handler] = {
     RequestCode.QUERY_MESSAGE: _query_message,
     RequestCode.VIEW_MESSAGE_BY_ID: _view_message,
     RequestCode.UPDATE_AND_CREATE_TOPIC: _create_topic,
+    RequestCode.GET_ALL_TOPIC_CONFIG: _all_topic_config,
     RequestCode.CONSUMER_SEND_MSG_BACK: _send_back,
     RequestCode.END_TRANSACTION: _end_transaction,
 }

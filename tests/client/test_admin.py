@@ -8,7 +8,7 @@ import pytest
 
 from broker.namesrv import PERM_READ, PERM_WRITE
 from broker.remoting import RequestCode, ResponseCode
-from client.admin import AsyncAdmin
+from client.admin import RESET_TO_LATEST, AsyncAdmin, TopicSettings
 from client.config import ProducerConfig
 from client.errors import MessageValidationError, MQClientError, TopicNotFoundError
 from client.loop import EventLoopThread
@@ -53,6 +53,54 @@ def test_create_update_list_and_describe_topics_on_the_leader() -> None:
             with pytest.raises(MQClientError) as caught:
                 await admin.create_topic("T2")
             assert caught.value.code == ResponseCode.NO_PERMISSION
+
+    run(scenario())
+
+
+def test_update_topic_keeps_what_it_is_not_given() -> None:
+    """Issue 26: an update applied the defaults of what it was not given (queues 4, perm rw, not ordered)."""
+
+    async def scenario() -> None:
+        async with fake_group() as group, admin_for(group) as admin:
+            await admin.create_topic("Kept", read_queue_nums=6, write_queue_nums=6, perm=PERM_READ, order=True)
+            await admin.update_topic("Kept", perm=PERM_READ | PERM_WRITE)
+            state = group.store.topics["Kept"]
+            assert (state.read_queue_nums, state.write_queue_nums, state.perm, state.order) == (6, 6, 6, True)
+            await admin.update_topic("Kept", write_queue_nums=3, order=False)
+            assert (state.read_queue_nums, state.write_queue_nums, state.perm, state.order) == (6, 3, 6, False)
+            settings = await admin.topic_settings("Kept")
+            assert settings["broker-a"] == TopicSettings("Kept", "broker-a", 6, 3, 6, False)
+            refusals = [
+                ({}, "nothing to change"),
+                ({"read_queue_nums": 2}, "would never be consumed"),  # 2 read queues for 3 write queues
+                ({"read_queue_nums": 0, "write_queue_nums": 0}, "needs read or write queues"),
+                ({"perm": 8}, "perm must be"),
+                ({"write_queue_nums": 2000}, "write_queue_nums must be"),
+            ]
+            for options, words in refusals:
+                with pytest.raises(MessageValidationError, match=words):
+                    await admin.update_topic("Kept", **options)  # type: ignore[arg-type]
+            assert (state.read_queue_nums, state.write_queue_nums, state.perm, state.order) == (6, 3, 6, False)
+
+    run(scenario())
+
+
+def test_deletes_and_resets_refuse_bad_input_before_asking_anyone() -> None:
+    async def scenario() -> None:
+        async with fake_group() as group, admin_for(group) as admin:
+            for topic in ("TBW102", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "BenchmarkTest"):
+                with pytest.raises(MessageValidationError, match="system topic"):
+                    await admin.delete_topic(topic)
+                with pytest.raises(MessageValidationError, match="system topic"):
+                    await admin.reset_offset("g", topic, RESET_TO_LATEST)
+            with pytest.raises(MessageValidationError):
+                await admin.delete_topic("bad topic")
+            with pytest.raises(MessageValidationError, match="group"):
+                await admin.reset_offset("bad group!", "T", RESET_TO_LATEST)
+            with pytest.raises(MessageValidationError, match="timestamp_ms"):
+                await admin.reset_offset("g", "T", -2)
+            with pytest.raises(TopicNotFoundError):
+                await admin.delete_topic("Missing")
 
     run(scenario())
 
