@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from typing import Any, Final
 
 from broker.remoting.codes import ResponseCode
+from commitlog.errors import invariant
 
 INT32_MIN: Final = -(2**31)
 INT32_MAX: Final = 2**31 - 1
@@ -53,7 +55,20 @@ def object_keyed_json(pairs: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]
 
 
 def text(fields: Mapping[str, str], key: str, default: str | None = None) -> str:
-    value = fields.get(key)
+    return _text_value(fields.get(key), key, default)
+
+
+def integer(fields: Mapping[str, str], key: str, default: int | None = None,
+            low: int = INT64_MIN, high: int = INT64_MAX) -> int:
+    return _integer_value(fields.get(key), key, default, low, high)
+
+
+def boolean(fields: Mapping[str, str], key: str, default: bool = False) -> bool:
+    return _boolean_value(fields.get(key), key, default)
+
+
+def _text_value(value: str | None, key: str, default: str | None = None) -> str:
+    """``value``, the field ``key`` as sent (None: absent), or ``default``; no default: it is required."""
     if value is None:
         if default is None:
             raise bad_header(f"the custom field <{key}> is null")
@@ -61,9 +76,7 @@ def text(fields: Mapping[str, str], key: str, default: str | None = None) -> str
     return value
 
 
-def integer(fields: Mapping[str, str], key: str, default: int | None = None,
-            low: int = INT64_MIN, high: int = INT64_MAX) -> int:
-    value = fields.get(key)
+def _integer_value(value: str | None, key: str, default: int | None, low: int, high: int) -> int:
     if value is None or value == "":
         if default is None:
             raise bad_header(f"the custom field <{key}> is null")
@@ -77,8 +90,7 @@ def integer(fields: Mapping[str, str], key: str, default: int | None = None,
     return number
 
 
-def boolean(fields: Mapping[str, str], key: str, default: bool = False) -> bool:
-    value = fields.get(key)
+def _boolean_value(value: str | None, key: str, default: bool) -> bool:
     if value is None or value == "":
         return default
     lowered = value.strip().lower()
@@ -89,7 +101,18 @@ def boolean(fields: Mapping[str, str], key: str, default: bool = False) -> bool:
     raise bad_header(f"the custom field <{key}> must be true or false, got {value[:40]!r}")
 
 
-@dataclass(frozen=True, slots=True)
+#: what :meth:`SendHeader.parse` reads, in its order: SendMessageRequestHeader's names ...
+_SEND_NAMES: Final[tuple[str, ...]] = (
+    "producerGroup", "topic", "defaultTopic", "defaultTopicQueueNums", "queueId", "sysFlag", "bornTimestamp",
+    "flag", "properties", "reconsumeTimes", "maxReconsumeTimes", "batch",
+)
+_V2_LETTERS: Final = {name: letter for letter, name in V2_NAMES.items()}
+#: ... and SEND_MESSAGE_V2's one-letter names for them
+_SEND_NAMES_V2: Final = tuple(_V2_LETTERS[name] for name in _SEND_NAMES)
+_V2_ONLY: Final = frozenset(V2_NAMES)
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class SendHeader:
     producer_group: str
     topic: str
@@ -104,27 +127,62 @@ class SendHeader:
     max_reconsume_times: int | None
     batch: bool
 
+    def __init__(self, producer_group: str, topic: str, default_topic: str, default_topic_queue_nums: int,
+                 queue_id: int, sys_flag: int, born_timestamp: int, flag: int, properties: str,
+                 reconsume_times: int, max_reconsume_times: int | None, batch: bool) -> None:
+        # The generated __init__ of a frozen dataclass stores each field through object.__setattr__, the
+        # dearest part of parse (one header per send); the slots' own setters store the same for less.
+        _SET_PRODUCER_GROUP(self, producer_group)
+        _SET_TOPIC(self, topic)
+        _SET_DEFAULT_TOPIC(self, default_topic)
+        _SET_DEFAULT_TOPIC_QUEUE_NUMS(self, default_topic_queue_nums)
+        _SET_QUEUE_ID(self, queue_id)
+        _SET_SYS_FLAG(self, sys_flag)
+        _SET_BORN_TIMESTAMP(self, born_timestamp)
+        _SET_FLAG(self, flag)
+        _SET_PROPERTIES(self, properties)
+        _SET_RECONSUME_TIMES(self, reconsume_times)
+        _SET_MAX_RECONSUME_TIMES(self, max_reconsume_times)
+        _SET_BATCH(self, batch)
+
     @classmethod
     def parse(cls, fields: Mapping[str, str], v2: bool) -> SendHeader:
         """``v2``: the one-letter names of SEND_MESSAGE_V2; Java sends SEND_BATCH_MESSAGE with them too,
         so any request carrying ``a`` and ``b`` is read that way."""
+        names = _SEND_NAMES
         if v2 or ("a" in fields and "b" in fields):
-            fields = {V2_NAMES.get(key, key): value for key, value in fields.items()}
-        max_reconsume = fields.get("maxReconsumeTimes")
+            if fields.keys() <= _V2_ONLY:
+                names = _SEND_NAMES_V2  # one-letter names only, as every client sends them: read in place
+            else:
+                # Both names of a field may be there: the renamed copy keeps the later one.
+                fields = {V2_NAMES.get(key, key): value for key, value in fields.items()}
+        (producer_group, topic, default_topic, default_topic_queue_nums, queue_id, sys_flag, born_timestamp,
+         flag, properties, reconsume_times, max_reconsume_times, batch) = map(fields.get, names)
         return cls(
-            producer_group=text(fields, "producerGroup"),
-            topic=text(fields, "topic"),
-            default_topic=text(fields, "defaultTopic", "TBW102"),
-            default_topic_queue_nums=integer(fields, "defaultTopicQueueNums", 4, 1, 1024),
-            queue_id=integer(fields, "queueId", -1, INT32_MIN, INT32_MAX),
-            sys_flag=integer(fields, "sysFlag", 0, INT32_MIN, INT32_MAX),
-            born_timestamp=integer(fields, "bornTimestamp"),
-            flag=integer(fields, "flag", 0, INT32_MIN, INT32_MAX),
-            properties=fields.get("properties") or "",
-            reconsume_times=integer(fields, "reconsumeTimes", 0, 0, INT32_MAX),
-            max_reconsume_times=None if not max_reconsume else integer(fields, "maxReconsumeTimes", 16, -1, INT32_MAX),
-            batch=boolean(fields, "batch"),
+            producer_group=_text_value(producer_group, "producerGroup"),
+            topic=_text_value(topic, "topic"),
+            default_topic=_text_value(default_topic, "defaultTopic", "TBW102"),
+            default_topic_queue_nums=_integer_value(default_topic_queue_nums, "defaultTopicQueueNums", 4, 1, 1024),
+            queue_id=_integer_value(queue_id, "queueId", -1, INT32_MIN, INT32_MAX),
+            sys_flag=_integer_value(sys_flag, "sysFlag", 0, INT32_MIN, INT32_MAX),
+            born_timestamp=_integer_value(born_timestamp, "bornTimestamp", None, INT64_MIN, INT64_MAX),
+            flag=_integer_value(flag, "flag", 0, INT32_MIN, INT32_MAX),
+            properties=properties or "",
+            reconsume_times=_integer_value(reconsume_times, "reconsumeTimes", 0, 0, INT32_MAX),
+            max_reconsume_times=None if not max_reconsume_times
+            else _integer_value(max_reconsume_times, "maxReconsumeTimes", 16, -1, INT32_MAX),
+            batch=_boolean_value(batch, "batch", False),
         )
+
+
+(
+    _SET_PRODUCER_GROUP, _SET_TOPIC, _SET_DEFAULT_TOPIC, _SET_DEFAULT_TOPIC_QUEUE_NUMS, _SET_QUEUE_ID, _SET_SYS_FLAG,
+    _SET_BORN_TIMESTAMP, _SET_FLAG, _SET_PROPERTIES, _SET_RECONSUME_TIMES, _SET_MAX_RECONSUME_TIMES, _SET_BATCH,
+) = (getattr(SendHeader, field.name).__set__ for field in dataclass_fields(SendHeader))
+invariant([field.name for field in dataclass_fields(SendHeader)] == [
+    "producer_group", "topic", "default_topic", "default_topic_queue_nums", "queue_id", "sys_flag", "born_timestamp",
+    "flag", "properties", "reconsume_times", "max_reconsume_times", "batch",
+], "SendHeader's fields changed: update its __init__ and its setters")
 
 
 #: PULL_MESSAGE sysFlag bits (PullSysFlag)

@@ -253,15 +253,13 @@ class SendProcessor:
     @staticmethod
     def _response(request: RemotingCommand, results: tuple[AppendResult, ...], queue_id: int,
                   transaction_id: str | None = None) -> RemotingCommand:
-        rejected = [result for result in results if result.status is not AppendStatus.OK]
-        if rejected:
-            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, rejected[0].reason or "message rejected by the store")
+        for result in results:
+            if result.status is not AppendStatus.OK:
+                raise RequestError(ResponseCode.MESSAGE_ILLEGAL, result.reason or "message rejected by the store")
         first = results[0]
-        fields = {
-            "msgId": ",".join(result.msg_id for result in results),
-            "queueId": str(queue_id),
-            "queueOffset": str(first.queue_offset),
-        }
+        # one message but for a batch: its id as it is, no generator and join
+        msg_id = first.msg_id if len(results) == 1 else ",".join([result.msg_id for result in results])
+        fields = {"msgId": msg_id, "queueId": str(queue_id), "queueOffset": str(first.queue_offset)}
         if transaction_id:
             fields["transactionId"] = transaction_id
         return make_response(request, ResponseCode.SUCCESS, None, fields)

@@ -20,15 +20,26 @@ Errors come in two kinds, told apart by ``FrameError.fatal``:
 - recoverable: the frame was well delimited and has been consumed; the error carries what could be
   read of it (``opaque``, ``code``, ``flag``, ``serialize_type``) so the server can answer with
   :func:`make_error_response` and go on with the next frame.
+
+JSON headers take one of two paths. The reference reads them with the stdlib ``json`` and checks every
+field (:func:`_decode_json_header`). The fast path (:func:`_decode_json_header_fast`) reads them with
+orjson when it is installed and accepts only the plain shapes stock clients send; for anything else
+(a refusal of orjson's, a value orjson could read differently, anything the reference would refuse)
+it steps aside and the reference decides, so both paths give the same command or the same error.
+Encoding is the same: orjson writes the header, byte for byte what the stdlib writes, and the stdlib
+path names what orjson refuses (a lone surrogate).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import reprlib
 import struct
-from typing import ClassVar, Final
+from collections.abc import Callable
+from types import MappingProxyType, MemberDescriptorType
+from typing import Any, ClassVar, Final
 
 from broker.remoting.codes import LanguageCode, ResponseCode, SerializeType
 from broker.remoting.command import (
@@ -76,6 +87,19 @@ def _reject_constant(name: str) -> None:
 #: one decoder for every frame (``json.loads`` with arguments would build one per call)
 _JSON_DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant)
 _JSON_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
+
+_fast_loads: Callable[[bytes | bytearray], Any] | None
+_fast_dumps: Callable[[Any], bytes] | None
+_FastEncodeError: type[Exception]
+try:
+    import orjson
+except ImportError:  # a dependency, but optional here: the stdlib path is complete on its own
+    _fast_loads = _fast_dumps = None
+    _FastEncodeError = TypeError
+else:
+    _fast_loads = orjson.loads
+    _fast_dumps = orjson.dumps
+    _FastEncodeError = orjson.JSONEncodeError
 
 
 # --------------------------------------------------------------------------------------------- errors
@@ -364,6 +388,108 @@ def _decode_json_header(
     return code, language, version, opaque, flag, remark, ext_fields
 
 
+def _decode_json_header_fast(
+    header: bytes | bytearray, limits: CodecLimits
+) -> tuple[int, str, int, int, int, str | None, dict[str, str]] | None:
+    """What :func:`_decode_json_header` gives for ``header`` (UTF-8 bytes), read by orjson, or None to
+    let the reference decide.
+
+    Only plain headers pass: int code/opaque/flag/version in int32 range, a string (or known ordinal)
+    language, a string remark, extFields of strings, ints, booleans and nulls, every limit kept. For
+    those orjson reads exactly what the stdlib reads. Everything else steps aside, errors included, and
+    so does every header where the two libraries differ: orjson refuses a lone surrogate escape (the
+    stdlib reads it, and the reference answers HeaderEncodingError), invalid UTF-8 (the reference:
+    HeaderEncodingError, not HeaderSyntaxError), numbers beyond a double (the stdlib reads inf) and
+    nesting deeper than 1024; it reads integers beyond 64 bits as floats (the stdlib keeps them exact),
+    so floats and nested values in extFields step aside too. Both join a surrogate pair escape into
+    one character, and both keep the last value of a duplicate key, in the first one's place.
+    """
+    loads = _fast_loads
+    if loads is None:
+        return None
+    try:
+        fields = loads(header)
+    except ValueError:  # orjson.JSONDecodeError: the reference names the error, or reads what orjson refused
+        return None
+    if type(fields) is not dict:
+        return None
+    get = fields.get
+    opaque = get("opaque")
+    code = get("code")
+    flag = get("flag")
+    if flag is None:
+        flag = 0
+    version = get("version")
+    if version is None:
+        version = 0
+    if not (
+        type(opaque) is int
+        and type(code) is int
+        and type(flag) is int
+        and type(version) is int
+        and INT32_MIN <= opaque <= INT32_MAX
+        and INT32_MIN <= code <= INT32_MAX
+        and INT32_MIN <= flag <= INT32_MAX
+        and INT32_MIN <= version <= INT32_MAX
+    ):
+        return None
+    language = get("language")
+    if type(language) is not str:
+        if language is None:
+            language = _LANGUAGE_MISSING
+        elif type(language) is int and language in _LANGUAGE_NAMES:
+            language = _LANGUAGE_NAMES[language]
+        else:
+            return None
+    remark = get("remark")
+    if remark is not None and (
+        type(remark) is not str or _utf8_length_exceeds(remark, limits.remark_max_bytes)
+    ):
+        return None
+    ext_fields = get("extFields")
+    if ext_fields is None:
+        ext_fields = {}
+    elif type(ext_fields) is not dict or len(ext_fields) > limits.ext_fields_count_max:
+        return None
+    else:
+        value_max_bytes = limits.ext_field_value_max_bytes
+        value_short_max = value_max_bytes // 4
+        for value in ext_fields.values():
+            if type(value) is not str:
+                # C++ clients write numbers and booleans; Java leaves nulls out, others may send them
+                ext_fields = _fast_ext_fields(ext_fields, value_max_bytes)
+                if ext_fields is None:
+                    return None
+                break
+            if len(value) > value_short_max and _utf8_length_exceeds(value, value_max_bytes):
+                return None
+    return code, language, version, opaque, flag, remark, ext_fields
+
+
+def _fast_ext_fields(raw: dict[str, object], value_max_bytes: int) -> dict[str, str] | None:
+    """extFields of strings, ints, booleans and nulls as :func:`_decode_json_header` keeps them, or None
+    when a value is of another kind or over the limit (the reference decides)."""
+    value_short_max = value_max_bytes // 4
+    ext_fields: dict[str, str] = {}
+    for key, value in raw.items():
+        if type(value) is str:
+            text = value
+        elif type(value) is int:
+            text = str(value)  # orjson's ints are exact (those beyond 64 bits come as floats)
+        elif value is True:
+            text = "true"
+        elif value is False:
+            text = "false"
+        elif value is None:
+            continue
+        else:
+            return None
+        if len(text) > value_short_max and _utf8_length_exceeds(text, value_max_bytes):
+            return None
+        ext_fields[key] = text
+    return ext_fields
+
+
 # -------------------------------------------------------------------------------------- binary header
 
 
@@ -478,6 +604,53 @@ def _decode_binary_header(
 
 # ----------------------------------------------------------------------------------------------- frame
 
+_COMMAND_FIELDS: Final = (
+    "code", "opaque", "flag", "language", "version", "remark", "ext_fields", "body", "serialize_type"
+)  # fmt: skip
+invariant(
+    tuple(field.name for field in dataclasses.fields(RemotingCommand)) == _COMMAND_FIELDS,
+    "RemotingCommand's fields changed: update _COMMAND_FIELDS and _decoded_command",
+)
+invariant(
+    all(isinstance(getattr(RemotingCommand, name), MemberDescriptorType) for name in _COMMAND_FIELDS),
+    "RemotingCommand must keep slots: _decoded_command stores through the slots' own setters",
+)
+# A slot's setter stores a value without the frozen class's __setattr__ (which refuses every store).
+(
+    _SET_CODE, _SET_OPAQUE, _SET_FLAG, _SET_LANGUAGE, _SET_VERSION, _SET_REMARK, _SET_EXT_FIELDS, _SET_BODY,
+    _SET_TYPE,
+) = (getattr(RemotingCommand, name).__set__ for name in _COMMAND_FIELDS)  # fmt: skip
+_new_object: Final = object.__new__
+
+
+def _decoded_command(
+    code: int,
+    opaque: int,
+    flag: int,
+    language: str,
+    version: int,
+    remark: str | None,
+    ext_fields: dict[str, str],
+    body: bytes,
+    serialize_type: int,
+) -> RemotingCommand:
+    """The command for fields a header parser has already checked one by one: what
+    ``RemotingCommand.__post_init__`` would check again (int32 ints of type int, str language and
+    remark, bytes body, str to str extFields), without its cost on every frame. ``ext_fields`` must be
+    a dict no one else keeps: the command holds it behind a read-only view, as ``__post_init__`` does
+    with its copy."""
+    command: RemotingCommand = _new_object(RemotingCommand)
+    _SET_CODE(command, code)
+    _SET_OPAQUE(command, opaque)
+    _SET_FLAG(command, flag)
+    _SET_LANGUAGE(command, language)
+    _SET_VERSION(command, version)
+    _SET_REMARK(command, remark)
+    _SET_EXT_FIELDS(command, MappingProxyType(ext_fields))
+    _SET_BODY(command, body)
+    _SET_TYPE(command, serialize_type)
+    return command
+
 
 def _decode_frame_content(
     buffer: bytes | bytearray, start: int, end: int, limits: CodecLimits
@@ -485,7 +658,38 @@ def _decode_frame_content(
     """The command in ``buffer[start:end]``: one frame without its length prefix (``end - start >= 4``).
 
     Raises only recoverable :class:`FrameError` subclasses: the frame is delimited by the caller.
+    A JSON frame within every limit goes through the fast header path first; whatever it declines
+    goes through the reference below, which gives the same command or raises the error.
     """
+    (type_and_length,) = _UINT32.unpack_from(buffer, start)
+    serialize_type = type_and_length >> 24
+    header_length = type_and_length & HEADER_LENGTH_FIELD_MAX
+    header_start = start + 4
+    header_end = header_start + header_length
+    if (
+        serialize_type == _JSON
+        and header_end <= end
+        and header_length <= limits.header_size_max_bytes
+        and end - header_end <= limits.body_size_max_bytes
+        and _fast_loads is not None
+    ):
+        fields = _decode_json_header_fast(buffer[header_start:header_end], limits)
+        if fields is not None:
+            if header_end == end:
+                body = b""
+            else:
+                with memoryview(buffer) as view:
+                    body = view[header_end:end].tobytes()
+            code, language, version, opaque, flag, remark, ext_fields = fields
+            return _decoded_command(code, opaque, flag, language, version, remark, ext_fields, body, _JSON)
+    return _decode_frame_content_reference(buffer, start, end, limits)
+
+
+def _decode_frame_content_reference(
+    buffer: bytes | bytearray, start: int, end: int, limits: CodecLimits
+) -> RemotingCommand:
+    """:func:`_decode_frame_content` through the stdlib JSON and every check, in the order of the
+    errors it raises; the fast path is tested against it."""
     (type_and_length,) = _UINT32.unpack_from(buffer, start)
     serialize_type = type_and_length >> 24
     header_length = type_and_length & HEADER_LENGTH_FIELD_MAX
@@ -651,6 +855,9 @@ def decode_frame(data: bytes | bytearray, limits: CodecLimits = DEFAULT_LIMITS) 
 
 
 def _encode_json_header(command: RemotingCommand) -> bytes:
+    """The JSON header: orjson's bytes are the stdlib's byte for byte (``ensure_ascii=False``, no spaces:
+    the same escapes for every code point), and what orjson refuses, only a lone surrogate here (every
+    other value is an int32 or a str), goes to the stdlib, which names it."""
     header: dict[str, object] = {
         "code": command.code,
         "language": command.language,
@@ -663,6 +870,11 @@ def _encode_json_header(command: RemotingCommand) -> bytes:
     if command.ext_fields:
         # every value a JSON string: the C++ client ignores response extFields that are not
         header["extFields"] = dict(command.ext_fields)
+    if _fast_dumps is not None:
+        try:
+            return _fast_dumps(header)
+        except _FastEncodeError:
+            pass
     try:
         return _JSON_ENCODER.encode(header).encode("utf-8")
     except UnicodeEncodeError as error:
