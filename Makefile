@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-at demo lint typecheck unit bench bench-packages chaos clean system-packages grpc-v2
+.PHONY: test test-at demo lint typecheck unit bench bench-packages chaos chaos-nats clean system-packages grpc-v2
 
 $(STAMP): pyproject.toml setup.py commitlog/_native.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -70,6 +70,12 @@ chaos: $(STAMP) system-packages
 		$(BIN)/raftmq chaos run --scenario $$scenario --duration $(CHAOS_DURATION) --seed $(CHAOS_SEED) \
 			--report chaos-report/$$scenario || failed="$$failed $$scenario"; \
 	done; if [ -n "$$failed" ]; then echo "chaos: not clean:$$failed"; exit 1; fi
+
+# the power-loss scenario against a three-node NATS JetStream cluster (the same schedule and workload), to put
+# beside raftmq's: its verdict is NATS's, so only a usage error (exit 2, e.g. no nats-server) fails the target
+chaos-nats: $(STAMP) system-packages bench-packages
+	@$(BIN)/raftmq chaos run --scenario power-loss --system nats --duration $(CHAOS_DURATION) --seed $(CHAOS_SEED) \
+		--report chaos-report/power-loss-nats; test $$? -ne 2
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -24,6 +24,9 @@ from chaos.toxiproxy_control import Streams
 GAP_SECONDS: Final = (2.0, 4.0)
 #: how long a wiped follower may take to catch up before the next wipe
 CATCH_UP_SECONDS: Final = 60.0
+#: how long a power-loss fault keeps the power off before the machines boot (also the NATS comparison's,
+#: chaos.nats_power_loss: the same seed draws the same gaps and holds there)
+POWER_LOSS_HOLD_SECONDS: Final = (0.5, 2.0)
 #: small segments for the disk-full scenario: a full tmpfs shows when the next segment is created, which
 #: then happens every few seconds, not once per 64 MiB
 DISK_FULL_OVERRIDES: Final[dict[str, dict[str, Any]]] = {
@@ -122,7 +125,7 @@ async def kill_all_restart(faults: Faults, rng: random.Random) -> None:
 
 async def power_loss(faults: Faults, rng: random.Random) -> None:
     """Every member loses power at once, under load: what none of them fsynced is gone."""
-    await faults.power_loss(faults.cluster.node_ids, rng.uniform(0.5, 2.0))
+    await faults.power_loss(faults.cluster.node_ids, rng.uniform(*POWER_LOSS_HOLD_SECONDS))
 
 
 async def power_loss_leader_paused(faults: Faults, rng: random.Random) -> None:
@@ -133,7 +136,7 @@ async def power_loss_leader_paused(faults: Faults, rng: random.Random) -> None:
     followers = sorted(faults.followers())
     if leader is None or not followers:
         return
-    await faults.power_loss([leader], rng.uniform(0.5, 2.0), paused=rng.choice(followers),
+    await faults.power_loss([leader], rng.uniform(*POWER_LOSS_HOLD_SECONDS), paused=rng.choice(followers),
                             resume_after_seconds=rng.uniform(1.0, 3.0))
 
 

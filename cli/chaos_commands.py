@@ -10,12 +10,14 @@ import inspect
 import secrets
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
 from chaos.scenarios import SCENARIOS
 
 USAGE_ERROR = 2
+SYSTEMS = ("raftmq", "nats")
 
 
 @click.group()
@@ -41,8 +43,12 @@ def chaos() -> None:
                    "before the wrap of the id's time field, on any day).")
 @click.option("--no-verify", is_flag=True, help="Skip the Spark byte-equality check (the verdict is then partial).")
 @click.option("--keep-data", is_flag=True, help="Keep the members' data after a clean run too.")
+@click.option("--system", type=click.Choice(SYSTEMS), default="raftmq", show_default=True,
+              help="What the faults hit: raftmq, or (power-loss only) a three-node NATS JetStream cluster "
+                   "with an R3 stream under the same workload, for comparison (needs Debian's nats-server).")
 def run_command(scenario: str, duration: float, seed: int | None, report_dir: Path | None, rate: float,
-                burst_messages: int, id_clock_month_offset_ms: int | None, no_verify: bool, keep_data: bool) -> None:
+                burst_messages: int, id_clock_month_offset_ms: int | None, no_verify: bool, keep_data: bool,
+                system: str) -> None:
     """Run one scenario: a three-member group (Raft links through Toxiproxy for network faults), producers
     and consumers recording a history throughout, faults on a seeded schedule, heal, drain, check, and the
     Spark check that the replicas are byte-identical.
@@ -59,6 +65,9 @@ def run_command(scenario: str, duration: float, seed: int | None, report_dir: Pa
     from chaos.workload import WorkloadConfig
 
     chosen_seed = seed if seed is not None else secrets.randbits(31)
+    if system == "nats":
+        _run_nats(scenario, duration, chosen_seed, report_dir, rate, burst_messages, id_clock_month_offset_ms,
+                  keep_data)
     directory = report_dir if report_dir is not None else Path("chaos-report") / f"{scenario}-{chosen_seed}"
     options = RunOptions(scenario, directory, duration_seconds=duration, seed=chosen_seed,
                          workload=dataclasses.replace(WorkloadConfig(), rate_per_producer=rate,
@@ -73,6 +82,28 @@ def run_command(scenario: str, duration: float, seed: int | None, report_dir: Pa
     sys.exit(outcome.exit_code)
 
 
+def _run_nats(scenario: str, duration: float, seed: int, report_dir: Path | None, rate: float, burst_messages: int,
+              id_clock_month_offset_ms: int | None, keep_data: bool) -> NoReturn:
+    """``--system nats``: the power-loss scenario against NATS JetStream (chaos.nats_power_loss); exits."""
+    from chaos.nats_power_loss import NatsRunOptions, run
+    from chaos.runner import UsageError
+
+    if scenario != "power-loss":
+        click.echo(f"Error: --system nats runs the power-loss scenario only, not {scenario}", err=True)
+        sys.exit(USAGE_ERROR)
+    if burst_messages or id_clock_month_offset_ms is not None:
+        click.echo("Error: --burst and --id-clock-month-offset-ms are about raftmq's ids, not NATS", err=True)
+        sys.exit(USAGE_ERROR)
+    directory = report_dir if report_dir is not None else Path("chaos-report") / f"{scenario}-nats-{seed}"
+    try:
+        outcome = run(NatsRunOptions(directory, duration_seconds=duration, seed=seed, rate_per_producer=rate,
+                                     keep_data=keep_data))
+    except UsageError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(USAGE_ERROR)
+    sys.exit(outcome.exit_code)
+
+
 run_command.help = inspect.cleandoc(run_command.help or "") + "".join(
     f"\n  {name:<24} {scenario.summary}" for name, scenario in SCENARIOS.items()) + """
 
@@ -80,7 +111,8 @@ run_command.help = inspect.cleandoc(run_command.help or "") + "".join(
 Example:
   raftmq chaos run --scenario kill-leader --duration 120 --seed 7
   raftmq chaos run --scenario mixed --duration 600 --report ./chaos-mixed
-  raftmq chaos run --scenario kill-leader --burst 70000 --id-clock-month-offset-ms 2147483448"""
+  raftmq chaos run --scenario kill-leader --burst 70000 --id-clock-month-offset-ms 2147483448
+  raftmq chaos run --scenario power-loss --system nats --seed 3"""
 
 
 @chaos.command("check")

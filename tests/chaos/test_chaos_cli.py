@@ -41,3 +41,12 @@ def test_scenarios_lists_every_scenario() -> None:
                  "wipe-follower", "slow-link", "disk-full", "disk-full-leader", "corrupt-follower", "partition-client-leader",
                  "client-link-reset", "slow-client-link", "mixed"):
         assert name in result.output
+
+
+def test_run_on_nats_takes_the_power_loss_scenario_only() -> None:
+    """Refused before anything starts (no nats-server needed to see it)."""
+    result = CliRunner().invoke(main, ["chaos", "run", "--scenario", "kill-leader", "--system", "nats"])
+    assert result.exit_code == 2 and "power-loss scenario only" in result.output
+    result = CliRunner().invoke(main, ["chaos", "run", "--scenario", "power-loss", "--system", "nats",
+                                       "--burst", "10"])
+    assert result.exit_code == 2 and "--burst" in result.output
