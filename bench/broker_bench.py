@@ -244,10 +244,11 @@ class Bench:
 
     def measure_nats(self) -> None:
         from bench import nats_bench
+        from chaos.nats_cluster import server_version
 
         binary = nats_server()
         assert binary is not None
-        version = nats_bench.server_version(binary)
+        version = server_version(binary)
         always = nats_bench.sync_always_support(binary, self.scratch / "nats-probe")
         syncs: list[tuple[str, str | None, str]] = [("default", None, nats_bench.default_sync(version))]
         if always is None:

@@ -38,6 +38,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck, Storag
 
 from bench import cpu_meter
 from bench.figures import produce_figures
+from chaos.nats_cluster import server_config
 from cli.cluster import HOST, free_ports
 
 STREAM: Final = "BENCH"
@@ -56,37 +57,10 @@ FAILURES: Final = (RuntimeError, OSError, TimeoutError, nats.errors.Error)
 SYNC_INTERVAL_SINCE: Final = (2, 10, 0)
 
 
-def server_version(binary: str) -> str:
-    """``2.9.10`` from ``nats-server: v2.9.10``; the whole answer when it has no version in it."""
-    answer = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10, check=False)
-    text = (answer.stdout or answer.stderr).strip()
-    found = re.search(r"v?(\d+\.\d+\.\d+\S*)", text)
-    return found.group(1) if found else text
-
-
 def default_sync(version: str) -> str:
     """What ``sync_interval`` is when left unset, by version (the file store's default; not an fsync per write)."""
     numbers = tuple(int(part) for part in re.findall(r"\d+", version)[:3])
     return "every 2 min (sync_interval default)" if numbers >= SYNC_INTERVAL_SINCE else "every 60 s (fixed)"
-
-
-def server_config(name: str, client_port: int, cluster_port: int, route_ports: Sequence[int], store_dir: Path,
-                  sync_interval: str | None) -> str:
-    """One member's configuration file: JetStream with its own store, clustered over loopback routes."""
-    routes = ", ".join(json.dumps(f"nats-route://{HOST}:{port}") for port in route_ports)
-    jetstream = [f"store_dir: {json.dumps(str(store_dir))}"]
-    if sync_interval is not None:
-        jetstream.append(f"sync_interval: {sync_interval}")
-    return "\n".join([
-        f"server_name: {json.dumps(name)}",
-        f"listen: {json.dumps(f'{HOST}:{client_port}')}",
-        "jetstream {", *(f"  {line}" for line in jetstream), "}",
-        "cluster {",
-        '  name: "raftmq-bench"',
-        f"  listen: {json.dumps(f'{HOST}:{cluster_port}')}",
-        f"  routes: [{routes}]",
-        "}",
-    ]) + "\n"
 
 
 def sync_always_support(binary: str, directory: Path) -> str | None:
@@ -141,7 +115,8 @@ class NatsCluster:
             member_dir.mkdir(parents=True, exist_ok=True)
             config = member_dir / "nats.conf"
             config.write_text(server_config(name, client_ports[index], cluster_ports[index], cluster_ports,
-                                            member_dir / "store", self.sync_interval))
+                                            member_dir / "store", sync_interval=self.sync_interval,
+                                            cluster_name="raftmq-bench"))
             log = member_dir / "nats.log"
             with log.open("ab") as log_file:
                 process = subprocess.Popen([self.binary, "-c", str(config)], stdout=log_file,

@@ -16,12 +16,14 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -59,21 +61,28 @@ def server_version(binary: str) -> str:
     """``2.9.10`` from ``nats-server: v2.9.10``; the whole answer when it has no version in it."""
     answer = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10, check=False)
     text = (answer.stdout or answer.stderr).strip()
-    return text.rpartition(" v")[2] if " v" in text else text
+    found = re.search(r"v?(\d+\.\d+\.\d+\S*)", text)
+    return found.group(1) if found else text
 
 
-def server_config(name: str, ports: ServerPorts, route_ports: list[int], store_dir: Path) -> str:
-    """One server's configuration: JetStream with its own store (the server's default sync), clustered over
-    loopback routes, with its monitoring port (``/jsz``: its own replica's state)."""
+def server_config(name: str, client_port: int, cluster_port: int, route_ports: Sequence[int], store_dir: Path, *,
+                  monitor_port: int | None = None, sync_interval: str | None = None,
+                  cluster_name: str = CLUSTER_NAME) -> str:
+    """One server's configuration: JetStream with its own store (the server's default sync unless
+    ``sync_interval``), clustered over loopback routes, with a monitoring port if given (``/jsz``: its own
+    replica's state). bench/nats_bench.py uses it too."""
     routes = ", ".join(json.dumps(f"nats-route://{HOST}:{port}") for port in route_ports)
+    jetstream = [f"store_dir: {json.dumps(str(store_dir))}"]
+    if sync_interval is not None:
+        jetstream.append(f"sync_interval: {sync_interval}")
     return "\n".join([
         f"server_name: {json.dumps(name)}",
-        f"listen: {json.dumps(f'{HOST}:{ports.client}')}",
-        f"http: {json.dumps(f'{HOST}:{ports.monitor}')}",
-        "jetstream {", f"  store_dir: {json.dumps(str(store_dir))}", "}",
+        f"listen: {json.dumps(f'{HOST}:{client_port}')}",
+        *([f"http: {json.dumps(f'{HOST}:{monitor_port}')}"] if monitor_port is not None else []),
+        "jetstream {", *(f"  {line}" for line in jetstream), "}",
         "cluster {",
-        f"  name: {json.dumps(CLUSTER_NAME)}",
-        f"  listen: {json.dumps(f'{HOST}:{ports.cluster}')}",
+        f"  name: {json.dumps(cluster_name)}",
+        f"  listen: {json.dumps(f'{HOST}:{cluster_port}')}",
         f"  routes: [{routes}]",
         "}",
     ]) + "\n"
@@ -142,7 +151,8 @@ class NatsCluster:
         for server in self.servers:
             server.directory.mkdir(parents=True, exist_ok=True)
             (server.directory / CONFIG_FILE).write_text(server_config(
-                server.name, server.ports, route_ports, server.directory / STORE_DIRECTORY))
+                server.name, server.ports.client, server.ports.cluster, route_ports,
+                server.directory / STORE_DIRECTORY, monitor_port=server.ports.monitor))
             powerfs.mount_directory(server.directory / STORE_DIRECTORY, write_through=())
         self._start_servers()
 
