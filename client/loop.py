@@ -56,7 +56,11 @@ class EventLoopThread:
         future = self.submit(coroutine)
         try:
             return future.result(timeout_seconds)
-        except concurrent.futures.TimeoutError:
+        except concurrent.futures.TimeoutError:  # (the builtin TimeoutError, since Python 3.11)
+            if future.done():
+                # the coroutine's own error, e.g. the client's RequestTimeoutError (an MQClientError and a
+                # TimeoutError): raised as it is, not taken for this wait's timeout
+                raise
             future.cancel()
             raise TimeoutError(f"no result within {timeout_seconds} s") from None
 

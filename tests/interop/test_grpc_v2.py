@@ -230,8 +230,13 @@ def test_route_names_the_leader_as_broker_0_from_any_member(group: Group, topic:
     group.create_topic(topic)
     leader = group.leader()
     for node in group.cluster.info.nodes:
-        response = call(node, "QueryRoute", pb.QueryRouteRequest(topic=Resource(name=topic)), pb.QueryRouteResponse)
-        assert isinstance(response, pb.QueryRouteResponse)
+        def route(node: NodeInfo = node) -> pb.QueryRouteResponse | None:
+            answer = call(node, "QueryRoute", pb.QueryRouteRequest(topic=Resource(name=topic)), pb.QueryRouteResponse)
+            assert isinstance(answer, pb.QueryRouteResponse)
+            # a follower answers from its replicated state, which has the new topic once it applied it
+            return answer if answer.status.code != Code.TOPIC_NOT_FOUND else None
+
+        response = wait_for(route, 30, f"{node.id} to know topic {topic}")
         assert response.status.code == Code.OK, response
         assert len(response.message_queues) == QUEUES
         for queue in response.message_queues:
