@@ -4,11 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-at demo lint typecheck unit bench bench-packages chaos chaos-nats clean system-packages grpc-v2
+.PHONY: test test-at demo lint typecheck unit bench bench-packages chaos chaos-nats clean system-packages grpc-v2 audit-cluster
 
 $(STAMP): pyproject.toml setup.py commitlog/_native.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,spark,chaos]'
 	touch $(STAMP)
 
 lint: $(STAMP)
@@ -17,7 +17,8 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict
 
-# Debian packages beyond Python's (fuse3 for the power-loss faults): installed when missing, see the script
+# Debian packages beyond Python's (fuse3 for the power-loss faults, haproxy for the group's front): installed when
+# missing, see the script
 system-packages:
 	@sh scripts/system-packages.sh
 
@@ -46,6 +47,11 @@ test-at: $(STAMP)
 
 demo: $(STAMP) system-packages
 	$(BIN)/raftmq demo
+
+# a live three-member group audited by a Spark standalone cluster (a master, two workers) on this machine:
+# clean, then with one byte of a follower's segment flipped (README: "A live group, over the network")
+audit-cluster: $(STAMP)
+	$(BIN)/python -m cli.audit_demo
 
 # the system packages plus nats-server, broker_bench.py's reference: a failure here is not fatal (it skips NATS)
 bench-packages:

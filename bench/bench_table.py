@@ -13,10 +13,12 @@ CPU_COLUMNS: Final = ("leader", "follower_1", "follower_2", "namesrv", "client",
 
 
 def system_label(record: Record) -> str:
-    """``raftmq durable``, ``raftmq page_cache``, ``raftmq <variant>``, ``NATS default``, ``NATS always``."""
+    """``raftmq durable``, ``raftmq page_cache``, ``raftmq <variant>`` (``... SDK``: our producer, sends
+    coalesced; otherwise one frame per send, as stock clients send), ``NATS default``, ``NATS always``."""
     if record.get("system") == "nats":
         return f"NATS {record.get('nats_sync_setting', 'default')}"
-    return f"raftmq {record.get('variant') or record.get('journal_flush', '')}".strip()
+    label = f"raftmq {record.get('variant') or record.get('journal_flush', '')}".strip()
+    return f"{label} SDK" if record.get("client") == "sdk" else label
 
 
 def ratio(numerator: object, denominator: object) -> str:

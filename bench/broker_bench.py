@@ -2,7 +2,10 @@
 through the RocketMQ wire protocol by one client process, next to a three-node NATS JetStream R3 file stream
 measured the same way in the same run. Prints one JSON line per measurement:
 
-* ``produce`` at in-flight 1, 32 and 256: acked SEND_MESSAGE_V2 of 1 KB messages (msgs/s, MB/s, p50/p99 ms);
+* ``produce`` at in-flight 1, 32 and 256: acked SEND_MESSAGE_V2 of 1 KB messages (msgs/s, MB/s, p50/p99 ms),
+  one frame per send as stock clients send them (``"client": "python"``), then the same through our producer
+  SDK (``"client": "sdk"``, ``--no-sdk`` leaves it out), whose concurrent sends to one queue leave as batch
+  requests (client/coalesce.py);
 * ``consume``: PULL_MESSAGE of everything produced, 32 messages per pull, one queue after another;
 * ``cpu_us_per_msg`` in each: CPU microseconds per acknowledged (consumed) message of each process over the
   measurement (``bench/cpu_meter.py``): the leader, both followers, the name server and the client.
@@ -52,6 +55,10 @@ from bench.figures import produce_figures
 from broker.remoting.client import RemotingClient
 from broker.remoting.codes import RequestCode, ResponseCode
 from cli.cluster import LocalCluster, route_master
+from client.config import ProducerConfig
+from client.errors import MQClientError
+from client.message import Message
+from client.producer import AsyncProducer
 
 TOPIC: Final = "BenchTopic"
 QUEUES: Final = 4
@@ -102,6 +109,41 @@ async def produce(address: str, count: int, in_flight: int, first: int,
         await client.close()
     return {"bench": "broker", "system": "raftmq", "client": "python", "mode": "produce", "in_flight": in_flight,
             **produce_figures(latencies, errors, seconds, len(BODY)),
+            "cpu_us_per_msg": cpu_meter.microseconds_per_message(before, after, len(latencies))}
+
+
+async def produce_with_sdk(namesrv: str, count: int, in_flight: int,
+                           processes: Mapping[str, int]) -> dict[str, object]:
+    """Our producer (client.producer.AsyncProducer, its defaults: concurrent sends to one queue coalesced into
+    batch requests, each with its own result): ``in_flight`` tasks awaiting ``send`` in a loop."""
+    config = ProducerConfig(group="bench-sdk-producer", inflight_sends_max=in_flight, compress_body_over_bytes=0)
+    latencies: list[float] = []
+    errors = 0
+    remaining = count
+    async with AsyncProducer(namesrv, config) as producer:
+        await producer.send(Message(TOPIC, BODY, tags="bench"))  # routes and connections before the clock starts
+
+        async def worker() -> None:
+            nonlocal remaining, errors
+            while remaining > 0:
+                remaining -= 1
+                started = time.perf_counter()
+                try:
+                    await producer.send(Message(TOPIC, BODY, tags="bench"))
+                except MQClientError:
+                    errors += 1
+                    continue
+                latencies.append(time.perf_counter() - started)
+
+        before = cpu_meter.sample(processes)
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(in_flight)))
+        seconds = time.perf_counter() - started
+        after = cpu_meter.sample(processes)
+        coalescer = producer._coalescer
+        batches = {} if coalescer is None else {"batches": coalescer.batches, "batched_sends": coalescer.batched_sends}
+    return {"bench": "broker", "system": "raftmq", "client": "sdk", "mode": "produce", "in_flight": in_flight,
+            **produce_figures(latencies, errors, seconds, len(BODY)), **batches,
             "cpu_us_per_msg": cpu_meter.microseconds_per_message(before, after, len(latencies))}
 
 
@@ -224,6 +266,12 @@ class Bench:
                 figures = run(produce(address, count, in_flight, sent, processes), self.arguments.client_loop)
                 self.emit({**figures, **loop, **label})
                 sent += count
+            if self.arguments.sdk:
+                for in_flight, count in self.settings:
+                    figures = run(produce_with_sdk(cluster.namesrv, count, in_flight, processes),
+                                  self.arguments.client_loop)
+                    self.emit({**figures, **loop, **label})
+                    sent += count + 1
             self.emit({**run(consume(address, processes), self.arguments.client_loop), **loop, **label})
             if with_cpp:
                 self.measure_cpp(cluster.namesrv, {key: pid for key, pid in processes.items() if key != "client"},
@@ -290,6 +338,8 @@ def main() -> None:
                         help="NAME:SECTION.KEY=VALUE[,...]: one more durable group with these settings")
     parser.add_argument("--nats", action=argparse.BooleanOptionalAction, default=None,
                         help="measure NATS JetStream R3 too (default: when nats-server and nats-py are installed)")
+    parser.add_argument("--sdk", action=argparse.BooleanOptionalAction, default=True,
+                        help="also produce with our producer SDK, whose concurrent sends are coalesced (default: on)")
     parser.add_argument("--cpp", action=argparse.BooleanOptionalAction, default=True,
                         help="measure the stock C++ client against the first group (default: on)")
     parser.add_argument("--client-loop", choices=CLIENT_LOOPS,

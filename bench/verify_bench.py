@@ -14,6 +14,13 @@ Figures (MB/s count the bytes of all three replicas' commit logs, page cache war
   ``verify``; ``integrity_second_run`` is the steady rate, tables read again). Spark session start-up is
   reported apart, and a first byte-equality pass that starts the Python workers is not timed.
 
+The network path (``--no-network`` leaves it out), in the same run over the same replicas: each replica is
+served by a process of its own through the member API (:mod:`broker.replica_files`: a remoting server, the
+store opened as a member opens it) and ``verify`` reads them as a live group's cut
+(:mod:`spark_analytics.remote`): ``network_byte_equality`` and ``network_full_check``, with
+``network_vs_local_*`` the ratios to the local figures (``_warm``: to the local steady rate, as the network
+run comes after the local one in the same JVM).
+
 Replica n0 is written through ``MessageStore.append`` (1 KB messages, 8 queues, batches of 128); n1 and n2
 are copies of its files, byte-identical by construction, as writing the same appends would make them.
 
@@ -24,13 +31,18 @@ are copies of its files, byte-identical by construction, as writing the same app
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import json
+import os
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from commitlog.config import StoreConfig
@@ -87,6 +99,90 @@ def reference_block_hash(root: Path, block_bytes: int) -> bool:
     return digests["n0"] == digests["n1"] == digests["n2"]
 
 
+SECRET = b"verify-bench-group-secret-0123456789"
+SERVE_READY = "serving"
+
+
+class ServedMember:
+    """What :class:`broker.replica_files.ReplicaFilesProcessor` asks of a member, for a store served alone."""
+
+    def __init__(self, name: str, store: MessageStore) -> None:
+        self.name = name
+        self.store = store
+
+    def status(self) -> SimpleNamespace:
+        applied = self.store.applied_raft_index
+        return SimpleNamespace(node_id=self.name, role="follower", commit_index=applied, applied_index=applied)
+
+
+def serve(store_dir: Path, name: str, port: int, segment_bytes: int) -> None:
+    """One replica's store over the member API until killed (a process per replica, as members are)."""
+    from broker.remoting.server import RemotingServer
+    from broker.replica_files import REPLICA_FILES_CODES, ReplicaFilesProcessor
+
+    store = MessageStore(StoreConfig(data_dir=store_dir, segment_size_bytes=segment_bytes,
+                                     flush_interval_ms=3_600_000))
+
+    async def run() -> None:
+        server = RemotingServer("127.0.0.1", port)
+        server.register(REPLICA_FILES_CODES, ReplicaFilesProcessor(ServedMember(name, store), SECRET, lambda: False),
+                        queue_max=64, workers=4, name="replica-files")
+        await server.start()
+        print(SERVE_READY, flush=True)
+        await server.wait_stopped()
+
+    asyncio.run(run())
+
+
+def network_figures(spark: Any, root: Path, segment_bytes: int, block_bytes: int, total_mb: float,
+                    local: dict[str, Any]) -> dict[str, Any]:
+    """Byte equality and the full check through the member API, each replica served by a process."""
+    from cli.cluster import free_ports
+    from spark_analytics.remote import Access, take_cut
+
+    ports = free_ports(3)
+    servers = []
+    figures: dict[str, Any] = {}
+    try:
+        for name, port in zip(("n0", "n1", "n2"), ports, strict=True):
+            servers.append(subprocess.Popen(
+                [sys.executable, "-m", "bench.verify_bench", "--serve", str(root / name / "store"), "--name", name,
+                 "--port", str(port), "--segment-mb", str(segment_bytes // MIB)],
+                stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent,
+                env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}))
+        for server in servers:
+            assert server.stdout is not None
+            if server.stdout.readline().strip() != SERVE_READY:
+                raise RuntimeError("a replica server did not start")
+        cut = take_cut([f"127.0.0.1:{port}" for port in ports], Access.from_secret(SECRET))
+        source = cut.encode()
+        check_byte_equality(spark, source, block_bytes)  # the Python workers meet the servers once, untimed
+        started = time.perf_counter()
+        equality = check_byte_equality(spark, source, block_bytes)
+        figures.update(_rate("network_byte_equality", started, total_mb))
+        with ReplicaTables(spark, source) as tables:
+            integrity = check_integrity(spark, source, tables=tables)
+            derived = check_derived_state(spark, source, equality.common_start, equality.common_end, tables)
+        figures.update(_rate("network_full_check", started, total_mb))
+        figures["network_checks_ok"] = equality.ok and integrity.ok and derived.ok
+        figures["network_bytes_compared_per_replica"] = equality.bytes_compared_per_replica
+        for name in ("byte_equality", "full_check"):
+            figures[f"network_vs_local_{name}"] = round(figures[f"network_{name}_mb_per_s"]
+                                                        / local[f"{name}_mb_per_s"], 2)
+        # the network run's JVM has compiled the checks' plans already: beside the local run as verify runs
+        # it (first integrity run), the local steady rate (byte equality, second integrity run, derived state)
+        warm_seconds = sum(local[f"{name}_seconds"] for name in ("byte_equality", "integrity_second_run",
+                                                                  "derived_state"))
+        figures["local_full_check_warm_mb_per_s"] = round(total_mb / warm_seconds, 1)
+        figures["network_vs_local_full_check_warm"] = round(figures["network_full_check_mb_per_s"]
+                                                            / figures["local_full_check_warm_mb_per_s"], 2)
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mb", type=int, default=64, help="commit-log size of each replica")
@@ -96,7 +192,14 @@ def main() -> None:
     parser.add_argument("--master", default=MASTER_DEFAULT)
     parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--dir", type=Path, default=None, help="where to build the replicas (removed after)")
+    parser.add_argument("--no-network", action="store_true", help="leave the network path out")
+    parser.add_argument("--serve", type=Path, default=None, help=argparse.SUPPRESS)  # a replica server
+    parser.add_argument("--name", default="n0", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     arguments = parser.parse_args()
+    if arguments.serve is not None:
+        serve(arguments.serve, arguments.name, arguments.port, arguments.segment_mb * MIB)
+        return
 
     root = Path(tempfile.mkdtemp(prefix="verify-bench-", dir=arguments.dir))
     figures: dict[str, Any] = {"size_mb_per_replica": arguments.size_mb, "replicas": 3,
@@ -137,6 +240,9 @@ def main() -> None:
         figures.update(_rate("integrity_second_run", started, total_mb))
         figures["checks_ok"] = equality.ok and integrity.ok and derived.ok
         figures["messages_per_replica"] = integrity.replicas[0].messages
+        if not arguments.no_network:
+            figures.update(network_figures(spark, root, arguments.segment_mb * MIB, arguments.block_mb * MIB,
+                                           total_mb, figures))
         spark.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable, Mapping
 from typing import Final
 
 from broker.consumers import ConsumerManager
@@ -23,6 +24,7 @@ from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import RequestContext
 from broker.requests import INT32_MAX, RequestError, boolean, integer, object_keyed_json, text
+from broker.runtime_stats import QueueFacts, RuntimeStats, StoreFacts, Totals, disk_space
 from broker.topics import (
     INTERNAL_TOPIC_QUEUES,
     PERM_INHERIT,
@@ -67,11 +69,16 @@ def record_store_timestamp(record: bytes) -> int:
 
 class AdminProcessor:
     def __init__(self, broker: BrokerContext, offsets: OffsetCommitter, consumers: ConsumerManager | None = None,
-                 rates: PullRates | None = None) -> None:
+                 rates: PullRates | None = None, stats: RuntimeStats | None = None,
+                 queue_depths: Callable[[], Mapping[str, tuple[int, int]]] = dict) -> None:
+        """``stats``: the member's put and get statistics (sampled by the node); ``queue_depths``: the
+        remoting server's request queues (GET_BROKER_RUNTIME_INFO reports both in Java's fields)."""
         self.broker = broker
         self.offsets = offsets
         self.consumers = consumers or ConsumerManager()
         self.rates = rates if rates is not None else PullRates()
+        self.stats = stats if stats is not None else RuntimeStats(self._pull_totals)
+        self.queue_depths = queue_depths
 
     async def __call__(self, context: RequestContext) -> RemotingCommand | None:
         request = context.request
@@ -151,9 +158,11 @@ class AdminProcessor:
         return make_response(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, "not an admin request")
 
     def runtime_info(self) -> dict[str, str]:
+        """Java's fields (runtime_stats: what rocketmq-dashboard and rocketmq-exporter read), then ours."""
         broker = self.broker
         status = broker.member.status()
         return {
+            **self._java_runtime_info(),
             "nodeId": status.node_id,
             "brokerName": broker.config.broker_name,
             "brokerAddress": broker.config.announced_address,
@@ -172,6 +181,26 @@ class AdminProcessor:
             "sendStages": broker.member.stages.encode(),
             "topics": str(len(broker.state.topics)),
         }
+
+    def _pull_totals(self) -> Totals:
+        """Without the node's statistics: what this processor's pull counters know (no puts)."""
+        rates = self.rates
+        return Totals(pulls_found=rates.pulls_found, pulls_missed=rates.pulls_missed,
+                      messages_served=rates.messages_served)
+
+    def _java_runtime_info(self) -> dict[str, str]:
+        store = self.broker.store
+        low, high = store.commit_log.min_offset, store.max_physical_offset
+        earliest = -1
+        if high > low:
+            try:
+                earliest = store.store_timestamp_at(low)
+            except (StoreError, ValueError):
+                earliest = -1
+        total, free = disk_space(str(store.root))
+        facts = StoreFacts(low, high, earliest, store.unflushed_bytes, total, free)
+        queues = {name: QueueFacts(waiting, limit) for name, (waiting, limit) in self.queue_depths().items()}
+        return self.stats.fields(facts, queues, self.broker.member.stages.snapshot().get("apply", []))
 
     def _store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int | None:
         """The store timestamp of a queue's message at ``queue_offset``; None when there is none."""

@@ -15,6 +15,8 @@ One TOML file per node (``raftmq broker --config node.toml``)::
     tls_key_file = "broker.key"
     grpc_address = "127.0.0.1:8081"             # optional: RocketMQ 5.x clients (gRPC, broker.v2); off if unset
     peer_grpc_addresses = { n1 = "127.0.0.1:8082", n2 = "127.0.0.1:8083" }   # the others' grpc_address
+    http_address = "127.0.0.1:9100"             # optional: GET /healthz, /readyz, /metrics (broker.http); off if unset
+    front_address = "10.0.0.100:10911"          # optional: the group's load balancer; the leader registers it as id 0
 
 ``advertised_address`` is the address that names this broker to clients: it is registered with the name
 servers (brokerAddr, haServerAddr), reported by admin requests, and handed out by the other members as
@@ -47,6 +49,7 @@ from typing import Any, Final
 from broker.acl.config import load_acl_file
 from broker.acl.permissions import AclConfigError
 from commitlog.config import ConfigError
+from dledger.addresses import WILDCARD_HOSTS
 from dledger.config import NodeConfig, parse_address, read_toml
 
 #: RocketMQ's delay levels (``messageDelayLevel``), in seconds
@@ -113,6 +116,16 @@ class BrokerConfig:
     peer_grpc_addresses: Mapping[str, str] = field(default_factory=dict)
     #: gRPC calls served at once (Telemetry streams included: one per client); more are refused RESOURCE_EXHAUSTED
     grpc_in_flight_requests_max: int = 1024
+    #: where the HTTP probes and metrics listen (``GET /healthz``, ``/readyz``, ``/readyz?role=leader``,
+    #: ``/metrics``: broker.http); empty: off
+    http_address: str = ""
+    #: the group's front (a load balancer in front of every member, routing to the leader): the leader
+    #: registers it as brokerId 0 instead of its own address; empty: no front (broker.forwarding)
+    front_address: str = ""
+    #: requests a follower forwards to the leader at once (more are answered SYSTEM_BUSY), and how long
+    #: one forward may take (broker.forwarding)
+    forward_in_flight_max: int = 1024
+    forward_timeout_seconds: float = 3.0
 
     #: the broker's event loop: "uvloop" (libuv's, less CPU per request; the stdlib's where uvloop cannot be
     #: imported) or "asyncio" (the stdlib's)
@@ -127,7 +140,7 @@ class BrokerConfig:
         parse_address(self.listen_address, "broker.listen_address")
         if self.advertised_address != "":
             host, _ = parse_address(self.advertised_address, "broker.advertised_address")
-            if host == "0.0.0.0":
+            if host in WILDCARD_HOSTS:
                 raise ConfigError("broker.advertised_address must be an address clients can connect to, "
                                   f"not the wildcard {self.advertised_address!r}")
         for position, address in enumerate(self.namesrv):
@@ -136,12 +149,25 @@ class BrokerConfig:
             parse_address(address, f"broker.peer_addresses.{member}")
         if self.grpc_address != "":
             host, _ = parse_address(self.grpc_address, "broker.grpc_address")
-            if host == "0.0.0.0":
+            if host in WILDCARD_HOSTS:
                 raise ConfigError("broker.grpc_address is also the address 5.x clients are given: it must be one "
                                   f"they can connect to, not the wildcard {self.grpc_address!r}")
         for member, address in self.peer_grpc_addresses.items():
             parse_address(address, f"broker.peer_grpc_addresses.{member}")
         _check_int(self, "grpc_in_flight_requests_max", 1, 1 << 20)
+        if self.http_address != "":
+            parse_address(self.http_address, "broker.http_address")
+        if self.front_address != "":
+            host, _ = parse_address(self.front_address, "broker.front_address")
+            if host in WILDCARD_HOSTS:
+                raise ConfigError("broker.front_address is the address clients are given: it must be one they "
+                                  f"can connect to, not the wildcard {self.front_address!r}")
+        _check_int(self, "forward_in_flight_max", 1, 1 << 20)
+        forward_timeout = self.forward_timeout_seconds
+        if (not isinstance(forward_timeout, int | float) or isinstance(forward_timeout, bool)
+                or not (math.isfinite(forward_timeout) and 0 < forward_timeout <= 600)):
+            raise ConfigError(f"broker.forward_timeout_seconds must be a number of seconds in (0, 600], "
+                              f"got {forward_timeout!r}")
         for name, value in (("broker_name", self.broker_name), ("cluster_name", self.cluster_name)):
             if not value or not value.replace("-", "").replace("_", "").isalnum():
                 raise ConfigError(f"broker.{name} must be letters, digits, '-' or '_', got {value!r}")
@@ -208,8 +234,9 @@ class BrokerConfig:
             peers = arguments.get(name, {})
             if not isinstance(peers, dict) or not all(isinstance(v, str) for v in peers.values()):
                 raise ConfigError(f"broker.{name} must map member ids to 'host:port'")
-        if not isinstance(arguments.get("grpc_address", ""), str):
-            raise ConfigError("broker.grpc_address must be 'host:port'")
+        for name in ("grpc_address", "http_address", "front_address"):
+            if not isinstance(arguments.get(name, ""), str):
+                raise ConfigError(f"broker.{name} must be 'host:port'")
         for name in ("broker_name", "cluster_name"):
             if name in arguments and not isinstance(arguments[name], str):
                 raise ConfigError(f"broker.{name} must be a string")

@@ -32,15 +32,31 @@ from broker.config import BrokerConfig, load_node_file
 from broker.consumers import ClientProcessor, ConsumerCallProcessor, ConsumerManager, QueueLocks
 from broker.context import BrokerContext
 from broker.delay import DelayService
+from broker.forwarding import (
+    MEMBER_LINK_CODES,
+    Forwarder,
+    ForwardLimits,
+    LeaderOnly,
+    MemberLinks,
+    member_link_tls,
+)
+from broker.http import HttpServer, probe_routes
+from broker.logs import add_log_arguments, configure_logging, set_log_context
+from broker.metrics import CONTENT_TYPE, new_registry, read_snapshot, render
 from broker.namesrv.model import TopicConfig as RouteTopicConfig
 from broker.offsets import OffsetCommitter
+from broker.pop import PopService, ReviveService
+from broker.probes import Probes, ProbeState, read_probe_state
 from broker.pull import PullProcessor, PullWaiters
 from broker.pull_rates import PullRates
 from broker.registration import Registrar
 from broker.remoting import event_loop as event_loop_module
 from broker.remoting.codes import RequestCode
-from broker.remoting.server import RemotingServer, ServerLimits
+from broker.remoting.command import RemotingCommand
+from broker.remoting.server import Connection, Processor, RemotingServer, ServerLimits
+from broker.replica_files import REPLICA_FILES_CODES, ReplicaFilesProcessor
 from broker.retention import RetentionService
+from broker.runtime_stats import SAMPLE_PERIOD_SECONDS, RuntimeStats, member_totals
 from broker.send import SEND_CODES, SendProcessor
 from broker.send_back import SendBackProcessor
 from broker.timers import TimerService
@@ -74,6 +90,12 @@ class BrokerNode:
         self.acl_watcher: AclFileWatcher | None = None
         #: the RocketMQ 5.x gRPC server (broker.v2), when ``grpc_address`` is set
         self.grpc: GrpcServer | None = None
+        #: the probes and metrics (broker.http), when ``http_address`` is set
+        self.http: HttpServer | None = None
+        #: set first thing by :meth:`stop`: the probes say so while the rest stops
+        self.stopping = False
+        #: a follower's link to the leader, for what only the leader may serve (broker.forwarding)
+        self.forwarder: Forwarder | None = None
 
     async def start(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
@@ -90,6 +112,8 @@ class BrokerNode:
         broker.on_topics_changed = self.registrar.trigger
         sender = SendProcessor(broker)
         self.delay = DelayService(broker)
+        self.pops = PopService(broker)
+        self.revive = ReviveService(self.pops)
         self.timers = TimerService(broker)
         self.retention = RetentionService(broker)
         host, port = parse_address(self.config.listen_address, "broker.listen_address")
@@ -99,46 +123,84 @@ class BrokerNode:
         limits = ServerLimits(connections_max=self.config.remoting_connections_max,
                               in_flight_requests_max=self.config.remoting_in_flight_requests_max,
                               idle_timeout_seconds=self.config.remoting_idle_timeout_seconds)
-        server = self.server = RemotingServer(host, port, limits, authorizer=Admission(AclAuthorizer(self.acl_rules)),
-                                              ssl_context=self._tls_context())
+        admission = Admission(AclAuthorizer(self.acl_rules))
+
+        def authorize(request: RemotingCommand, connection: Connection) -> RemotingCommand | None:
+            # the member-link handshake proves the group's secret itself (it carries no client signature)
+            return None if request.code in MEMBER_LINK_CODES else admission(request, connection)
+
+        # any member takes the group's client traffic: what only the leader may serve is forwarded to it
+        member_links = MemberLinks(self.node.secret)
+        forwarder = self.forwarder = Forwarder(
+            broker, self.node.secret,
+            ForwardLimits(in_flight_max=self.config.forward_in_flight_max,
+                          timeout_seconds=self.config.forward_timeout_seconds),
+            ssl_context=member_link_tls(self.config.tls_cert_file) if self.config.tls_cert_file else None)
+
+        def leader_only(processor: Processor) -> Processor:
+            return LeaderOnly(processor, broker, forwarder)
+
+        server = self.server = RemotingServer(host, port, limits, authorizer=authorize,
+                                              ssl_context=self._tls_context(),
+                                              is_member_link=member_links.is_member_link)
+        server.register(MEMBER_LINK_CODES, member_links, queue_max=64, workers=2, name="member-link")
+        server.add_close_listener(member_links.connection_closed)
         if acl_config is not None:
             self.acl_watcher = AclFileWatcher(
                 Path(self.config.acl_file), acl_config, self.acl_rules, is_leader=lambda: member.is_leader,
                 replicated_document=lambda: member.state.acl_document,
                 propose=lambda document: broker.propose(Command((AclDocument(document),))))
-        server.register(SEND_CODES, sender, queue_max=10_000, workers=512, name="send")
+        server.register(SEND_CODES, leader_only(sender), queue_max=10_000, workers=512, name="send")
         rates = PullRates()  # what pulls served, per group and topic: GET_CONSUME_STATS's consumeTps
+        # put and get totals and rates as Java's broker keeps them (GET_BROKER_RUNTIME_INFO, /metrics)
+        stats = self.runtime_stats = RuntimeStats(member_totals(member.committer, rates))
         server.register(RequestCode.PULL_MESSAGE, PullProcessor(broker, consumers, offsets, waiters, rates),
                         queue_max=10_000, workers=1024, name="pull")
-        server.register(RequestCode.CONSUMER_SEND_MSG_BACK, SendBackProcessor(broker, sender), queue_max=10_000,
-                        workers=64, name="send-back")
+        server.register(RequestCode.CONSUMER_SEND_MSG_BACK, leader_only(SendBackProcessor(broker, sender)),
+                        queue_max=10_000, workers=64, name="send-back")
         server.register((RequestCode.HEART_BEAT, RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP,
                          RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ, RequestCode.GET_CONSUMER_CONNECTION_LIST,
                          RequestCode.GET_PRODUCER_CONNECTION_LIST),
-                        ClientProcessor(broker, consumers, locks, offsets), queue_max=10_000, workers=16, name="clients")
+                        leader_only(ClientProcessor(broker, consumers, locks, offsets)), queue_max=10_000, workers=16,
+                        name="clients")
         server.register(RequestCode.GET_CONSUMER_RUNNING_INFO, ConsumerCallProcessor(consumers), queue_max=256,
                         workers=8, name="consumer-calls")
-        server.register(ADMIN_CODES, AdminProcessor(broker, offsets, consumers, rates), queue_max=10_000, workers=64,
-                        name="admin")
-        server.register(RequestCode.END_TRANSACTION, EndTransactionProcessor(broker), queue_max=10_000, workers=64,
-                        name="end-transaction")
+        server.register(ADMIN_CODES, leader_only(AdminProcessor(broker, offsets, consumers, rates, stats,
+                                                                  server.queue_depths)), queue_max=10_000,
+                        workers=64, name="admin")
+        server.register(RequestCode.END_TRANSACTION, leader_only(EndTransactionProcessor(broker)), queue_max=10_000,
+                        workers=64, name="end-transaction")
+        # read-only replica files for audits (raftmq verify --namesrv): few at once, each read bounded
+        server.register(REPLICA_FILES_CODES, ReplicaFilesProcessor(member, self.node.secret,
+                                                                   lambda: self.acl_rules.enabled),
+                        queue_max=64, workers=4, name="replica-files")
         self.transactions = TransactionCheckService(broker, consumers)
         server.add_close_listener(consumers.connection_closed)
         member.on_applied = self._applied
         await server.start()
         if self.config.grpc_address:
             # a broken invariant in a gRPC handler stops the member as one in a remoting processor does
-            self.grpc = grpc_server(broker, sender, self.acl_rules, on_fatal=server._fail)
+            self.grpc = grpc_server(broker, sender, self.acl_rules, on_fatal=server._fail, pops=self.pops)
             await self.grpc.start()
         offsets.start()
         self.registrar.start()
         self.delay.start()
+        self.revive.start()
         self.timers.start()
         self.retention.start()
         self.transactions.start()
         if self.acl_watcher is not None:
             self.acl_watcher.start()
         self._tasks.append(loop.create_task(self._housekeeping(), name="housekeeping"))
+        self._tasks.append(loop.create_task(self._sample_stats(), name="runtime-stats"))
+        if self.config.http_address:
+            raft_ids = {peer.raft_address: peer.id for peer in self.node.peers}
+            registry = new_registry(lambda: read_snapshot(self.node.id, self.config.broker_name, member, stats,
+                                                          rates, server, raft_ids))
+            http_host, http_port = parse_address(self.config.http_address, "broker.http_address")
+            self.http = HttpServer(http_host, http_port, probe_routes(Probes(self._probe_state),
+                                                                      lambda: render(registry), CONTENT_TYPE))
+            await self.http.start()
 
     # ------------------------------------------------------------------ events from the Raft thread
 
@@ -151,6 +213,7 @@ class BrokerNode:
         log.info("%s is now %s (term %d)", self.node.id, change.role, change.term)
         self.registrar.trigger()
         self.delay.role_changed()
+        self.revive.wake()
         self.timers.wake()
         self.waiters.wake_all()
         if self.acl_watcher is not None:
@@ -169,6 +232,7 @@ class BrokerNode:
         self._wake_scheduled.clear()
         self.waiters.notify()
         self.delay.applied()
+        self.pops.applied()
 
     def _tls_context(self) -> ssl.SSLContext | None:
         if not self.config.tls_cert_file:
@@ -192,18 +256,29 @@ class BrokerNode:
                                            PERM_INHERIT | PERM_READ | PERM_WRITE))
         return is_leader, topics, member.state.applied_index, member.status().term
 
+    def _probe_state(self) -> ProbeState:
+        assert self.member is not None and self.server is not None
+        return read_probe_state(self.member, self.server.is_serving, self.stopping)
+
+    async def _sample_stats(self) -> None:
+        while True:
+            await asyncio.sleep(SAMPLE_PERIOD_SECONDS)
+            self.runtime_stats.sample()
+
     async def _housekeeping(self) -> None:
         while True:
             await asyncio.sleep(HOUSEKEEPING_SECONDS)
             self.consumers.expire(self.config.client_expiry_seconds)
 
     async def stop(self) -> None:
+        self.stopping = True
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.acl_watcher is not None:
             await self.acl_watcher.stop()
         await self.delay.stop()
+        await self.revive.stop()
         await self.timers.stop()
         await self.retention.stop()
         await self.transactions.stop()
@@ -213,6 +288,10 @@ class BrokerNode:
             await self.grpc.stop(grace_seconds=1.0)
         if self.server is not None:
             await self.server.stop(grace_seconds=1.0)
+        if self.http is not None:
+            await self.http.stop()
+        if self.forwarder is not None:
+            await self.forwarder.close()
         if self.member is not None:
             member = self.member
             await asyncio.get_running_loop().run_in_executor(None, member.stop)
@@ -231,7 +310,8 @@ async def serve(node: NodeConfig, config: BrokerConfig) -> None:
     for signal_number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signal_number, stop_requested.set)
     print(json.dumps({"event": "listening", "node": node.id, "address": config.listen_address,
-                      "advertised": config.announced_address, "grpc": config.grpc_address}), flush=True)
+                      "advertised": config.announced_address, "grpc": config.grpc_address,
+                      "http": config.http_address}), flush=True)
     stopped = loop.create_task(broker_node.wait_server_stopped())
     requested = loop.create_task(stop_requested.wait())
     try:
@@ -254,9 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m broker.node", description="one raftmq broker group member")
     parser.add_argument("--config", required=True, type=Path, help="the node's TOML file")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_log_arguments(parser)
     arguments = parser.parse_args(argv)
-    logging.basicConfig(level=arguments.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(arguments.log_level, arguments.log_format, arguments.log_file, arguments.log_max_bytes,
+                      arguments.log_backups)
     logging.getLogger("pysyncobj").setLevel(logging.WARNING)
     if "RAFTMQ_SWITCH_INTERVAL" in os.environ:  # GIL hand-off period (experiments)
         sys.setswitchinterval(float(os.environ["RAFTMQ_SWITCH_INTERVAL"]))
@@ -265,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"invalid configuration: {exc}", file=sys.stderr)
         return 2
+    set_log_context(node=node.id, group=config.broker_name)
     try:
         run_loop(serve(node, config), config.event_loop)
     except OSError as exc:

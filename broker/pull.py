@@ -185,6 +185,8 @@ class PullProcessor:
                 is_leader: bool) -> RemotingCommand:
         if result.status is GetStatus.FOUND:
             self.rates.record(header.consumer_group, header.topic, len(result.messages))
+        else:
+            self.rates.record_miss()
         return self._response(request, header, result, is_leader)
 
     @staticmethod

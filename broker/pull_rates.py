@@ -28,11 +28,22 @@ class PullRates:
         self._lock = threading.Lock()
         #: (group, topic) -> {bucket number: messages}
         self._buckets: dict[tuple[str, str], dict[int, int]] = {}
+        #: pulls answered with messages, pulls answered without, and the messages served (Java's
+        #: getMessageTimesTotalFound, getMessageTimesTotalMiss, getMessageTransferedMsgCount): broker.metrics
+        self.pulls_found = 0
+        self.pulls_missed = 0
+        self.messages_served = 0
+
+    def record_miss(self) -> None:
+        """A pull answered without messages."""
+        self.pulls_missed += 1
 
     def record(self, group: str, topic: str, messages: int) -> None:
         """``messages`` served to ``group`` from ``topic`` by one pull."""
         if messages <= 0:
             return
+        self.pulls_found += 1
+        self.messages_served += messages
         bucket = int(self.clock() // BUCKET_SECONDS)
         key = (group, topic)
         with self._lock:

@@ -4,6 +4,11 @@ Repeated every ``register_interval_seconds`` and at once on every role or topic 
 clients see a new leader on their next route refresh (DESIGN: keep that window short on the server side).
 
 Each name server gets one long-lived connection: a name server forgets a broker whose connection closes.
+
+With a front (``[broker] front_address``: a load balancer in front of every member), the leader registers
+the front, not itself, as brokerId 0, marked shared: the name server keeps a shared address when the
+connection it came over closes (the leader died; the front still reaches the group, and the next leader
+registers it again at once), and the leader does not unregister it when it stops.
 """
 
 from __future__ import annotations
@@ -67,14 +72,16 @@ class Registrar:
     async def register_all(self) -> None:
         is_leader, topics, counter, term = self.snapshot()
         body = RegisterBrokerBody(topic_configs=tuple(topics), data_version=DataVersion(0, counter)).encode()
+        address = self.registered_address(is_leader)
         header = RegisterBrokerRequestHeader(
             broker_name=self.config.broker_name,
-            broker_address=self.config.announced_address,
+            broker_address=address,
             cluster_name=self.config.cluster_name,
-            ha_server_address=self.config.announced_address,
+            ha_server_address=address,
             broker_id=0 if is_leader else self.config.broker_id,
             body_crc32=java_crc32(body),
             raft_term=term if is_leader else None,
+            shared_address=is_leader and bool(self.config.front_address),
         )
         results = await asyncio.gather(*(self._register(address, header.to_ext_fields(), body)
                                           for address in self.config.namesrv))
@@ -95,8 +102,14 @@ class Registrar:
             return False
         return True
 
+    def registered_address(self, is_leader: bool) -> str:
+        """What this member registers: the group's front while it leads (when there is one), else itself."""
+        return self.config.front_address if is_leader and self.config.front_address else self.config.announced_address
+
     async def _unregister(self) -> None:
         is_leader, _, _, _ = self.snapshot()
+        if is_leader and self.config.front_address:
+            return  # the front is the group's address: it outlives this member
         fields = {"brokerName": self.config.broker_name, "brokerAddr": self.config.announced_address,
                   "clusterName": self.config.cluster_name,
                   "brokerId": str(0 if is_leader else self.config.broker_id)}

@@ -59,14 +59,19 @@ def parse_properties(text: str) -> dict[str, str]:
 
 
 def encode_properties_text(properties: dict[str, str]) -> str:
-    return "".join(f"{key}\x01{value}\x02" for key, value in properties.items())
+    return "".join([f"{key}\x01{value}\x02" for key, value in properties.items()])
 
 
 def _properties_bytes(properties: dict[str, str]) -> bytes:
-    for key, value in properties.items():
-        if any(separator in key or separator in value for separator in ("\x01", "\x02")):
-            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"property {key[:40]!r} contains a separator")
-    encoded = encode_properties_text(properties).encode("utf-8", "surrogatepass")
+    text = encode_properties_text(properties)
+    # one separator of each kind per property, unless a key or a value holds one (counted in C: no Python
+    # step per property on the send path)
+    count = len(properties)
+    if text.count("\x01") != count or text.count("\x02") != count:
+        for key, value in properties.items():
+            if "\x01" in key or "\x02" in key or "\x01" in value or "\x02" in value:
+                raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"property {key[:40]!r} contains a separator")
+    encoded = text.encode("utf-8", "surrogatepass")
     if len(encoded) > PROPERTIES_BYTES_MAX:
         raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
                            f"the message properties length {len(encoded)} exceeds {PROPERTIES_BYTES_MAX} bytes")

@@ -84,11 +84,21 @@ def committed_message(half: StoredMessage, now_ms: int) -> MessageInput:
     )
 
 
+def own_born_host(broker: BrokerContext) -> bytes:
+    """The born host of the messages this broker makes itself (a committed half's final message, a
+    discarded half): its listen address when that is an IPv4 literal, else the group's store host (a
+    host name has no bytes, and these records carry an IPv4 born host)."""
+    host, _, port = broker.config.listen_address.rpartition(":")
+    try:
+        return encode_host(host, int(port))
+    except ValueError:
+        return broker.node.store_config.store_host_bytes
+
+
 class EndTransactionProcessor:
     def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
-        host, _, port = broker.config.listen_address.rpartition(":")
-        self.born_host = encode_host(host, int(port))
+        self.born_host = own_born_host(broker)
 
     async def __call__(self, context: RequestContext) -> RemotingCommand | None:
         request = context.request
@@ -144,8 +154,7 @@ class TransactionCheckService:
         self.broker = broker
         self.clients = clients
         self.monotonic = monotonic
-        host, _, port = broker.config.listen_address.rpartition(":")
-        self.born_host = encode_host(host, int(port))
+        self.born_host = own_born_host(broker)
         self._last_checked: dict[int, float] = {}
         self._task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()

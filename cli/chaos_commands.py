@@ -9,12 +9,23 @@ from __future__ import annotations
 import inspect
 import secrets
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from chaos.scenarios import SCENARIOS
+from cli.extras import require_extra
+
+if TYPE_CHECKING:
+    from chaos.scenarios import Scenario
+
+try:  # the scenarios import toxiproxy-python and friends: the [chaos] extra (the group says so when missing)
+    from chaos import scenarios as _scenarios
+
+    SCENARIOS: Mapping[str, Scenario] = _scenarios.SCENARIOS
+except ImportError:
+    SCENARIOS = {}
 
 USAGE_ERROR = 2
 SYSTEMS = ("raftmq", "nats")
@@ -22,7 +33,11 @@ SYSTEMS = ("raftmq", "nats")
 
 @click.group()
 def chaos() -> None:
-    """Fault injection with a recording workload, a checker and a report (Jepsen-style)."""
+    """Fault injection with a recording workload, a checker and a report (Jepsen-style).
+
+    Needs the chaos extra: pip install 'raftmq[chaos]'.
+    """
+    require_extra("chaos", "raftmq chaos")
 
 
 @chaos.command("run")

@@ -1003,13 +1003,17 @@ UNCAPPED_BENCH_COUNT: Final = 1 << 62
               help="Also print where the send path's time went on each group's leader, stage by stage.")
 @click.option("--group", default="raftmq-bench-producer", show_default=True, help="Producer group.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random bodies.")
+@click.option("--coalesce/--no-coalesce", default=True, show_default=True,
+              help="Let the producer send concurrent sends to one queue as one batch request, each with its "
+                   "own result (the SDK's default); --no-coalesce sends one request per message, as stock "
+                   "clients do.")
 @click.option("--latency-file", type=click.Path(dir_okay=False, path_type=Path), default=None, hidden=True,
               help="(for --clients) write each send's latency here, as native doubles")
 @json_option
 @namesrv_option
 def bench_produce(topic_name: str, count: int | None, duration: float | None, size: int, inflight: int, clients: int,
-                  show_stages: bool, group: str, seed: int, latency_file: Path | None, as_json: bool,
-                  namesrv: str) -> None:
+                  show_stages: bool, group: str, seed: int, coalesce: bool, latency_file: Path | None,
+                  as_json: bool, namesrv: str) -> None:
     """Send COUNT messages (or for --duration seconds) of SIZE random bytes with INFLIGHT sends
     outstanding, from one or --clients processes; print msgs/s, MB/s and send latency (p50/p99/max), and
     with --stages the latency of each stage of the send path as each group's leader recorded it. Exit
@@ -1026,10 +1030,11 @@ def bench_produce(topic_name: str, count: int | None, duration: float | None, si
         count = DEFAULT_BENCH_COUNT if duration is None else UNCAPPED_BENCH_COUNT
     before = run(leader_stages(config)) if show_stages else {}
     if clients > 1:
-        stats = produce_from_processes(config, topic_name, count, duration, size, inflight, clients, group, seed)
+        stats = produce_from_processes(config, topic_name, count, duration, size, inflight, clients, group, seed,
+                                       coalesce)
     else:
         stats = run(produce_here(config, topic_name, count, duration, size, inflight, group, seed,
-                                 progress=latency_file is None))
+                                 progress=latency_file is None, coalesce=coalesce))
     if latency_file is not None:
         latency_file.write_bytes(array.array("d", stats.latencies).tobytes())
     stages = stage_rows(before, run(leader_stages(config))) if show_stages else None
@@ -1037,12 +1042,14 @@ def bench_produce(topic_name: str, count: int | None, duration: float | None, si
 
 
 async def produce_here(config: ClientConfig, topic_name: str, count: int, duration: float | None, size: int,
-                       inflight: int, group: str, seed: int, progress: bool = True) -> BenchStats:
+                       inflight: int, group: str, seed: int, progress: bool = True,
+                       coalesce: bool = True) -> BenchStats:
     """One client's sends: COUNT messages, or as many as fit in ``duration`` seconds (at most COUNT)."""
     body = random.Random(seed).randbytes(size)
     stats = BenchStats()
     remaining = count
-    producer_config = ProducerConfig(group=group, inflight_sends_max=max(inflight, 1), compress_body_over_bytes=0)
+    producer_config = ProducerConfig(group=group, inflight_sends_max=max(inflight, 1), compress_body_over_bytes=0,
+                                     coalesce_sends=coalesce)
     async with AsyncProducer(config, producer_config) as producer:
         length = count if duration is None else max(1, round(duration * 10))
         with click.progressbar(length=length, label="produce", file=sys.stderr if progress else io.StringIO(),
@@ -1080,7 +1087,7 @@ async def produce_here(config: ClientConfig, topic_name: str, count: int, durati
 
 
 def produce_from_processes(config: ClientConfig, topic_name: str, count: int, duration: float | None, size: int,
-                           inflight: int, clients: int, group: str, seed: int) -> BenchStats:
+                           inflight: int, clients: int, group: str, seed: int, coalesce: bool = True) -> BenchStats:
     """``clients`` processes of ``raftmq bench produce`` at once, COUNT split among them; their sends and
     latencies merged. Throughput is every message over the span from the first start to the last end."""
     environment = {**os.environ, NAMESRV_ENV: ";".join(config.namesrv_addresses)}
@@ -1099,6 +1106,7 @@ def produce_from_processes(config: ClientConfig, topic_name: str, count: int, du
                 command = [sys.executable, "-m", "cli.main", "bench", "produce", "--topic", topic_name,
                            "--count", str(max(1, share)), "--size", str(size), "--inflight", str(inflight),
                            "--group", group, "--seed", str(seed + index), "--json",
+                           "--coalesce" if coalesce else "--no-coalesce",
                            "--latency-file", str(latency_file)]
                 if duration is not None:
                     command += ["--duration", str(duration)]

@@ -3,6 +3,8 @@
 
 Layout: ``DIR/cluster.json``, ``DIR/namesrv.log``, ``DIR/group.secret``, and per node ``DIR/<id>/``
 (``node.toml``, ``broker.log``, ``store/`` with the segments under ``store/commitlog/``, ``raft/``).
+With a front (``front="haproxy"``, cli.front), also ``DIR/haproxy.cfg`` and ``DIR/haproxy.log``: HAProxy
+listens on the group's address, which the leader registers as brokerId 0 and every member stamps as store host.
 """
 
 from __future__ import annotations
@@ -26,10 +28,14 @@ from broker.acl.signature import sign_fields
 from broker.config import BrokerConfig
 from broker.remoting.client import RemotingClient, RemotingError
 from broker.remoting.codes import RequestCode, ResponseCode
+from dledger.addresses import split_host_port
 from dledger.config import NodeConfig
 
 CLUSTER_FILE = "cluster.json"
 START_TIMEOUT_SECONDS = 60.0
+#: a local member's log (and the name server's) rotates at this size, keeping this many older files
+LOG_MAX_BYTES = 32 << 20
+LOG_BACKUPS = 3
 STOP_TIMEOUT_SECONDS = 10.0
 POLL_SECONDS = 0.1
 HOST = "127.0.0.1"
@@ -53,6 +59,14 @@ class NodeInfo:
     advertised_address: str = ""
     #: where RocketMQ 5.x clients reach this member (``[broker] grpc_address``); empty: no gRPC server
     grpc_address: str = ""
+    #: where the member answers ``GET /healthz``, ``/readyz``, ``/metrics`` (``[broker] http_address``)
+    http_address: str = ""
+    #: the member's Prometheus metrics (``http://<http_address>/metrics``); empty: no HTTP port
+    metrics_url: str = ""
+
+    def __post_init__(self) -> None:
+        if self.http_address and not self.metrics_url:
+            self.metrics_url = f"http://{self.http_address}/metrics"
 
     @property
     def client_address(self) -> str:
@@ -67,6 +81,15 @@ class ClusterInfo:
     namesrv_pid: int
     namesrv_log: str
     nodes: list[NodeInfo] = field(default_factory=list)
+    #: the group's front (cli.front: HAProxy in front of every member, registered as brokerId 0) and its
+    #: process; empty / 0: no front
+    front: str = ""
+    front_pid: int = 0
+    #: how the members and the name server log ("text" or "json" lines: broker.logs), and the size at which
+    #: their logs rotate, keeping ``log_backups`` older files (0: the log is the process's output, unrotated)
+    log_format: str = "text"
+    log_max_bytes: int = 0
+    log_backups: int = 0
 
     def save(self) -> None:
         path = Path(self.data_dir) / CLUSTER_FILE
@@ -172,7 +195,8 @@ SETTABLE_SECTIONS: Final = ("store", "raft", "group_commit", "broker")
 RESERVED_SETTINGS: Final = frozenset({("store", "store_host"), ("broker", "listen_address"), ("broker", "namesrv"),
                                       ("broker", "broker_id"), ("broker", "advertised_address"),
                                       ("broker", "peer_addresses"), ("broker", "grpc_address"),
-                                      ("broker", "peer_grpc_addresses")})
+                                      ("broker", "peer_grpc_addresses"), ("broker", "front_address"),
+                                      ("broker", "http_address")})
 
 
 def parse_setting(text: str) -> tuple[str, str, Any]:
@@ -230,6 +254,7 @@ def node_toml(node: NodeInfo, peers: list[NodeInfo], namesrv: str, broker_id: in
     broker = {"listen_address": node.broker_address, "namesrv": [namesrv], "broker_id": broker_id,
               **({"advertised_address": node.advertised_address} if node.advertised_address else {}),
               **({"grpc_address": node.grpc_address} if node.grpc_address else {}),
+              **({"http_address": node.http_address} if node.http_address else {}),
               **overrides.get("broker", {})}
     lines.append("[broker]")
     lines += [f"{key} = {value(item)}" for key, item in broker.items()]
@@ -261,8 +286,8 @@ async def _request(address: str, code: int, fields: dict[str, str] | None = None
     access_key, secret_key = os.environ.get("RAFTMQ_ACCESS_KEY"), os.environ.get("RAFTMQ_SECRET_KEY")
     if access_key and secret_key:  # a group with ACL on: probe as that (admin) account
         fields = dict(sign_fields(fields or {}, b"", access_key, secret_key) or {})
-    host, _, port = address.rpartition(":")
-    client = await RemotingClient.connect(host, int(port), connect_timeout_seconds=timeout_seconds)
+    target = split_host_port(address)  # host:port, a.b.c.d:port or [v6]:port (AddressError: a ValueError)
+    client = await RemotingClient.connect(target.host, target.port, connect_timeout_seconds=timeout_seconds)
     try:
         response = await client.request(code, fields or {}, timeout_seconds=timeout_seconds)
         return response.code, dict(response.ext_fields), response.body
@@ -333,8 +358,10 @@ class LocalCluster:
     @classmethod
     def start(cls, data_dir: Path, nodes: int = 3, base_port: int | None = None,
               overrides: dict[str, dict[str, Any]] | None = None,
-              timeout_seconds: float = START_TIMEOUT_SECONDS) -> LocalCluster:
-        """Start a name server and ``nodes`` members; wait until a leader serves routes."""
+              timeout_seconds: float = START_TIMEOUT_SECONDS, front: str = "none", front_route_to: str = "leader", log_format: str = "text",
+              log_max_bytes: int = LOG_MAX_BYTES, log_backups: int = LOG_BACKUPS) -> LocalCluster:
+        """Start a name server and ``nodes`` members (and, with ``front="haproxy"``, HAProxy in front of them:
+        cli.front); wait until a leader serves routes (through the front, when there is one)."""
         if not 1 <= nodes <= 9:
             raise ClusterError("a cluster has 1 to 9 nodes")
         data_dir = data_dir.resolve()
@@ -343,9 +370,13 @@ class LocalCluster:
             if is_alive(existing.namesrv_pid) or any(is_alive(node.pid) for node in existing.nodes):
                 raise ClusterError(f"a cluster is already running in {data_dir}; stop it with `raftmq cluster down`")
         data_dir.mkdir(parents=True, exist_ok=True)
-        # the name server, then broker, Raft and catch-up ports per member, then each member's gRPC port
-        ports = (list(range(base_port, base_port + 1 + 4 * nodes)) if base_port is not None
-                 else free_ports(1 + 4 * nodes))
+        if front not in ("haproxy", "none"):
+            raise ClusterError(f"the front must be haproxy or none, got {front!r}")
+        # the name server, then broker, Raft and catch-up ports per member, then each member's gRPC port, then
+        # each member's HTTP port, then the front's
+        port_count = 2 + 5 * nodes
+        ports = (list(range(base_port, base_port + port_count)) if base_port is not None
+                 else free_ports(port_count))
         secret_path = data_dir / "group.secret"
         if not secret_path.exists():
             secret_path.write_text(secrets.token_hex(24) + "\n")
@@ -358,21 +389,33 @@ class LocalCluster:
             broker_port, raft_port, catchup_port = ports[1 + 3 * index : 4 + 3 * index]
             infos.append(NodeInfo(node_id, f"{HOST}:{broker_port}", f"{HOST}:{raft_port}", f"{HOST}:{catchup_port}",
                                   str(node_dir / "node.toml"), str(node_dir / "broker.log"),
-                                  grpc_address=f"{HOST}:{ports[1 + 3 * nodes + index]}"))
+                                  grpc_address=f"{HOST}:{ports[1 + 3 * nodes + index]}",
+                                  http_address=f"{HOST}:{ports[1 + 4 * nodes + index]}"))
         namesrv = f"{HOST}:{ports[0]}"
-        info = ClusterInfo(str(data_dir), namesrv, 0, str(data_dir / "namesrv.log"), infos)
+        if log_format not in ("text", "json"):
+            raise ClusterError(f"the log format must be text or json, got {log_format!r}")
+        info = ClusterInfo(str(data_dir), namesrv, 0, str(data_dir / "namesrv.log"), infos, log_format=log_format,
+                           log_max_bytes=log_max_bytes, log_backups=log_backups)
+        node_overrides = dict(overrides or {})
+        store_host = infos[0].broker_address
+        if front == "haproxy":  # the group's address: what the leader registers, and the stored store host
+            info.front = store_host = f"{HOST}:{ports[1 + 5 * nodes]}"
+            node_overrides["broker"] = {**node_overrides.get("broker", {}), "front_address": info.front}
         for index, node in enumerate(infos):
             peers = [peer for peer in infos if peer is not node]
-            Path(node.config).write_text(node_toml(node, peers, namesrv, index + 1, infos[0].broker_address,
-                                                   str(secret_path), overrides or {}))
+            Path(node.config).write_text(node_toml(node, peers, namesrv, index + 1, store_host,
+                                                   str(secret_path), node_overrides))
         cluster = cls(info)
         try:
-            process = _spawn([sys.executable, "-m", "broker.namesrv", "--host", HOST, "--port", str(ports[0])],
-                             Path(info.namesrv_log), data_dir)
+            process = _spawn([sys.executable, "-m", "broker.namesrv", "--host", HOST, "--port", str(ports[0]),
+                              *cluster._log_arguments(info.namesrv_log)], Path(info.namesrv_log), data_dir)
             info.namesrv_pid = process.pid
             for node in infos:
                 cluster._start_node(node)
             info.save()
+            if info.front:
+                cluster._start_front(front_route_to)
+                info.save()
             cluster.wait_ready(timeout_seconds)
         except BaseException:
             cluster.stop()
@@ -380,19 +423,45 @@ class LocalCluster:
         return cluster
 
     def _start_node(self, node: NodeInfo) -> None:
-        process = _spawn([sys.executable, "-m", "broker.node", "--config", node.config], Path(node.log),
-                         Path(node.config).parent)
+        process = _spawn([sys.executable, "-m", "broker.node", "--config", node.config,
+                          *self._log_arguments(node.log)], Path(node.log), Path(node.config).parent)
         node.pid = process.pid
+
+    def _log_arguments(self, log: str) -> list[str]:
+        """A member's or the name server's logging options: the format, and rotation of its log by size (the
+        process then writes the file itself, its stdout and stderr following the current one: broker.logs)."""
+        arguments = [] if self.info.log_format == "text" else ["--log-format", self.info.log_format]
+        if self.info.log_max_bytes > 0:
+            arguments += ["--log-file", log, "--log-max-bytes", str(self.info.log_max_bytes),
+                          "--log-backups", str(self.info.log_backups)]
+        return arguments
+
+    def _start_front(self, route_to: str) -> None:
+        from cli.front import FrontMember, FrontUnavailableError, haproxy_config, start_haproxy
+
+        config_path = self.data_dir / "haproxy.cfg"
+        config_path.write_text(haproxy_config(self.info.front, [
+            FrontMember(node.id, node.broker_address, node.http_address) for node in self.info.nodes], route_to))
+        try:
+            self.info.front_pid = start_haproxy(config_path, self.data_dir / "haproxy.log", self.data_dir).pid
+        except (FrontUnavailableError, OSError, subprocess.SubprocessError) as exc:
+            raise ClusterError(f"cannot start the front: {exc}") from None
 
     def wait_ready(self, timeout_seconds: float = START_TIMEOUT_SECONDS) -> str:
         """Wait until a leader is elected and the name server routes to it; return the address it routes to
-        (the leader's advertised address)."""
+        (the leader's advertised address, or the front, which must then reach the leader)."""
         deadline = time.monotonic() + timeout_seconds
         while True:
             if not is_alive(self.info.namesrv_pid):
                 raise ClusterError(f"the name server exited; see {self.info.namesrv_log}")
+            if self.info.front and not is_alive(self.info.front_pid):
+                raise ClusterError(f"the front (HAProxy) exited; see {self.data_dir / 'haproxy.log'}")
             master = route_master(self.namesrv)
-            if master is not None:
+            if master is not None and self.info.front:
+                # the front answers (from the leader, or a follower that forwards to it) and a leader is known
+                if master == self.info.front and node_status(self.front_node()) is not None and self.leader_id():
+                    return master
+            elif master is not None:
                 leader = self.leader_node()
                 if leader is not None and leader.client_address == master:
                     return master
@@ -410,6 +479,10 @@ class LocalCluster:
             if status is not None and status.get("brokerRole") == "LEADER":
                 return node
         return None
+
+    def front_node(self) -> NodeInfo:
+        """The front as a node to ask: whatever member it reaches (the leader, once its check passed)."""
+        return NodeInfo("front", self.info.front, "", "", "", "")
 
     def leader_id(self) -> str | None:
         leader = self.leader_node()
@@ -429,7 +502,7 @@ class LocalCluster:
                          "commit_index": (status or {}).get("commitIndex", "-"),
                          "applied_index": (status or {}).get("appliedIndex", "-"),
                          "max_offset": (status or {}).get("commitLogMaxOffset", "-"),
-                         "damage": (status or {}).get("raftDamage", "")})
+                         "damage": (status or {}).get("raftDamage", ""), "metrics_url": node.metrics_url})
         offsets = [int(str(row["max_offset"])) for row in rows if str(row["max_offset"]).isdigit()]
         top = max(offsets, default=0)
         for row in rows:
@@ -456,7 +529,8 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Stop every process of the cluster (SIGTERM, then SIGKILL after a grace period)."""
-        pids = [node.pid for node in self.info.nodes] + [self.info.namesrv_pid]
+        pids = [node.pid for node in self.info.nodes] + [self.info.namesrv_pid] + (
+            [self.info.front_pid] if self.info.front_pid else [])
         for pid in pids:
             if is_alive(pid):
                 with contextlib.suppress(ProcessLookupError):

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import click
 
-from cli.cluster import ClusterError, LocalCluster, check_overrides, parse_setting
+from broker.logs import LOG_FORMATS
+from cli.cluster import LOG_MAX_BYTES, ClusterError, LocalCluster, check_overrides, parse_setting
+from cli.front import FRONT_KINDS, FrontUnavailableError, resolve_front
 
 DEFAULT_DATA_DIR = Path("./raftmq-data")
 SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP, "CONT": signal.SIGCONT, "TERM": signal.SIGTERM}
@@ -50,15 +53,26 @@ def cluster() -> None:
 @data_dir_option
 @click.option("--nodes", type=click.IntRange(1, 9), default=3, show_default=True, help="Group members to start.")
 @click.option("--base-port", type=click.IntRange(1024, 65000), default=None,
-              help="First of 1 + 4 * NODES consecutive ports (default: free ports picked at start).")
+              help="First of 2 + 5 * NODES consecutive ports (default: free ports picked at start).")
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", callback=_settings,
               help="A node-file setting for every member (repeatable): a key of [store], [raft], [group_commit] "
                    "or [broker], e.g. store.segment_size_bytes=134217728 or store.flush_policy=sync.")
-def up(data_dir: Path, nodes: int, base_port: int | None, overrides: dict[str, dict[str, Any]]) -> None:
+@click.option("--front", type=click.Choice(FRONT_KINDS), default="auto", show_default=True,
+              help="A front in front of the group: HAProxy routing to the leader, registered as the group's "
+                   "brokerId 0 address, so stock clients ride through a leader change (auto: HAProxy when "
+                   "installed; none: clients are given the leader's own address).")
+@click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
+              help="The members' and name server's log lines: plain text or one JSON object per line. Their logs "
+                   "rotate by size either way (DATA_DIR/<node>/broker.log, .1, .2, ...).")
+@click.option("--log-max-bytes", type=click.IntRange(min=1024), default=LOG_MAX_BYTES, show_default=True,
+              help="Rotate a member's or the name server's log at this size.")
+def up(data_dir: Path, nodes: int, base_port: int | None, overrides: dict[str, dict[str, Any]], front: str,
+       log_format: str, log_max_bytes: int) -> None:
     """Start a name server and the group's members in the background; wait for a leader.
 
     Prints `namesrv=HOST:PORT` (what 4.x clients need), then `grpc=HOST:PORT` (an endpoint for RocketMQ 5.x
-    clients: the leader's), and writes DATA_DIR/cluster.json (every member's addresses).
+    clients: the leader's), then `front=HOST:PORT` when the group has a front, and writes
+    DATA_DIR/cluster.json (every member's addresses, and the front's).
 
     \b
     Example:
@@ -67,47 +81,105 @@ def up(data_dir: Path, nodes: int, base_port: int | None, overrides: dict[str, d
       export RAFTMQ_NAMESRV=$(raftmq cluster up | sed -n 's/^namesrv=//p')
     """
     try:
-        started = LocalCluster.start(data_dir, nodes=nodes, base_port=base_port, overrides=overrides)
+        front_kind = resolve_front(front)
+    except FrontUnavailableError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        started = LocalCluster.start(data_dir, nodes=nodes, base_port=base_port, overrides=overrides,
+                                     front=front_kind, log_format=log_format, log_max_bytes=log_max_bytes)
     except ClusterError as exc:
         _fail(exc)
     leader = started.leader_id()
     click.echo(f"namesrv={started.namesrv}")
     leader_node = started.info.node(leader) if leader is not None else started.info.nodes[0]
     click.echo(f"grpc={leader_node.grpc_address}")
+    if started.info.front:
+        click.echo(f"front={started.info.front}")
     click.echo(f"leader={leader}", err=True)
     click.echo(f"cluster file: {started.data_dir / 'cluster.json'}", err=True)
 
 
 @cluster.command()
 @data_dir_option
+@click.option("--namesrv", default=None, metavar="HOST:PORT[;HOST:PORT]",
+              help="Report a deployment through its name servers instead of DATA_DIR's cluster.json: every broker "
+                   "group and member they know, from each member's runtime info.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per node instead of a table.")
-def status(data_dir: Path, as_json: bool) -> None:
+@click.option("--watch", "watch_seconds", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
+              help="Report again every SECONDS until Ctrl-C.")
+@click.option("--count", type=click.IntRange(min=1), default=None,
+              help="With --watch: stop after this many reports.")
+@click.option("--timeout", "timeout_seconds", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+              help="With --namesrv: how long each name server and member may take to answer.")
+@click.pass_context
+def status(context: click.Context, data_dir: Path, namesrv: str | None, as_json: bool, watch_seconds: float | None,
+           count: int | None, timeout_seconds: float) -> None:
     """Show each node: role, term, commit/applied index, commit-log max offset, lag, pid, alive, and
     any damage found on a node's disk that keeps it from voting.
+
+    With --namesrv, every broker group and member the name servers know (no cluster.json needed): members
+    that do not answer are shown as unreachable; lag is in commit-log bytes behind the group's furthest
+    member, index_lag in Raft entries not yet applied.
 
     \b
     Example:
       raftmq cluster status --data-dir ./demo
+      raftmq cluster status --namesrv 10.0.0.5:9876 --json
+      raftmq cluster status --namesrv "ns-a:9876;ns-b:9876" --watch 2
     """
+    if namesrv is not None and context.get_parameter_source("data_dir") is click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("give --data-dir (a local cluster) or --namesrv (any deployment), not both")
+    if count is not None and watch_seconds is None:
+        raise click.UsageError("--count goes with --watch")
+    reports = 0
+    try:
+        while True:
+            if watch_seconds is not None and reports and not as_json and sys.stdout.isatty():
+                click.clear()
+            if not _report_status(data_dir, namesrv, as_json, timeout_seconds, watching=watch_seconds is not None):
+                sys.exit(1)
+            reports += 1
+            if watch_seconds is None or (count is not None and reports >= count):
+                return
+            time.sleep(watch_seconds)
+    except KeyboardInterrupt:  # Ctrl-C ends a watch: not an error
+        return
+
+
+def _report_status(data_dir: Path, namesrv: str | None, as_json: bool, timeout_seconds: float,
+                   watching: bool) -> bool:
+    """Print one report; False when there is nothing to report (the error is printed; a watch goes on)."""
     import json
 
+    from cli.remote_status import COLUMNS, RemoteStatusError, format_table, remote_status
+
     try:
-        rows = LocalCluster.open(data_dir).status()
-    except ClusterError as exc:
-        _fail(exc)
+        if namesrv is not None:
+            rows = remote_status(namesrv, timeout_seconds)
+            columns: tuple[str, ...] = COLUMNS
+        else:
+            rows = LocalCluster.open(data_dir).status()
+            columns = ("node", "role", "term", "commit_index", "applied_index", "max_offset", "lag", "pid", "alive",
+                       "address", "metrics_url")
+    except (ClusterError, RemoteStatusError) as exc:
+        click.echo(f"Error: {exc}", err=True)
+        return watching
     if as_json:
         for row in rows:
             click.echo(json.dumps(row))
-        return
-    columns = ["node", "role", "term", "commit_index", "applied_index", "max_offset", "lag", "pid", "alive", "address"]
-    table = [[str(row[column]) for column in columns] for row in rows]
-    widths = [max(len(column), *(len(line[i]) for line in table)) for i, column in enumerate(columns)]
-    click.echo("  ".join(column.ljust(widths[i]) for i, column in enumerate(columns)))
-    for line in table:
-        click.echo("  ".join(value.ljust(widths[i]) for i, value in enumerate(line)))
+        return True
+    if watching:
+        click.echo(time.strftime("%Y-%m-%d %H:%M:%S"))
+    for line in format_table(rows, columns):
+        click.echo(line)
     for row in rows:
-        if row["damage"]:
+        if row.get("damage"):
             click.echo(f"{row['node']}: not voting until it has re-fetched its Raft log: {row['damage']}")
+        if row.get("error"):
+            click.echo(f"{row['group']} at {row['address']}: unreachable: {row['error']}")
+    if watching:
+        click.echo("")
+    return True
 
 
 @cluster.command()
@@ -177,23 +249,55 @@ def restart(data_dir: Path, node: str) -> None:
               help="The node's TOML file ([node], [[peers]], [broker], [store], ...).")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]), default="INFO",
               show_default=True)
-def broker(config_path: Path, log_level: str) -> None:
+@click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
+              help="Plain text log lines, or one JSON object per line (time, level, logger, message, node, group).")
+@click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Log to this file, rotated by size, instead of stderr.")
+@click.option("--log-max-bytes", type=click.IntRange(min=1024), default=64 << 20, show_default=True,
+              help="With --log-file: rotate it at this size, keeping 5 older files.")
+@click.option("--check", is_flag=True,
+              help="Only validate the node file and resolve every host name in it; start nothing. "
+                   "Exit 0 when it is usable, 2 (saying why) when not.")
+def broker(config_path: Path, log_level: str, log_format: str, log_file: Path | None, log_max_bytes: int,
+           check: bool) -> None:
     """Run one broker group member in the foreground (systemd, containers).
+
+    Addresses are IPv4 addresses, host names (resolved at each connection, so a peer may change its
+    address) or [IPv6]:port.
 
     \b
     Example:
       raftmq broker --config /etc/raftmq/n0.toml
+      raftmq broker --config /etc/raftmq/n0.toml --check
+      raftmq broker --config /etc/raftmq/n0.toml --log-format json
     """
+    if check:
+        from broker.check import check_node_file
+
+        report = check_node_file(config_path)
+        for note in report.notes:
+            click.echo(note)
+        for problem in report.problems:
+            click.echo(f"Error: {problem}", err=True)
+        if not report.ok:
+            click.echo(f"{config_path}: not usable ({len(report.problems)} problem(s))", err=True)
+            sys.exit(2)
+        click.echo(f"{config_path}: ok")
+        return
     from broker.node import main as node_main
 
-    sys.exit(node_main(["--config", str(config_path), "--log-level", log_level]))
+    log_file_arguments = [] if log_file is None else ["--log-file", str(log_file), "--log-max-bytes", str(log_max_bytes)]
+    sys.exit(node_main(["--config", str(config_path), "--log-level", log_level, "--log-format", log_format,
+                        *log_file_arguments]))
 
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=9876, show_default=True, help="0 picks a free port.")
 @click.option("--broker-expiry-seconds", type=click.FloatRange(min=0.1), default=120.0, show_default=True)
-def namesrv(host: str, port: int, broker_expiry_seconds: float) -> None:
+@click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
+              help="Plain text log lines, or one JSON object per line.")
+def namesrv(host: str, port: int, broker_expiry_seconds: float, log_format: str) -> None:
     """Run one name server in the foreground.
 
     \b
@@ -203,7 +307,7 @@ def namesrv(host: str, port: int, broker_expiry_seconds: float) -> None:
     from broker.namesrv.__main__ import main as namesrv_main
 
     sys.exit(namesrv_main(["--host", host, "--port", str(port),
-                           "--broker-expiry-seconds", str(broker_expiry_seconds)]))
+                           "--broker-expiry-seconds", str(broker_expiry_seconds), "--log-format", log_format]))
 
 
 COMMANDS: list[click.Command] = [cluster, broker, namesrv]

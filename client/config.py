@@ -266,6 +266,9 @@ class ProducerConfig:
     - ``message_size_max_bytes``: the largest body (Java's ``maxMessageSize``, 4 MiB).
     - ``default_topic_queue_nums``: queues of an auto-created topic, as asked of the broker.
     - ``inflight_sends_max``: asynchronous sends not yet answered; more wait (back-pressure).
+    - ``coalesce_sends``: plain sends to one queue issued in the same event-loop turn go as one batch
+      request, each with its own result (:mod:`client.coalesce`); at most ``coalesce_messages_max``
+      sends and ``coalesce_bytes_max`` bytes per batch.
     """
 
     group: str = DEFAULT_PRODUCER_GROUP
@@ -277,6 +280,9 @@ class ProducerConfig:
     default_topic_queue_nums: int = 4
     create_topic_key: str = AUTO_CREATE_TOPIC_KEY
     inflight_sends_max: int = 10_000
+    coalesce_sends: bool = True
+    coalesce_messages_max: int = 128
+    coalesce_bytes_max: int = 256 * 1024
 
     def __post_init__(self) -> None:
         self.validate()
@@ -285,7 +291,13 @@ class ProducerConfig:
         _check_group(self.group)
         _check_positive_seconds(self, "send_timeout_seconds")
         _check_ints(self, 0, "retry_times_when_send_failed", "compress_body_over_bytes")
-        _check_ints(self, 1, "message_size_max_bytes", "default_topic_queue_nums", "inflight_sends_max")
+        _check_ints(self, 1, "message_size_max_bytes", "default_topic_queue_nums", "inflight_sends_max",
+                    "coalesce_messages_max", "coalesce_bytes_max")
+        if type(self.coalesce_sends) is not bool:
+            raise ConfigError(f"coalesce_sends must be true or false, got {self.coalesce_sends!r}")
+        if self.coalesce_bytes_max > self.message_size_max_bytes:
+            raise ConfigError(f"coalesce_bytes_max ({self.coalesce_bytes_max}) must not exceed message_size_max_bytes "
+                              f"({self.message_size_max_bytes}): a batch is bounded like one message")
         if type(self.compress_level) is not int or not 0 <= self.compress_level <= 9:
             raise ConfigError(f"compress_level must be in [0, 9], got {self.compress_level!r}")
         if not isinstance(self.create_topic_key, str) or not self.create_topic_key:

@@ -266,7 +266,11 @@ def encode_batch_record(body: bytes, properties: Mapping[str, str], flag: int = 
 
     Java and C++ clients write magic 0 and brokers ignore it (``magic`` exists for tests).
     """
-    encoded_properties = encode_wire_properties(properties).encode("utf-8")
+    return encode_batch_record_of(body, encode_wire_properties(properties).encode("utf-8"), flag, magic)
+
+
+def encode_batch_record_of(body: bytes, encoded_properties: bytes, flag: int = 0, magic: int = 0) -> bytes:
+    """:func:`encode_batch_record` of properties already encoded (as a single send's header carries them)."""
     total = _BATCH_HEAD.size + len(body) + 2 + len(encoded_properties)
     return b"".join(
         (

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Self
 
 from broker.remoting import RequestCode, ResponseCode
+from client.coalesce import BATCH_PROPERTIES, CoalesceLimits, SendCoalescer
 from client.config import ClientConfig, ProducerConfig
 from client.errors import (
     ClientNotRunningError,
@@ -41,6 +42,7 @@ from client.message import (
     SendResult,
     SendStatus,
     encode_batch_record,
+    encode_batch_record_of,
     encode_wire_properties,
     join_ids,
 )
@@ -89,9 +91,10 @@ def current_time_ms() -> int:
 
 
 class _Prepared:
-    """One send, encoded once and reused for every attempt (same UNIQ_KEY, same body)."""
+    """One send, encoded once and reused for every attempt (same UNIQ_KEY, same body). ``coalescable``:
+    a plain send that a batch record stores exactly as it is (see :mod:`client.coalesce`)."""
 
-    __slots__ = ("batch", "body", "flag", "message_ids", "properties", "sys_flag", "topic")
+    __slots__ = ("batch", "body", "coalescable", "flag", "message_ids", "properties", "sys_flag", "topic")
 
     def __init__(
         self,
@@ -102,7 +105,9 @@ class _Prepared:
         flag: int,
         batch: bool,
         message_ids: tuple[str, ...],
+        coalescable: bool = False,
     ) -> None:
+        self.coalescable = coalescable
         self.topic = topic
         self.body = body
         self.properties = properties
@@ -136,6 +141,12 @@ class AsyncProducer:
         self._ids = UniqueIdGenerator(self.instance.client_ip, rng=self._rng, clock_ms=id_clock_ms or clock_ms)
         self._round_robin = RoundRobin(self._rng.randrange(1 << 16))
         self._inflight: asyncio.Semaphore | None = None
+        self._coalescer: SendCoalescer[_Prepared] | None = None
+        if self.config.coalesce_sends:
+            self._coalescer = SendCoalescer(
+                self._send_coalesced_batch, self._send_coalesced_alone,
+                CoalesceLimits(self.config.coalesce_messages_max, self.config.coalesce_bytes_max),
+            )
         self._pending: set[asyncio.Task[SendResult]] = set()
         self._started = False
         self._closed = False
@@ -163,6 +174,8 @@ class AsyncProducer:
         self._closed = True
         if self._pending:
             await asyncio.wait(set(self._pending), timeout=self.config.send_timeout_seconds)
+        if self._coalescer is not None:
+            await asyncio.wait_for(self._coalescer.close(), timeout=self.config.send_timeout_seconds)
         if self._started:
             await self.instance.unregister_client(self.config.group, None)
         await self.instance.close()
@@ -214,6 +227,10 @@ class AsyncProducer:
                 sys_flag |= SYSFLAG_COMPRESSED
         if properties.get(PROPERTY_TRANSACTION_PREPARED) == "true":
             sys_flag |= TRANSACTION_PREPARED_TYPE
+        coalescable = (
+            extra is None and sys_flag == 0 and message.wait_store_msg_ok and not message.delay_level
+            and message.deliver_at_ms is None and not message.topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
+        )
         return _Prepared(
             message.topic,
             body,
@@ -222,6 +239,7 @@ class AsyncProducer:
             message.flag,
             False,
             (message.unique_id,),
+            coalescable,
         )
 
     def _prepare_batch(self, messages: Sequence[Message]) -> _Prepared:
@@ -365,10 +383,20 @@ class AsyncProducer:
         prepared: _Prepared,
         queue: MessageQueue | None,
         selector: MessageQueueSelector | None,
-        message: Message,
+        message: Message | None,
         arg: object,
         timeout_seconds: float | None,
+        first_target: MessageQueue | None = None,
     ) -> SendResult:
+        """Send with retries: to ``queue``, or the one ``selector`` picks, or else ``first_target`` and then
+        round-robin's queues (a coalescable send is parked for its loop turn's batch instead)."""
+        coalescer = self._coalescer
+        if (coalescer is not None and prepared.coalescable and queue is None and selector is None
+                and timeout_seconds is None and first_target is None):
+            route = await self._route(prepared.topic)
+            target = self._round_robin.select(route.publish_queues)
+            record = encode_batch_record_of(prepared.body, prepared.properties.encode("utf-8"), prepared.flag)
+            return await coalescer.park(prepared.topic, target, record, prepared.message_ids[0], prepared)
         timeout = self.config.send_timeout_seconds if timeout_seconds is None else timeout_seconds
         deadline = self.instance.now() + timeout
         attempts = 1 + (0 if queue is not None or selector is not None else self.config.retry_times_when_send_failed)
@@ -379,7 +407,10 @@ class AsyncProducer:
             if queue is not None:
                 target = queue
             elif selector is not None:
+                assert message is not None  # (a selector send passes its message)
                 target = selector(route.publish_queues, message, arg)
+            elif first_target is not None and attempt == 0:
+                target = first_target
             else:
                 target = self._round_robin.select(route.publish_queues, failed_broker)
             try:
@@ -397,6 +428,14 @@ class AsyncProducer:
                     raise
         assert last_error is not None
         raise last_error
+
+    async def _send_coalesced_batch(self, topic: str, queue: MessageQueue, body: bytes,
+                                    unique_ids: tuple[str, ...]) -> SendResult:
+        prepared = _Prepared(topic, body, BATCH_PROPERTIES, 0, 0, True, unique_ids)
+        return await self._send_prepared(prepared, None, None, None, None, None, first_target=queue)
+
+    async def _send_coalesced_alone(self, prepared: _Prepared, queue: MessageQueue) -> SendResult:
+        return await self._send_prepared(prepared, None, None, None, None, None, first_target=queue)
 
     async def _send_once(self, prepared: _Prepared, queue: MessageQueue, deadline: float) -> SendResult:
         code = RequestCode.SEND_BATCH_MESSAGE if prepared.batch else RequestCode.SEND_MESSAGE_V2

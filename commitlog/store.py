@@ -1133,6 +1133,11 @@ class MessageStore:
     def max_physical_offset(self) -> int:
         return self.commit_log.end_offset
 
+    @property
+    def unflushed_bytes(self) -> int:
+        """Commit-log bytes applied and not yet flushed by the store (the Raft journal holds them durably)."""
+        return max(0, self.commit_log.end_offset - self._flushed_end)
+
     def queue_ids(self) -> list[tuple[str, int]]:
         with self._lock:
             return sorted(self.queues)

@@ -39,7 +39,7 @@ from typing import Final, TypeVar
 import numpy as np
 
 from commitlog.errors import DiskFullError
-from commitlog.message import MessageInput, StoredMessage, decode_record
+from commitlog.message import MessageInput, RecordError, StoredMessage, decode_record, encode_properties
 from commitlog.records import (
     HAS_UNIQ_KEY,
     HASH_DTYPE,
@@ -60,6 +60,10 @@ from dledger.command import (
     ConsumerOffsets,
     LeaderStamp,
     Messages,
+    PopAck,
+    PopChangeInvisible,
+    PopReceive,
+    PopRevive,
     Retention,
     SubscriptionGroup,
     TimerProgress,
@@ -67,6 +71,15 @@ from dledger.command import (
     TransactionAction,
     TransactionOp,
     decode_command,
+)
+from dledger.pop import (
+    PopGrant,
+    PopOutcome,
+    apply_ack,
+    apply_change_invisible,
+    apply_receive,
+    apply_revive,
+    plan_dead_letters,
 )
 from dledger.state import ReplicatedState
 from dledger.timers import TIMER_PROGRESS_KEY, TIMER_TOPIC, release, timer_due_second, timer_key
@@ -135,6 +148,8 @@ class ApplyResult:
     #: why the command was a no-op, if it was
     noop_reason: str | None = None
     already_applied: bool = False
+    #: one outcome per pop operation, in order (empty when already applied)
+    pop_results: tuple[PopOutcome, ...] = ()
 
 
 class StateMachine:
@@ -230,6 +245,10 @@ class StateMachine:
                     released, timer_advance = self._release_timers(operation.delivered_up_to)
                     message_ops.append(len(released))
                     messages.extend(released)
+                elif isinstance(operation, PopAck | PopRevive) and raft_index > self.state.applied_index:
+                    dead = self._dead_letter_messages(operation)
+                    message_ops.append(len(dead))
+                    messages.extend(dead)
             stamp = None
         floor = self.state.last_store_timestamp
         if stamp is not None:
@@ -254,6 +273,7 @@ class StateMachine:
                 split.append(flat[position : position + count])
                 position += count
             results = tuple(split)
+        pop_results: list[PopOutcome] = []
         if raft_index > self.state.applied_index:
             if command is not None:
                 for operation in command.operations:
@@ -267,12 +287,58 @@ class StateMachine:
                     self.state.apply_timer_progress(TIMER_PROGRESS_KEY, timer_advance)
                 if command is not None:
                     for operation in command.operations:
-                        self._apply_state(operation)
+                        if isinstance(operation, PopReceive | PopAck | PopChangeInvisible | PopRevive):
+                            pop_results.append(self._apply_pop(raft_index, operation))
+                        else:
+                            self._apply_state(operation)
                 if messages:
                     newest = stamp if stamp is not None else max(message.store_timestamp for message in messages)
                     self.state.last_store_timestamp = max(self.state.last_store_timestamp, newest)
                 self.state.applied_index = raft_index
-        return ApplyResult(raft_index, results)
+        return ApplyResult(raft_index, results, pop_results=tuple(pop_results))
+
+    def _apply_pop(self, raft_index: int, operation: PopReceive | PopAck | PopChangeInvisible | PopRevive
+                   ) -> PopOutcome:
+        """A pop operation's effect on the state (dledger.pop), under the state lock."""
+        queues = self.state.pop_queues
+        match operation:
+            case PopReceive():
+                return apply_receive(queues, raft_index, operation)
+            case PopAck():
+                return apply_ack(queues, operation)
+            case PopChangeInvisible():
+                return apply_change_invisible(queues, raft_index, operation)
+            case PopRevive():
+                return apply_revive(queues, operation)
+
+    def _dead_letter_messages(self, operation: PopAck | PopRevive) -> list[MessageInput]:
+        """The dead-letter copies of the messages ``operation`` will send to the group's dead-letter queue
+        (decided from the state before the command, as applying it will decide). Read from the store, which
+        holds the same committed records on every replica; a record retention already deleted has none."""
+        dead = plan_dead_letters(self.state.pop_queues, operation)
+        stamp = operation.now if isinstance(operation, PopRevive) else operation.timestamp
+        copies = []
+        for grant in dead:
+            stored = self._read_verified(functools.partial(self._read_pop_message, operation.topic,
+                                                           operation.queue_id, grant.offset))
+            if stored is not None:
+                copies.append(dead_letter_copy(stored, operation.group, grant, stamp))
+        return copies
+
+    def _read_pop_message(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
+        result = self.store.get_messages(topic, queue_id, offset, 1)
+        if not result.messages or result.queue_offsets[0] != offset:
+            return None
+        raw = result.messages[0]
+        try:
+            return decode_record(raw, check_crc=True)
+        except RecordError as exc:
+            try:
+                physical_offset = decode_record(raw, check_crc=False).physical_offset
+            except RecordError:
+                physical_offset = -1
+            raise DamagedRecordError(physical_offset, f"the record of {topic}/{queue_id} at queue offset "
+                                                      f"{offset}: {exc}") from exc
 
     def _records_problem(self, batch: PreparedRecords) -> str | None:
         """Why a Records operation cannot apply: its layout (``check_layout``), or a store host other than the
@@ -615,6 +681,25 @@ class StateMachine:
             with self.state_lock:
                 self.state.applied_index = raft_index
         return ApplyResult(raft_index, noop_reason=reason)
+
+
+#: the dead-letter queue of a consumer group (broker.topics.dlq_topic)
+DLQ_PREFIX: Final = "%DLQ%"
+
+
+def dead_letter_copy(stored: StoredMessage, group: str, grant: PopGrant, stamp: int) -> MessageInput:
+    """The message a popped one becomes in ``group``'s dead-letter queue after ``grant.attempt`` deliveries
+    (as a 4.x consumer's send-back to the dead-letter queue stores it)."""
+    properties = stored.property_map
+    properties.setdefault("RETRY_TOPIC", stored.topic)
+    properties.setdefault("ORIGIN_MESSAGE_ID", properties.get("UNIQ_KEY") or stored.msg_id)
+    properties["DLQ_ORIGIN_TOPIC"] = stored.topic
+    properties["DLQ_ORIGIN_MESSAGE_ID"] = properties["ORIGIN_MESSAGE_ID"]
+    for name in ("DELAY", "REAL_TOPIC", "REAL_QID"):
+        properties.pop(name, None)
+    return MessageInput(f"{DLQ_PREFIX}{group}", 0, stored.flag, stored.sys_flag & ~0x30, stored.born_timestamp,
+                        stored.born_host, stamp, stored.reconsume_times + grant.attempt,
+                        stored.prepared_transaction_offset, stored.body, encode_properties(properties))
 
 
 def _record_digest(batch: PreparedRecords, start: int) -> bytes:

@@ -41,6 +41,7 @@ from isal.isal_zlib import crc32
 
 from commitlog.errors import StoreError
 from commitlog.store import MessageStore
+from dledger.addresses import resolve_for_bind
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,9 @@ class CatchupServer:
     def __init__(self, address: tuple[str, int], secret: bytes, store: MessageStore) -> None:
         self.secret = secret
         self.store = store
-        self.listener = socket.create_server(address, reuse_port=False)
+        # a name binds to the first address it resolves to (IPv4 or IPv6), once, at start
+        family, bind_address = resolve_for_bind(*address)
+        self.listener = socket.create_server(bind_address, family=family, reuse_port=False)
         self.listener.settimeout(0.5)
         self.address = self.listener.getsockname()
         self._slots = threading.BoundedSemaphore(CONNECTIONS_MAX)

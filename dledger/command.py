@@ -19,7 +19,7 @@ Payloads (all big-endian; ``str`` is ``u16 length + UTF-8``, ``bytes`` is ``u32 
 * TOPIC_CONFIG: topic str, read_queue_nums i32, write_queue_nums i32, perm i32, topic_sys_flag i32,
   order u8, deleted u8.
 * SUBSCRIPTION_GROUP: group str, consume_enable u8, consume_broadcast_enable u8, retry_max_times i32,
-  broker_id i64, deleted u8.
+  broker_id i64, deleted u8, then consume_orderly u8 only when set.
 * TRANSACTION_OP: half_offset i64, action u8 (1 commit, 2 rollback, 3 check, 4 discard), producer_group str,
   timestamp i64. (Issue: transactions) The real message and op record travel as MESSAGES in the same command.
 * TIMER_PROGRESS: timer_key str, delivered_up_to i64. (Issue: delay/timer)
@@ -37,6 +37,9 @@ Payloads (all big-endian; ``str`` is ``u16 length + UTF-8``, ``bytes`` is ``u32 
   size u32, topic index u16, flags u8, queue_id i32, tag code i64, reconsume_times i32, key count u16),
   ``hash_count u32`` then each key-index hash u32, then the records (the rest of the payload). Apply
   refuses (as a no-op) a payload whose metas do not match its records.
+* POP_RECEIVE, POP_ACK, POP_CHANGE_INVISIBLE, POP_REVIVE: pop consumption (``dledger.pop``, where the
+  payloads are laid out). Each names a (group, topic, queue) and carries every time it needs, stamped by
+  the leader with the group's time.
 """
 
 from __future__ import annotations
@@ -70,6 +73,13 @@ MESSAGE_FIXED_B = struct.Struct(">qiq")  # store_timestamp, reconsume_times, pre
 OFFSET_FIXED = struct.Struct(">iq")
 TOPIC_FIXED = struct.Struct(">iiiiBB")
 GROUP_FIXED = struct.Struct(">BBiqB")
+I32 = struct.Struct(">i")
+POP_RECEIVE_FIXED = struct.Struct(">qqqBI")  # start_offset, scan_end, invisible_until, fifo, offset count
+POP_ACK_FIXED = struct.Struct(">qqBq")  # offset, handle_id, dead_letter, timestamp
+POP_CHANGE_FIXED = struct.Struct(">qqqB")  # offset, handle_id, invisible_until, keep_handle
+POP_REVIVE_FIXED = struct.Struct(">qiI")  # now, max_attempts, offset count
+#: offsets one pop operation may name (a receive's batch, a revive's sweep)
+POP_OFFSETS_MAX: Final = 1024
 
 
 class OpType(enum.IntEnum):
@@ -84,6 +94,10 @@ class OpType(enum.IntEnum):
     ACL_DOCUMENT = 9
     RECORDS = 10
     BYTE_CONFIG = 11
+    POP_RECEIVE = 12
+    POP_ACK = 13
+    POP_CHANGE_INVISIBLE = 14
+    POP_REVIVE = 15
 
 
 class CommandError(ValueError):
@@ -127,6 +141,9 @@ class SubscriptionGroup:
     retry_max_times: int = 16
     broker_id: int = 0
     deleted: bool = False
+    #: a FIFO group of 5.x clients (RocketMQ's consumeMessageOrderly): pop delivers each queue in order.
+    #: Encoded as a trailing byte only when set (commands of groups without it keep their bytes).
+    consume_orderly: bool = False
 
 
 class TransactionAction(enum.IntEnum):
@@ -208,9 +225,72 @@ class ByteConfig:
                 if ours.get(name) != theirs.get(name)]
 
 
+@dataclass(frozen=True, slots=True)
+class PopReceive:
+    """Hand out ``offsets`` of a queue to a consumer of ``group`` until ``invisible_until`` (ms, the group's
+    time). ``offsets`` are redeliveries (entries the state holds as revived) and new offsets in
+    [``start_offset``, ``scan_end``): the leader read the queue from the cursor it saw (``start_offset``) up
+    to ``scan_end`` and kept what the filter selects; the new ones count only if the cursor is still there."""
+
+    group: str
+    topic: str
+    queue_id: int
+    start_offset: int
+    scan_end: int
+    offsets: tuple[int, ...]
+    invisible_until: int
+    fifo: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PopAck:
+    """Acknowledge the in-flight offset whose handle is ``handle_id``; ``dead_letter``: and store it in
+    the group's dead-letter queue (ForwardMessageToDeadLetterQueue)."""
+
+    group: str
+    topic: str
+    queue_id: int
+    offset: int
+    handle_id: int
+    dead_letter: bool = False
+    #: the leader's time (the dead-letter message's store timestamp)
+    timestamp: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PopChangeInvisible:
+    """A new invisible time for the in-flight offset whose handle is ``handle_id``: with a new receipt
+    handle (ChangeInvisibleDuration), or keeping it (``keep_handle``: the renewal of an auto-renewed receive,
+    whose client still holds the handle)."""
+
+    group: str
+    topic: str
+    queue_id: int
+    offset: int
+    handle_id: int
+    invisible_until: int
+    keep_handle: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PopRevive:
+    """In-flight offsets whose invisible time passed by ``now``: receivable again with one attempt more,
+    or, past ``max_attempts``, stored in the group's dead-letter queue and forgotten."""
+
+    group: str
+    topic: str
+    queue_id: int
+    offsets: tuple[int, ...]
+    now: int
+    max_attempts: int
+
+
+PopOperation = PopReceive | PopAck | PopChangeInvisible | PopRevive
+
 Operation = (
     Messages | ConsumerOffsets | TopicConfig | SubscriptionGroup | TransactionOp | TimerProgress | Retention
-    | LeaderStamp | AclDocument | PreparedRecords | ByteConfig
+    | LeaderStamp | AclDocument | PreparedRecords | ByteConfig | PopReceive | PopAck | PopChangeInvisible
+    | PopRevive
 )
 
 
@@ -266,7 +346,7 @@ def _encode_operation(operation: Operation) -> tuple[OpType, bytes]:
             return OpType.SUBSCRIPTION_GROUP, _str(operation.group) + GROUP_FIXED.pack(
                 operation.consume_enable, operation.consume_broadcast_enable, operation.retry_max_times,
                 operation.broker_id, operation.deleted,
-            )
+            ) + (U8.pack(1) if operation.consume_orderly else b"")
         case TransactionOp():
             return OpType.TRANSACTION_OP, (
                 I64.pack(operation.half_offset) + U8.pack(operation.action) + _str(operation.producer_group)
@@ -285,7 +365,25 @@ def _encode_operation(operation: Operation) -> tuple[OpType, bytes]:
                 _str(name) + _str(value) for name, value in settings)
         case PreparedRecords():
             return OpType.RECORDS, _encode_records(operation)
+        case PopReceive():
+            return OpType.POP_RECEIVE, _pop_key(operation) + POP_RECEIVE_FIXED.pack(
+                operation.start_offset, operation.scan_end, operation.invisible_until, operation.fifo,
+                len(operation.offsets)) + b"".join(I64.pack(offset) for offset in operation.offsets)
+        case PopAck():
+            return OpType.POP_ACK, _pop_key(operation) + POP_ACK_FIXED.pack(
+                operation.offset, operation.handle_id, operation.dead_letter, operation.timestamp)
+        case PopChangeInvisible():
+            return OpType.POP_CHANGE_INVISIBLE, _pop_key(operation) + POP_CHANGE_FIXED.pack(
+                operation.offset, operation.handle_id, operation.invisible_until, operation.keep_handle)
+        case PopRevive():
+            return OpType.POP_REVIVE, _pop_key(operation) + POP_REVIVE_FIXED.pack(
+                operation.now, operation.max_attempts, len(operation.offsets)) + b"".join(
+                I64.pack(offset) for offset in operation.offsets)
     raise TypeError(f"not an operation: {operation!r}")  # pragma: no cover - exhaustive above
+
+
+def _pop_key(operation: PopOperation) -> bytes:
+    return _str(operation.group) + _str(operation.topic) + I32.pack(operation.queue_id)
 
 
 _RECORDS_HEAD = struct.Struct(">Iq8sH")  # count, stamp, store host, topic count
@@ -484,7 +582,8 @@ def _decode_operation(op_type: int, reader: _Reader) -> Operation:
     if op_type == OpType.SUBSCRIPTION_GROUP:
         group = reader.string()
         enable, broadcast, retry, broker_id, deleted = reader.unpack(GROUP_FIXED)
-        return SubscriptionGroup(group, bool(enable), bool(broadcast), retry, broker_id, bool(deleted))
+        orderly = reader.unpack(U8)[0] if reader.position < reader.end else 0
+        return SubscriptionGroup(group, bool(enable), bool(broadcast), retry, broker_id, bool(deleted), bool(orderly))
     if op_type == OpType.TRANSACTION_OP:
         (half_offset,) = reader.unpack(I64)
         (action,) = reader.unpack(U8)
@@ -513,7 +612,32 @@ def _decode_operation(op_type: int, reader: _Reader) -> Operation:
         if [name for name, _ in settings] != sorted({name for name, _ in settings}):
             raise CommandError("byte configuration settings are not sorted by name, or repeat one")
         return ByteConfig(settings)
+    if op_type in (OpType.POP_RECEIVE, OpType.POP_ACK, OpType.POP_CHANGE_INVISIBLE, OpType.POP_REVIVE):
+        return _decode_pop(op_type, reader)
     raise CommandError(f"unknown operation type {op_type}")
+
+
+def _pop_offsets(reader: _Reader, count: int) -> tuple[int, ...]:
+    if count > POP_OFFSETS_MAX:
+        raise CommandError(f"{count} offsets exceed the {POP_OFFSETS_MAX} one pop operation may name")
+    return tuple(reader.unpack(I64)[0] for _ in range(count))
+
+
+def _decode_pop(op_type: int, reader: _Reader) -> PopOperation:
+    group, topic = reader.string(), reader.string()
+    (queue_id,) = reader.unpack(I32)
+    if op_type == OpType.POP_RECEIVE:
+        start, scan_end, invisible_until, fifo, count = reader.unpack(POP_RECEIVE_FIXED)
+        return PopReceive(group, topic, queue_id, start, scan_end, _pop_offsets(reader, count), invisible_until,
+                          bool(fifo))
+    if op_type == OpType.POP_ACK:
+        offset, handle_id, dead_letter, timestamp = reader.unpack(POP_ACK_FIXED)
+        return PopAck(group, topic, queue_id, offset, handle_id, bool(dead_letter), timestamp)
+    if op_type == OpType.POP_CHANGE_INVISIBLE:
+        offset, handle_id, invisible_until, keep = reader.unpack(POP_CHANGE_FIXED)
+        return PopChangeInvisible(group, topic, queue_id, offset, handle_id, invisible_until, bool(keep))
+    now, max_attempts, count = reader.unpack(POP_REVIVE_FIXED)
+    return PopRevive(group, topic, queue_id, _pop_offsets(reader, count), now, max_attempts)
 
 
 def decode_command(data: bytes) -> Command:

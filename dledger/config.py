@@ -4,8 +4,8 @@ Example::
 
     [node]
     id = "n0"
-    raft_address = "127.0.0.1:20010"
-    catchup_address = "127.0.0.1:20011"
+    raft_address = "raftmq-0.example:20010"     # IPv4, a host name, or [IPv6]:port
+    catchup_address = "raftmq-0.example:20011"
     data_dir = "/var/lib/raftmq/n0"
     secret_file = "/etc/raftmq/group.secret"     # or: secret = "..." (at least 16 characters)
     preferred_leader = "n0"                      # optional, the same on every member
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from commitlog.config import ConfigError, StoreConfig
+from dledger.addresses import AddressError, split_host_port
 
 SECRET_LENGTH_MIN = 16
 JOURNAL_FLUSH_POLICIES = ("durable", "page_cache")
@@ -54,15 +55,14 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 
 def parse_address(value: object, name: str) -> tuple[str, int]:
-    if not isinstance(value, str) or value.count(":") != 1:
-        raise ConfigError(f"{name} must be 'host:port', got {value!r}")
-    host, _, port_text = value.partition(":")
-    parts = host.split(".")
-    if len(parts) != 4 or not all(p.isdigit() and int(p) <= 255 for p in parts):
-        raise ConfigError(f"{name} must have an IPv4 host, got {host!r}")
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ConfigError(f"{name} must have a port in 1..65535, got {port_text!r}")
-    return host, int(port_text)
+    """``host:port`` (an IPv4 address, a host name, or ``[IPv6]:port``) as (host without brackets, port);
+    ConfigError naming the setting when malformed. Names are not resolved here: that happens at connect
+    time (dledger.addresses); ``raftmq broker --check`` tells whether they resolve now."""
+    try:
+        address = split_host_port(value)
+    except AddressError as exc:
+        raise ConfigError(f"{name} {exc}") from None
+    return address.host, address.port
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,9 @@ COMPRESS_RETRY_ENTRIES = 16
 #: over (incompressible payloads at full load: one attempt every 256 entries, not every 17, where the
 #: attempts were ~2% of the leader's GIL time; data that turns compressible is noticed within 256 entries)
 COMPRESS_RETRY_ENTRIES_MAX = 256
+#: buckets of :attr:`GroupCommitter.entry_messages_counts`: entries of 1, 2, 3-4, ... messages, the last one
+#: everything above 2 ** 14
+ENTRY_MESSAGES_BUCKETS: Final = 16
 
 # pysyncobj's FAIL_REASON values
 FAIL_SUCCESS = 0
@@ -124,6 +127,7 @@ class _Request(AppendFuture[tuple[AppendResult, ...]]):
 
 _MESSAGES: Final = operator.attrgetter("messages")
 _SUBMITTED: Final = operator.attrgetter("submitted")
+_SIZE: Final = operator.attrgetter("size")
 _NO_MESSAGES: Final[Sequence[MessageInput]] = ()
 
 
@@ -179,6 +183,12 @@ class GroupCommitter:
         #: entries and messages proposed so far (status and benchmarks)
         self.proposed_entries = 0
         self.proposed_messages = 0
+        #: entries proposed by their messages: index i counts entries of (2 ** (i - 1), 2 ** i] messages
+        #: (batcher thread only; broker.metrics reads it)
+        self.entry_messages_counts = [0] * ENTRY_MESSAGES_BUCKETS
+        #: messages and request bytes acknowledged as stored (completion thread only; broker.metrics)
+        self.stored_messages = 0
+        self.stored_bytes = 0
         self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
         self._thread.start()
 
@@ -304,6 +314,7 @@ class GroupCommitter:
             _drop_messages(batch)
             self.proposed_entries += 1
             self.proposed_messages += len(messages)
+            self.entry_messages_counts[min((len(messages) - 1).bit_length(), ENTRY_MESSAGES_BUCKETS - 1)] += 1
             try:
                 records = self.prepare(messages, stamp) if self.prepare is not None else None
                 own: OwnBatch = (messages, stamp) if records is None else records
@@ -386,6 +397,8 @@ class GroupCommitter:
                     values.append(tuple(results[position : position + count]))
                     position += count
             set_results(batch, values)
+            self.stored_messages += len(results)
+            self.stored_bytes += sum(map(_SIZE, batch))  # C-level: no Python step per send
         elif reason in (FAIL_QUEUE_FULL, FAIL_NOT_LEADER, FAIL_MISSING_LEADER, FAIL_REQUEST_DENIED):
             self._fail(batch, NotLeaderError(None) if reason != FAIL_QUEUE_FULL else BusyError("Raft queue full"))
         else:

@@ -422,6 +422,17 @@ class GroupMember:
     def is_leader(self) -> bool:
         return self._leadership()[0]
 
+    def write_refusal(self) -> str | None:
+        """Why this member does not take writes now, or None when it leads and does (the leader check a
+        load balancer makes: broker.probes). Reads flags only: cheap enough for every health check."""
+        if not self._leadership()[0]:
+            return "not the leader"
+        if not self._byte_config_applied.is_set():
+            return "the group's byte configuration is not applied here yet"
+        if self._transfer is not None:
+            return "handing leadership over"
+        return None
+
     def status(self) -> MemberStatus:
         raft_status = self.raft.getStatus()
         leader = raft_status.get("leader")

@@ -38,7 +38,7 @@ from dledger.snapshot import (
     peek_last_entry,
     read_snapshot,
 )
-from dledger.stages import StageHistograms
+from dledger.stages import DurationHistogram, StageHistograms
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
         self._member = member
         #: where the send path's time goes (dledger.stages): propose_wait, replication, leader_fsync, apply
         self.stages = stages if stages is not None else StageHistograms()
+        #: every fdatasync of the journal made by the flusher thread, whatever the role (broker.metrics)
+        self.journal_fsyncs = DurationHistogram()
         #: when each command still in pysyncobj's queue was proposed (its queue is first in, first out)
         self._proposed_at: deque[float] = deque(maxlen=1 << 16)
         #: when the leader appended and sent each entry not applied yet, by index
@@ -395,6 +397,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
             self._make_durable()
 
     def _on_flushed(self, seconds: float) -> None:
+        self.journal_fsyncs.record(seconds)
         if self._SyncObj__raftState == RAFT_STATE_LEADER:
             self.stages.record("leader_fsync", seconds)
 

@@ -71,6 +71,19 @@ class StageHistograms:
                            for stage, counts in self._counts.items()}, separators=(",", ":"))
 
 
+class DurationHistogram:
+    """Durations of one kind (a journal's fsyncs, say) in the stages' buckets, and their sum. Recorded by one
+    thread without a lock; a reader may see a count a step old."""
+
+    def __init__(self) -> None:
+        self.counts: list[int] = [0] * BUCKETS
+        self.total_seconds = 0.0
+
+    def record(self, seconds: float) -> None:
+        self.counts[bisect_left(_UPPER_BOUNDS, seconds)] += 1
+        self.total_seconds += seconds
+
+
 def decode(text: str) -> dict[str, list[int]]:
     """:meth:`StageHistograms.encode`'s counts, every stage of :data:`STAGES` present; ValueError if
     ``text`` is not such an encoding."""

@@ -1,6 +1,6 @@
 """Replicated state that is not in the commit log: consumer offsets, topic configuration, subscription
-groups, the last leader stamp, the group's byte configuration. Derived only from applied commands,
-identical on every replica.
+groups, the last leader stamp, the group's byte configuration, pop consumption (``dledger.pop``: per queue
+a cursor and the in-flight table). Derived only from applied commands, identical on every replica.
 
 It is persisted as the store checkpoint's extension (atomically with the store's positions) and inside
 Raft snapshots, each time with :attr:`ReplicatedState.applied_index`, the Raft index it reflects.
@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from dledger.command import ByteConfig, ConsumerOffset, LeaderStamp, SubscriptionGroup, TopicConfig
+from dledger.pop import PopEntry, PopKey, PopQueue, forget
 
 STATE_MAGIC: Final = 0x524D5354  # "RMST"
-#: 2 added the timer progress section, 3 the transaction sections, 4 the ACL document, 5 the byte configuration
-STATE_VERSION: Final = 5
+#: 2 added the timer progress section, 3 the transaction sections, 4 the ACL document, 5 the byte configuration,
+#: 6 the pop consumption section and the groups' consume_orderly flag
+STATE_VERSION: Final = 6
 #: the timer-progress key of the transaction half queue: every half below it is resolved
 TRANSACTION_PROGRESS_KEY: Final = "transaction"
 #: resolved halves below the progress whose resolution is still remembered
@@ -34,7 +36,10 @@ TOPIC_ENTRY = struct.Struct(">iiiiB")
 GROUP_ENTRY = struct.Struct(">BBiq")
 STAMP = struct.Struct(">qq")
 I64 = struct.Struct(">q")
+U8 = struct.Struct(">B")
 HALF_ENTRY = struct.Struct(">qi")
+POP_QUEUE_HEAD = struct.Struct(">iqI")  # queue id, cursor, entry count
+POP_ENTRY = struct.Struct(">qqiq")  # offset, invisible_until, attempt, handle_id
 
 
 class StateError(ValueError):
@@ -62,6 +67,8 @@ class ReplicatedState:
     #: the settings that shape stored bytes, as the group fixed them (the first BYTE_CONFIG applied); None
     #: until then (a new group, or a data directory from before the setting existed)
     byte_config: ByteConfig | None = None
+    #: pop consumption (dledger.pop): (group, topic, queue id) -> cursor and in-flight table
+    pop_queues: dict[PopKey, PopQueue] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ apply (deterministic)
 
@@ -74,12 +81,14 @@ class ReplicatedState:
             self.topics.pop(config.topic, None)
             for key in [k for k in self.consumer_offsets if k[1] == config.topic]:
                 del self.consumer_offsets[key]
+            forget(self.pop_queues, topic=config.topic)
         else:
             self.topics[config.topic] = config
 
     def apply_group(self, group: SubscriptionGroup) -> None:
         if group.deleted:
             self.groups.pop(group.group, None)
+            forget(self.pop_queues, group=group.group)
         else:
             self.groups[group.group] = group
 
@@ -138,7 +147,8 @@ class ReplicatedState:
         for name, subscription in sorted(self.groups.items()):
             parts += (_string(name), GROUP_ENTRY.pack(subscription.consume_enable,
                                                      subscription.consume_broadcast_enable,
-                                                     subscription.retry_max_times, subscription.broker_id))
+                                                     subscription.retry_max_times, subscription.broker_id),
+                      U8.pack(subscription.consume_orderly))
         if self.leader_stamp is None:
             parts.append(COUNT.pack(0))
         else:
@@ -155,6 +165,11 @@ class ReplicatedState:
         parts.append(COUNT.pack(len(settings)))  # none is no settings: a configuration always has some
         for name, value in settings:
             parts += (_string(name), _string(value))
+        parts.append(COUNT.pack(len(self.pop_queues)))
+        for (group, topic, queue_id), queue in sorted(self.pop_queues.items()):
+            parts += (_string(group), _string(topic), POP_QUEUE_HEAD.pack(queue_id, queue.cursor, len(queue.in_flight)))
+            parts += [POP_ENTRY.pack(offset, entry.invisible_until, entry.attempt, entry.handle_id)
+                      for offset, entry in sorted(queue.in_flight.items())]
         body = b"".join(parts)
         return body + CRC.pack(zlib.crc32(body))
 
@@ -166,7 +181,7 @@ class ReplicatedState:
         if zlib.crc32(body) != crc:
             raise StateError("state snapshot CRC mismatch")
         magic, version, applied, last_store_timestamp = HEAD.unpack_from(body)
-        if magic != STATE_MAGIC or version not in (1, 2, 3, 4, STATE_VERSION):
+        if magic != STATE_MAGIC or version not in (1, 2, 3, 4, 5, STATE_VERSION):
             raise StateError(f"unknown state snapshot (magic {magic:#x}, version {version})")
         reader = _Reader(body, HEAD.size)
         state = cls(applied_index=applied, last_store_timestamp=last_store_timestamp)
@@ -182,7 +197,9 @@ class ReplicatedState:
             for _ in range(reader.count()):
                 name = reader.string()
                 enable, broadcast, retry, broker_id = reader.unpack(GROUP_ENTRY)
-                state.groups[name] = SubscriptionGroup(name, bool(enable), bool(broadcast), retry, broker_id)
+                orderly = reader.unpack(U8)[0] if version >= 6 else 0
+                state.groups[name] = SubscriptionGroup(name, bool(enable), bool(broadcast), retry, broker_id,
+                                                       consume_orderly=bool(orderly))
             if reader.count():
                 term, timestamp = reader.unpack(STAMP)
                 state.leader_stamp = LeaderStamp(term, reader.string(), timestamp)
@@ -201,6 +218,16 @@ class ReplicatedState:
             if version >= 5:
                 settings = tuple((reader.string(), reader.string()) for _ in range(reader.count()))
                 state.byte_config = ByteConfig(settings) if settings else None
+            if version >= 6:
+                for _ in range(reader.count()):
+                    group, topic = reader.string(), reader.string()
+                    queue_id, cursor, entries = reader.unpack(POP_QUEUE_HEAD)
+                    if entries > len(body):
+                        raise StateError(f"entry count {entries} exceeds the snapshot")
+                    queue = state.pop_queues[(group, topic, queue_id)] = PopQueue(cursor)
+                    for _ in range(entries):
+                        offset, invisible_until, attempt, handle_id = reader.unpack(POP_ENTRY)
+                        queue.in_flight[offset] = PopEntry(invisible_until, attempt, handle_id)
         except (struct.error, IndexError, UnicodeDecodeError) as exc:
             raise StateError(f"state snapshot is malformed: {exc}") from exc
         if reader.position != len(body):

@@ -31,6 +31,9 @@ What it changes against pysyncobj 0.3.17's ``TcpConnection``/``TcpServer`` (see 
 * Handshakes have a deadline, and at most ``handshakes_pending_max`` may be in progress.
 * The listening socket binds to the node's own address (or an explicit ``bindAddress``), never to a
   wildcard address; the stock transport binds 0.0.0.0 when ``bindAddress`` is unset.
+* Addresses may be host names or ``[IPv6]:port``; a peer's name is resolved again on every connection
+  attempt (``dledger.addresses.Resolver``, which never holds the tick thread for long), where the stock
+  transport caches names for ``dnsCacheTime`` and prefers IPv4 even when told ``ipv6``.
 * Given a :class:`~dledger.group_clock.GroupClock`, it tells each connected member its wall clock (a tiny
   message on connecting and every ``CLOCK_SAMPLE_INTERVAL_SECONDS``) and hands the readings it receives to
   that clock instead of pysyncobj: the group's time is a majority's clocks (``dledger.group_clock``).
@@ -89,11 +92,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-from pysyncobj.dns_resolver import globalDnsResolver
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import CONNECTION_STATE, set_keepalive
 from pysyncobj.transport import TCPTransport, TransportNotReadyError
 
+from dledger.addresses import AddressError, Resolver, lookup, split_host_port
 from dledger.framing import (
     ENTRY_DIGESTS,
     FRAME_SIZE_LIMIT_BYTES,
@@ -803,6 +806,8 @@ class AuthenticatedTcpTransport(TCPTransport):  # type: ignore[misc]  # pysyncob
         self._next_timer_check = 0.0
         self._group_clock = group_clock
         self._next_clock_send = 0.0
+        #: peers' and the bind address's names, resolved at each connection attempt (dledger.addresses)
+        self._resolver = Resolver()
         super().__init__(syncObj, selfNode, otherNodes)
 
     @property
@@ -812,25 +817,58 @@ class AuthenticatedTcpTransport(TCPTransport):  # type: ignore[misc]  # pysyncob
     def _createServer(self) -> None:
         conf = self._syncObj.conf
         address = conf.bindAddress if conf.bindAddress is not None else self._selfNode.address
-        host, port = address.rsplit(":", 1)
-        if host in WILDCARD_HOSTS:
+        try:
+            host_port = split_host_port(address)
+        except AddressError as error:
+            raise ValueError(f"the Raft address {address!r} {error}") from None
+        if host_port.host in WILDCARD_HOSTS:
             raise ValueError(
                 f"refusing to bind the Raft port to the wildcard address {address!r}: "
                 "configure the node's own address (or an explicit bindAddress)"
             )
-        resolved = globalDnsResolver().resolve(host)
-        if resolved is None:
-            raise TransportNotReadyError(f"cannot resolve the bind address {host!r}")
+        # a name is resolved once, here (while the member starts, not on the tick thread): the socket binds to
+        # one address for the member's life
+        try:
+            _, resolved = lookup(host_port.host)[0]
+        except (OSError, UnicodeError) as error:
+            raise TransportNotReadyError(f"cannot resolve the bind address {host_port.host!r}: {error}") from None
         self._server = AuthenticatedServer(
             self._syncObj._poller,
             resolved,
-            int(port),
+            host_port.port,
             options=self._connection_options,
             settings=self._settings,
             on_authenticated=self._onNewIncomingConnection,
             clock=self._clock,
             random_bytes=self._random_bytes,
         )
+
+    def _connectIfNecessarySingle(self, node: Any) -> bool:
+        # TCPTransport._connectIfNecessarySingle, resolving the peer's host on every connection attempt
+        # (pysyncobj caches names for dnsCacheTime, prefers IPv4 whatever it is told, and cannot read
+        # "[v6]:port"): a peer that comes back under a new address is reached there on the next attempt.
+        connection = self._connections.get(node)
+        if connection is not None and connection.state != _DISCONNECTED:
+            return True
+        if not self._shouldConnect(node):
+            return False
+        now = time.monotonic()  # pysyncobj's own clock for connectionRetryTime (its monotonic is this one)
+        last_attempt = self._lastConnectAttempt.get(node)
+        if last_attempt is not None and now - last_attempt < self._syncObj.conf.connectionRetryTime:
+            return False
+        self._lastConnectAttempt[node] = now
+        try:
+            host_port = split_host_port(node.address)
+        except AddressError:
+            logger.warning("cannot connect to %s: not a host:port address", node.address)
+            return False
+        ip = self._resolver.resolve(host_port.host)
+        if ip is None:
+            error = self._resolver.last_error.get(host_port.host)
+            if error is not None:
+                logger.warning("cannot resolve %s (peer %s): %s", host_port.host, node.address, error)
+            return False
+        return bool(self._connections[node].connect(ip, host_port.port))
 
     def addNode(self, node: Any) -> None:
         # TCPTransport.addNode, with a FramedConnection instead of a TcpConnection.

@@ -2,6 +2,7 @@
 # The Debian packages `make test` and `make demo` need beyond Python's own: installed when missing (as root),
 # else named, with a non-zero exit. Quick and silent when everything is there.
 #   fusermount3, libfuse3.so.3: powerfs, the FUSE file system of the power-loss chaos faults (chaos/powerfs.py)
+#   haproxy: the group's front (`raftmq cluster up --front`, cli/front.py) and the stock-client failover test
 # With the argument `bench` (make bench), also what the benchmarks measure raftmq against:
 #   nats-server: NATS JetStream, bench/broker_bench.py's reference (it skips NATS without it)
 # One line per need: the command or library that shows it is there, then the package that brings it.
@@ -18,6 +19,7 @@ need() {  # need KIND NAME PACKAGE: KIND is "command" or "library"
 
 need command fusermount3 fuse3
 need library libfuse3.so.3 libfuse3-3
+need command haproxy haproxy
 if [ "${1:-}" = bench ]; then
     need command nats-server nats-server
 fi

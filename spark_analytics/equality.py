@@ -63,6 +63,10 @@ def read_range(replica: Replica, segment_size: int, start: int, end: int) -> byt
     path = segment_path(replica, segment_start)
     if path is None:
         return b""
+    if path.startswith("raftmq://"):  # over the network: only the range
+        from spark_analytics.remote import read_path
+
+        return read_path(path, start - segment_start, end - segment_start)
     with map_file(path) as data:
         return bytes(data[start - segment_start : end - segment_start])
 

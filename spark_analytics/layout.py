@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Final
 
 FILE_NAME: Final = re.compile(r"^\d{20}$")
+#: what a live group's cut starts with when it stands for a cluster directory (spark_analytics.remote)
+CUT_PREFIX: Final = "raftmq-cut:"
 STORE_DIRECTORY: Final = "store"
 COMMIT_LOG_DIRECTORY: Final = "commitlog"
 CONSUME_QUEUE_DIRECTORY: Final = "consumequeue"
@@ -105,7 +107,10 @@ def find_stores(path: Path) -> list[tuple[str, Path]]:
 
 
 def list_replicas(path: Path, names: frozenset[str] | None = None) -> list[Replica]:
-    """Every replica under ``path`` (optionally only those named), with its files."""
+    """Every replica under ``path`` (optionally only those named), with its files. ``path`` may also be a
+    live group's cut (:meth:`spark_analytics.remote.RemoteCut.encode`): its members that answered."""
+    if str(path).startswith(CUT_PREFIX):
+        return remote_replicas(str(path), names)
     stores = find_stores(path)
     if names is not None:
         unknown = sorted(names - {name for name, _ in stores})
@@ -113,6 +118,36 @@ def list_replicas(path: Path, names: frozenset[str] | None = None) -> list[Repli
             raise LayoutError(f"no replica named {', '.join(unknown)} under {path}")
         stores = [(name, store) for name, store in stores if name in names]
     return [_list_replica(name, store) for name, store in stores]
+
+
+def remote_replicas(cut_text: str, names: frozenset[str] | None = None) -> list[Replica]:
+    """The replicas of a live group's cut, as their members listed them at the cut: segments and key-index
+    files that begin below the cut, every consume-queue file (reads leave out what lies past the cut)."""
+    from broker.replica_files import KIND_COMMIT_LOG, KIND_CONSUME_QUEUE, KIND_INDEX, FileName
+    from spark_analytics.remote import RemoteCut, RemotePath, member_files, store_path
+
+    cut = RemoteCut.decode(cut_text)
+    members = [member for member in cut.answered if names is None or member.name in names]
+    if not members:
+        raise LayoutError("no member of the group answered: nothing to read")
+    replicas = []
+    for member in members:
+        def path(file: FileName, address: str = member.address, name: str = member.name) -> str:
+            return RemotePath(address, name, file, cut.cut).text()
+
+        segments = tuple(
+            SegmentFile(member.name, start, path(FileName(KIND_COMMIT_LOG, f"{start:020d}")), size)
+            for start, size in member_files(member, KIND_COMMIT_LOG)
+            if start < cut.cut and start + size > cut.since)
+        queue_files = tuple(
+            QueueFile(member.name, topic, queue_id, start, path(FileName(KIND_CONSUME_QUEUE, f"{start:020d}", topic,
+                                                                         queue_id)), size)
+            for topic, queue_id, start, size in member_files(member, KIND_CONSUME_QUEUE))
+        index_files = tuple(
+            IndexFileEntry(member.name, begin, path(FileName(KIND_INDEX, f"{begin:020d}")), size)
+            for begin, size in member_files(member, KIND_INDEX) if begin < cut.cut)
+        replicas.append(Replica(member.name, store_path(member), segments, queue_files, index_files))
+    return sorted(replicas, key=lambda replica: natural_key(replica.name))
 
 
 def segment_size_bytes(replicas: list[Replica]) -> int:
@@ -173,9 +208,27 @@ def _size(path: Path) -> int:
         raise LayoutError(f"cannot read {path}: {exc.strerror}") from exc
 
 
+def read_file(path: str) -> bytes:
+    """A file's bytes; a replica file over the network (``raftmq://``) as :func:`spark_analytics.remote.read_path`
+    gives it."""
+    if path.startswith("raftmq://"):
+        from spark_analytics.remote import read_path
+
+        return read_path(path)
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
 @contextlib.contextmanager
 def map_file(path: str) -> Iterator[bytes | mmap.mmap]:
-    """A read-only mapping of ``path`` (an empty file gives b"": mmap refuses zero lengths)."""
+    """A read-only mapping of ``path`` (an empty file gives b"": mmap refuses zero lengths). A replica
+    file over the network is read below the cut (:func:`spark_analytics.remote.mapped_path`)."""
+    if path.startswith("raftmq://"):
+        from spark_analytics.remote import mapped_path
+
+        with mapped_path(path) as data:
+            yield data
+        return
     with open(path, "rb") as handle:
         size = handle.seek(0, os.SEEK_END)
         if size == 0:

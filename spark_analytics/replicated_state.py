@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from commitlog.checkpoint import Checkpoint, read_checkpoint
+from commitlog.checkpoint import Checkpoint, decode_checkpoint, read_checkpoint
 from commitlog.errors import CorruptionError
 from dledger.state import ReplicatedState, StateError
 from spark_analytics.equality import vote
@@ -45,6 +45,8 @@ class ReplicaCheckpoint:
 
 
 def read_replica_checkpoint(replica: Replica) -> ReplicaCheckpoint:
+    if replica.store_dir.startswith("raftmq://"):  # a live member's, over the network
+        return _remote_checkpoint(replica)
     path = Path(replica.store_dir) / CHECKPOINT_NAME
     try:
         checkpoint = read_checkpoint(path)
@@ -53,6 +55,27 @@ def read_replica_checkpoint(replica: Replica) -> ReplicaCheckpoint:
     except OSError as exc:
         return ReplicaCheckpoint(replica.name, None, None, f"cannot read {path}: {exc.strerror}")
     if checkpoint is None or not checkpoint.extension:
+        return ReplicaCheckpoint(replica.name, checkpoint, None)
+    try:
+        state = ReplicatedState.decode(checkpoint.extension)
+    except StateError as exc:
+        return ReplicaCheckpoint(replica.name, checkpoint, None, f"the replicated state in {path} is damaged: {exc}")
+    return ReplicaCheckpoint(replica.name, checkpoint, state)
+
+
+def _remote_checkpoint(replica: Replica) -> ReplicaCheckpoint:
+    from spark_analytics.remote import RemoteError, read_path, state_path
+
+    path = state_path(replica.store_dir, CHECKPOINT_NAME)
+    try:
+        raw = read_path(path)
+    except RemoteError as exc:
+        return ReplicaCheckpoint(replica.name, None, None, f"cannot read {path}: {exc}")
+    try:
+        checkpoint = decode_checkpoint(raw)
+    except CorruptionError as exc:
+        return ReplicaCheckpoint(replica.name, None, None, f"{path} is damaged: {exc}")
+    if not checkpoint.extension:
         return ReplicaCheckpoint(replica.name, checkpoint, None)
     try:
         state = ReplicatedState.decode(checkpoint.extension)

@@ -70,8 +70,8 @@ from spark_analytics.features import (
     PROPERTY_REAL_TOPIC,
     PROPERTY_RETRY_TOPIC,
 )
-from spark_analytics.index_file import IndexFileError, read_index_file
-from spark_analytics.layout import Replica, list_replicas, map_file, segment_size_bytes
+from spark_analytics.index_file import IndexFileContents, IndexFileError, read_index_file
+from spark_analytics.layout import CUT_PREFIX, Replica, list_replicas, map_file, read_file, segment_size_bytes
 from spark_analytics.walker import KIND_END, KIND_FILLER, Buffer, walk_segment
 
 COMMIT_LOG_SOURCE: Final = "raftmq_commitlog"
@@ -91,6 +91,9 @@ TAG_CODE_CACHE_ENTRIES_MAX: Final = 10_000
 #: file costs more than reading it)
 QUEUE_PARTITION_BYTES_MAX: Final = 64 << 20
 INDEX_PARTITION_BYTES_MAX: Final = 256 << 20
+#: a partition of the blocks source over the network covers at most this much of a segment (executors on
+#: several hosts then share a big segment; local files are hashed a segment per task, from the page cache)
+REMOTE_RANGE_BYTES: Final = 16 << 20
 #: the block digest: SHA-256 runs at ~1.4 GB/s per core with SHA extensions (measured), faster than MD5 here
 DIGEST_NAME: Final = "sha256"
 
@@ -221,6 +224,25 @@ def _offsets_option(options: Any, name: str) -> frozenset[int] | None:
     return frozenset(int(part) for part in parts)
 
 
+def _access_option(options: Any) -> str:
+    """The credentials of a live group's cut (for the executors' reads), "" for directories."""
+    path = str(options.get("path", ""))
+    if not path.startswith(CUT_PREFIX):
+        return ""
+    from spark_analytics.remote import RemoteCut, install_access
+
+    access = RemoteCut.decode(path).access
+    install_access(access)  # the planning worker lists nothing remote, but the driver may read through it
+    return access
+
+
+def _install(access: str) -> None:
+    if access:
+        from spark_analytics.remote import install_access
+
+        install_access(access)
+
+
 def _replicas_and_segment_size(options: Any) -> tuple[list[Replica], int]:
     replicas = list_replicas(_path_option(options), _replicas_option(options))
     inferred = segment_size_bytes(replicas)
@@ -247,16 +269,19 @@ class SegmentPartition(InputPartition):
     start: int
     segment_size: int
     is_last: bool
+    #: credentials of replica files over the network ("" for local files)
+    access: str = ""
 
 
 def _segment_partitions(replicas: list[Replica], segment_size: int,
-                        segments: frozenset[int] | None = None) -> list[InputPartition]:
+                        segments: frozenset[int] | None = None, access: str = "") -> list[InputPartition]:
     partitions: list[InputPartition] = []
     for replica in replicas:
         for position, segment in enumerate(replica.segments):
             if segments is None or segment.start in segments:
                 is_last = position == len(replica.segments) - 1
-                partitions.append(SegmentPartition(replica.name, segment.path, segment.start, segment_size, is_last))
+                partitions.append(SegmentPartition(replica.name, segment.path, segment.start, segment_size, is_last,
+                                                   access))
     return partitions
 
 
@@ -274,7 +299,8 @@ class CommitLogDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         replicas, segment_size = _replicas_and_segment_size(self.options)
-        partitions = _segment_partitions(replicas, segment_size, _offsets_option(self.options, "segments"))
+        partitions = _segment_partitions(replicas, segment_size, _offsets_option(self.options, "segments"),
+                                         _access_option(self.options))
         bodies = _bool_option(self.options, "bodies", True)
         return CommitLogReader(schema, partitions, bodies, None if bodies else _names_option(self.options, "body_topics"))
 
@@ -324,6 +350,7 @@ def read_segment_batches(partition: SegmentPartition, bodies: bool, arrow_schema
             values.clear()
         return pyarrow.RecordBatch.from_arrays(arrays, schema=arrow_schema)
 
+    _install(partition.access)
     with map_file(partition.path) as data:
         for entry in walk_segment(data, partition.start, partition.segment_size, decode=True):
             message = entry.message
@@ -418,21 +445,22 @@ class QueueFilesPartition(InputPartition):
 
     replica: str
     files: tuple[QueueFile, ...]
+    access: str = ""
 
 
-def _queue_partitions(replicas: list[Replica]) -> list[InputPartition]:
+def _queue_partitions(replicas: list[Replica], access: str = "") -> list[InputPartition]:
     partitions: list[InputPartition] = []
     for replica in replicas:
         files: list[QueueFile] = []
         size = 0
         for file in replica.queue_files:
             if files and size + file.size_bytes > QUEUE_PARTITION_BYTES_MAX:
-                partitions.append(QueueFilesPartition(replica.name, tuple(files)))
+                partitions.append(QueueFilesPartition(replica.name, tuple(files), access))
                 files, size = [], 0
             files.append(QueueFile(file.topic, file.queue_id, file.path, file.start_byte // UNIT_BYTES))
             size += file.size_bytes
         if files:
-            partitions.append(QueueFilesPartition(replica.name, tuple(files)))
+            partitions.append(QueueFilesPartition(replica.name, tuple(files), access))
     return partitions
 
 
@@ -448,7 +476,7 @@ class ConsumeQueueDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         replicas = list_replicas(_path_option(self.options), _replicas_option(self.options))
-        return ConsumeQueueReader(schema, _queue_partitions(replicas))
+        return ConsumeQueueReader(schema, _queue_partitions(replicas, _access_option(self.options)))
 
 
 class ConsumeQueueReader(DataSourceReader):
@@ -463,6 +491,7 @@ class ConsumeQueueReader(DataSourceReader):
         if not isinstance(partition, QueueFilesPartition):  # no files: PySpark plans one InputPartition(None)
             return
         arrow_schema = _arrow_schema(self.schema)
+        _install(partition.access)
         for file in partition.files:
             yield from read_queue_batches(partition.replica, file, arrow_schema)
 
@@ -473,8 +502,7 @@ def read_queue_batches(replica: str, file: QueueFile, arrow_schema: Any) -> Iter
     which shows as a missing offset."""
     import pyarrow
 
-    with open(file.path, "rb") as handle:
-        raw = handle.read()
+    raw = read_file(file.path)
     # units after the last non-zero byte are empty: skip them without unpacking (files are mostly empty)
     used_units = min(len(raw) // UNIT_BYTES, -(-len(raw.rstrip(b"\x00")) // UNIT_BYTES))
     queue_offsets: list[int] = []
@@ -508,8 +536,12 @@ def read_queue_batches(replica: str, file: QueueFile, arrow_schema: Any) -> Iter
 
 @dataclass(frozen=True)
 class BlockPartition(InputPartition):
+    """A segment's blocks, or (over the network) those of ``[low, high)`` of it (local offsets; -1: the end)."""
+
     segment: SegmentPartition
     block_size: int
+    low: int = 0
+    high: int = -1
 
 
 class BlocksDataSource(DataSource):
@@ -529,11 +561,20 @@ class BlocksDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         replicas, segment_size = _replicas_and_segment_size(self.options)
         block_size = _int_option(self.options, "block_size_bytes", BLOCK_SIZE_BYTES_DEFAULT, 4096, 1 << 30)
-        partitions: list[InputPartition] = [
-            BlockPartition(segment, min(block_size, segment_size) if segment_size else block_size)
-            for segment in _segment_partitions(replicas, segment_size)
-            if isinstance(segment, SegmentPartition)
-        ]
+        block_size = min(block_size, segment_size) if segment_size else block_size
+        access = _access_option(self.options)
+        partitions: list[InputPartition] = []
+        for segment in _segment_partitions(replicas, segment_size, access=access):
+            if not isinstance(segment, SegmentPartition):
+                continue
+            if not access:
+                partitions.append(BlockPartition(segment, block_size))
+                continue
+            # over the network: one partition per (member, range of a segment), ranges made of whole blocks
+            step = max(block_size, REMOTE_RANGE_BYTES // block_size * block_size)
+            size = segment.segment_size or step
+            partitions.extend(BlockPartition(segment, block_size, low, min(size, low + step))
+                              for low in range(0, size, step))
         return BlocksReader(schema, partitions)
 
 
@@ -562,9 +603,10 @@ def data_end_of(data: Buffer, segment_start: int, segment_size: int) -> int:
     return segment_start + end
 
 
-def block_digests(data: Buffer, segment_start: int, hashed_bytes: int, block_size: int) -> Iterator[tuple[int, int, bytes]]:
+def block_digests(data: Buffer | memoryview, segment_start: int, hashed_bytes: int,
+                  block_size: int) -> Iterator[tuple[int, int, bytes]]:
     """(block offset, bytes hashed, digest) for ``data[:hashed_bytes]`` cut at physical offsets that are
-    multiples of ``block_size``."""
+    multiples of ``block_size`` (a memoryview hashes each block without copying it first)."""
     local = 0
     while local < hashed_bytes:
         block_end = min(hashed_bytes, (segment_start + local) // block_size * block_size + block_size - segment_start)
@@ -579,12 +621,16 @@ def read_block_batches(partition: BlockPartition, arrow_schema: Any) -> Iterator
     segment = partition.segment
     rows: list[tuple[int, int, bytes]] = []
     data_end: int | None = None
+    if segment.access:
+        yield _remote_block_batch(partition, arrow_schema)
+        return
     with map_file(segment.path) as data:
         hashed = min(len(data), segment.segment_size)
         if segment.is_last:
             data_end = data_end_of(data, segment.start, segment.segment_size)
             hashed = data_end - segment.start
-        rows = list(block_digests(data, segment.start, hashed, partition.block_size))
+        with memoryview(data) as view:  # released before the mapping closes
+            rows = list(block_digests(view, segment.start, hashed, partition.block_size))
     if not rows:  # an empty newest segment still reports where the data ends
         rows = [(segment.start, 0, hashlib.new(DIGEST_NAME, b"").digest())]
     count = len(rows)
@@ -597,6 +643,35 @@ def read_block_batches(partition: BlockPartition, arrow_schema: Any) -> Iterator
         pyarrow.array([data_end] * count, type=pyarrow.int64()),
     ]
     yield pyarrow.RecordBatch.from_arrays(arrays, schema=arrow_schema)
+
+
+def _remote_block_batch(partition: BlockPartition, arrow_schema: Any) -> Any:
+    """The digests of a range of a segment read over the network, below the cut. A member's newest
+    segment below the cut ends at the cut: that is its ``data_end`` (every member applied up to there)."""
+    import pyarrow
+
+    from spark_analytics.remote import RemotePath, read_path
+
+    segment = partition.segment
+    _install(segment.access)
+    below = RemotePath.parse(segment.path).below
+    limit = min(segment.segment_size, below - segment.start)
+    high = limit if partition.high < 0 else min(partition.high, limit)
+    data = read_path(segment.path, partition.low, high) if high > partition.low else b""
+    with memoryview(data) as view:
+        rows = list(block_digests(view, segment.start + partition.low, len(data), partition.block_size))
+    if not rows and partition.low == 0:
+        rows = [(segment.start, 0, hashlib.new(DIGEST_NAME, b"").digest())]
+    data_end = min(below, segment.start + segment.segment_size) if segment.is_last else None
+    count = len(rows)
+    return pyarrow.RecordBatch.from_arrays([
+        pyarrow.array([segment.replica] * count, type=pyarrow.string()),
+        pyarrow.array([segment.start] * count, type=pyarrow.int64()),
+        pyarrow.array([row[0] for row in rows], type=pyarrow.int64()),
+        pyarrow.array([row[1] for row in rows], type=pyarrow.int32()),
+        pyarrow.array([row[2] for row in rows], type=pyarrow.binary()),
+        pyarrow.array([data_end] * count, type=pyarrow.int64()),
+    ], schema=arrow_schema)
 
 
 # ---------------------------------------------------------------------------------------------- key index
@@ -614,21 +689,22 @@ class IndexFilesPartition(InputPartition):
 
     replica: str
     files: tuple[IndexFile, ...]
+    access: str = ""
 
 
-def _index_partitions(replicas: list[Replica]) -> list[InputPartition]:
+def _index_partitions(replicas: list[Replica], access: str = "") -> list[InputPartition]:
     partitions: list[InputPartition] = []
     for replica in replicas:
         files: list[IndexFile] = []
         size = 0
         for file in replica.index_files:
             if files and size + file.size_bytes > INDEX_PARTITION_BYTES_MAX:
-                partitions.append(IndexFilesPartition(replica.name, tuple(files)))
+                partitions.append(IndexFilesPartition(replica.name, tuple(files), access))
                 files, size = [], 0
             files.append(IndexFile(file.path, file.begin_physical))
             size += file.size_bytes
         if files:
-            partitions.append(IndexFilesPartition(replica.name, tuple(files)))
+            partitions.append(IndexFilesPartition(replica.name, tuple(files), access))
     return partitions
 
 
@@ -645,7 +721,7 @@ class KeyIndexDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         replicas = list_replicas(_path_option(self.options), _replicas_option(self.options))
-        return KeyIndexReader(schema, _index_partitions(replicas))
+        return KeyIndexReader(schema, _index_partitions(replicas, _access_option(self.options)))
 
 
 class KeyIndexReader(DataSourceReader):
@@ -660,6 +736,7 @@ class KeyIndexReader(DataSourceReader):
         if not isinstance(partition, IndexFilesPartition):  # no files: PySpark plans one InputPartition(None)
             return
         arrow_schema = _arrow_schema(self.schema)
+        _install(partition.access)
         for file in partition.files:
             yield from read_index_batches(partition.replica, file, arrow_schema)
 
@@ -667,8 +744,7 @@ class KeyIndexReader(DataSourceReader):
 def read_index_batches(replica: str, file: IndexFile, arrow_schema: Any) -> Iterator[Any]:
     import pyarrow
 
-    with open(file.path, "rb") as handle:
-        raw = handle.read()
+    raw = read_file(file.path)
     try:
         contents = read_index_file(raw)
     except IndexFileError as exc:
@@ -676,6 +752,8 @@ def read_index_batches(replica: str, file: IndexFile, arrow_schema: Any) -> Iter
         row["replica"], row["file"], row["problem"] = [replica], [file.begin_physical], [str(exc)]
         yield pyarrow.RecordBatch.from_pydict(row, schema=arrow_schema)
         return
+    if file.path.startswith("raftmq://"):
+        contents = _entries_below(contents, file.path)
     rows_per_batch = BATCH_ROWS_MAX * 4
     for low in range(0, contents.entry_count, rows_per_batch):
         high = min(contents.entry_count, low + rows_per_batch)
@@ -692,3 +770,20 @@ def read_index_batches(replica: str, file: IndexFile, arrow_schema: Any) -> Iter
             "slot_count": [contents.slot_count] * count,
             "problem": [None] * count,
         }, schema=arrow_schema)
+
+
+def _entries_below(contents: IndexFileContents, path: str) -> IndexFileContents:
+    """A live member's key-index file up to its last entry that points below the cut: entries are appended
+    in commit-log order, so those after it were made for records past the cut (an entry before it pointing
+    past the cut is damage, and kept). Reachability was computed over the whole image."""
+    from spark_analytics.remote import RemotePath
+
+    below = RemotePath.parse(path).below
+    kept = next((number + 1 for number in range(contents.entry_count - 1, -1, -1)
+                 if contents.physical_offsets[number] < below), 0)
+    if kept == contents.entry_count:
+        return contents
+    return contents._replace(entry_count=kept, key_hashes=contents.key_hashes[:kept],
+                             physical_offsets=contents.physical_offsets[:kept],
+                             timestamps_seconds=contents.timestamps_seconds[:kept],
+                             previous=contents.previous[:kept], reachable=contents.reachable[:kept])

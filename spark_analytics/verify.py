@@ -21,29 +21,39 @@ import time
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-from spark_analytics.layout import LayoutError, list_replicas
+from spark_analytics.layout import CUT_PREFIX, LayoutError, list_replicas
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
 REPORT_NAME: Final = "verify-report.json"
-#: 2 added derived_state, history and the feature invariants
-REPORT_VERSION: Final = 2
+#: 2 added derived_state, history and the feature invariants; 3 the live-group audit (``live``, and
+#: ``cluster_dir`` null for it)
+REPORT_VERSION: Final = 3
 
 
 def verify(cluster_dir: Path | str, master: str | None = None, report_path: Path | str | None = None,
-           output: TextIO | None = None, history_path: Path | str | None = None) -> int:
+           output: TextIO | None = None, history_path: Path | str | None = None,
+           live: dict[str, Any] | None = None) -> int:
     """Check the replicas under ``cluster_dir`` (byte equality, each replica's integrity and feature
     invariants, the derived state across replicas, and the client history at ``history_path`` if given)
     and write the report to ``report_path`` (default ``<cluster_dir>/verify-report.json``). A verdict per
     check goes to ``output`` (default stdout), problems to stderr. Uses the active Spark session if there
-    is one (``master`` is then ignored), else starts one on ``master`` (default local[2]) and stops it."""
+    is one (``master`` is then ignored), else starts one on ``master`` (default local[2]) and stops it.
+
+    ``cluster_dir`` may also be a live group's cut (:meth:`spark_analytics.remote.RemoteCut.encode`, see
+    :mod:`spark_analytics.live`): then ``report_path`` is required and ``live`` (what the members said) goes
+    into the report as it is."""
     out = output if output is not None else sys.stdout
     directory = Path(cluster_dir)
+    remote = str(cluster_dir).startswith(CUT_PREFIX)
     try:
         replicas = list_replicas(directory)
     except LayoutError as exc:
         print(f"verify: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if remote and report_path is None:
+        print("verify: a live group's audit needs a report path", file=sys.stderr)
         return EXIT_USAGE
     report_file = Path(report_path) if report_path is not None else directory / REPORT_NAME
     if not report_file.parent.is_dir():
@@ -97,7 +107,7 @@ def verify(cluster_dir: Path | str, master: str | None = None, report_path: Path
         print(f"verify: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except PySparkException as exc:  # an executor could not read a file (permissions, I/O errors, races)
-        print(f"verify: reading the replicas' files failed: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
+        print(f"verify: reading the replicas' files failed: {_first_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     finally:
         if owned:
@@ -106,7 +116,8 @@ def verify(cluster_dir: Path | str, master: str | None = None, report_path: Path
     ok = equality.ok and integrity.ok and derived.ok and (history_result is None or history_result.ok)
     report: dict[str, Any] = {
         "version": REPORT_VERSION,
-        "cluster_dir": str(directory.resolve()),
+        "cluster_dir": None if remote else str(directory.resolve()),
+        "live": live,
         "replicas": [replica.name for replica in replicas],
         "ok": ok,
         "byte_equality": to_json(equality),
@@ -122,6 +133,15 @@ def verify(cluster_dir: Path | str, master: str | None = None, report_path: Path
         return EXIT_USAGE
     _print_summary(report, report_file, out)
     return EXIT_OK if ok else EXIT_FAILED
+
+
+def _first_line(exc: Exception) -> str:
+    """The line of a Spark error that says what went wrong (a Python worker's own error when there is one)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    for line in lines:
+        if "RemoteError" in line or "LayoutError" in line:
+            return line
+    return lines[0] if lines else type(exc).__name__
 
 
 def _print_summary(report: dict[str, Any], report_file: Path, out: TextIO) -> None:

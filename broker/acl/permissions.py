@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Final
 
 from broker.remoting.codes import RequestCode
+from broker.replica_files import REPLICA_FILES_CODES
 from broker.topics import RETRY_PREFIX
 
 DENY: Final = 1
@@ -31,6 +32,7 @@ ADMIN_CODES: Final = frozenset({
     RequestCode.UPDATE_GLOBAL_WHITE_ADDRS_CONFIG,
     RequestCode.GET_BROKER_CLUSTER_ACL_CONFIG,
     RequestCode.GET_BROKER_CLUSTER_ACL_INFO,
+    *REPLICA_FILES_CODES,  # every replica's files, for audits
 })
 
 

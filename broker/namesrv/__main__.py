@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 
+from broker.logs import add_log_arguments, configure_logging
 from broker.namesrv.config import DEFAULT_PORT, NameServerConfig
 from broker.namesrv.server import NameServer
 
@@ -38,6 +39,7 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         help="how often to look for expired brokers",
     )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_log_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -62,9 +64,8 @@ async def serve(config: NameServerConfig) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     arguments = parse_arguments(argv)
-    logging.basicConfig(
-        level=arguments.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(arguments.log_level, arguments.log_format, arguments.log_file, arguments.log_max_bytes,
+                      arguments.log_backups)
     try:
         config = NameServerConfig(
             host=arguments.host,

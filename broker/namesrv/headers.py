@@ -91,6 +91,9 @@ class RegisterBrokerRequestHeader:
     #: raftmq: the Raft term of a leader registering as brokerId 0 (a deposed leader's stale claim, with
     #: a lower term than the group's current master, is refused). Stock brokers do not send it.
     raft_term: int | None = None
+    #: raftmq: ``broker_address`` is the group's front, shared by its members (broker.registration): it is
+    #: not forgotten when the connection of the member that registered it closes. Stock brokers do not send it.
+    shared_address: bool = False
 
     def to_ext_fields(self) -> dict[str, str]:
         return {
@@ -102,6 +105,7 @@ class RegisterBrokerRequestHeader:
             "compressed": "true" if self.compressed else "false",
             "bodyCrc32": str(self.body_crc32),
             **({} if self.raft_term is None else {"raftTerm": str(self.raft_term)}),
+            **({"raftmqSharedAddress": "true"} if self.shared_address else {}),
         }
 
     @classmethod
@@ -117,6 +121,7 @@ class RegisterBrokerRequestHeader:
             compressed=_boolean(fields, "compressed"),
             body_crc32=_integer(fields, "bodyCrc32", request, 0, _INT32_MIN, _INT32_MAX),
             raft_term=_integer(fields, "raftTerm", request, 0, 0, _INT64_MAX) if "raftTerm" in fields else None,
+            shared_address=_boolean(fields, "raftmqSharedAddress"),
         )
 
 

@@ -12,7 +12,9 @@ Rules, as in RocketMQ:
   brokerId 0 displaces the old leader, which clients see on their next route fetch.
 - Only the master (brokerId 0) registration updates the group's queues of each topic.
 - A broker that has not registered for ``broker_expiry_seconds`` (or whose connection closed) is
-  removed; a group with no address left is removed with its queues.
+  removed; a group with no address left is removed with its queues. raftmq: an address registered as
+  *shared* (a group's front, which every member stands behind) is not removed when the connection it came
+  over closes, only when it expires or is unregistered: the member that registered it died, the group did not.
 
 One deliberate difference: UNREGISTER_BROKER removes an id only while it still maps to the address
 that unregisters. Java removes the id whatever address it holds, so an old leader shutting down after
@@ -64,6 +66,8 @@ class _LiveBroker:
     data_version: DataVersion
     last_registered_seconds: float
     connection_id: int | None
+    #: a group's front (see the module docstring): kept when its connection closes
+    shared: bool = False
 
 
 class RouteTable:
@@ -98,6 +102,7 @@ class RouteTable:
         now_seconds: float,
         connection_id: int | None = None,
         raft_term: int | None = None,
+        shared: bool = False,
     ) -> RegisterResult:
         """Record a registration (or a re-registration: brokers repeat it every 30 s as a heartbeat).
 
@@ -151,6 +156,7 @@ class RouteTable:
             data_version=data_version,
             last_registered_seconds=now_seconds,
             connection_id=connection_id,
+            shared=shared,
         )
         if broker_id != MASTER_ID:
             master_address = group.addresses.get(MASTER_ID)
@@ -204,8 +210,9 @@ class RouteTable:
 
     def remove_connection(self, connection_id: int) -> list[str]:
         """Remove the brokers whose latest registration came over ``connection_id`` (it closed: the
-        broker process is most likely gone); return their addresses."""
-        gone = [address for address, live in self._live.items() if live.connection_id == connection_id]
+        broker process is most likely gone), shared addresses excepted; return their addresses."""
+        gone = [address for address, live in self._live.items()
+                if live.connection_id == connection_id and not live.shared]
         for address in gone:
             self._remove_address(address)
         return gone

@@ -179,6 +179,7 @@ class NameServer:
             now_seconds=self._clock(),
             connection_id=context.connection.connection_id,
             raft_term=header.raft_term,
+            shared=header.shared_address,
         )
         response_header = RegisterBrokerResponseHeader(
             ha_server_address=result.ha_server_address, master_address=result.master_address

@@ -18,7 +18,7 @@ import logging
 import math
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Final, cast
 
 from broker.remoting.codec import (
@@ -311,6 +311,33 @@ class FrameConnection(asyncio.Protocol):
                 code, opaque, ext_fields, body, remark=remark, oneway=True, serialize_type=serialize_type
             )
         )
+
+    async def relay_request(
+        self, request: RemotingCommand, *, timeout_seconds: float = _DEFAULT_REQUEST_TIMEOUT_SECONDS
+    ) -> RemotingCommand | None:
+        """Send ``request`` as it is (code, flag, language, version, remark, fields, body, header form) under
+        an opaque of this connection's own, and return the answer: None for a request with the oneway flag
+        (the peer sends none). Raises as :meth:`send_request` does."""
+        _check_timeout(timeout_seconds)
+        self._raise_if_closed()
+        if request.is_oneway:
+            opaque = self._pending.take_opaque()
+            waiter = None
+        else:
+            opaque, waiter = self._pending.open(self._loop)
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                await self._wait_writable()
+                self._write_command(replace(request, opaque=opaque))
+                return None if waiter is None else await waiter
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"no response to the relayed {describe_request_code(request.code)} (opaque {opaque}) from "
+                f"{self._remote_address} within {timeout_seconds} s"
+            ) from None
+        finally:
+            if waiter is not None:
+                self._pending.discard(opaque)
 
     # ------------------------------------------------------------------------------- for subclasses
 
@@ -715,6 +742,12 @@ class RemotingClient:
             remark=remark,
             serialize_type=serialize_type,
         )
+
+    async def relay(
+        self, request: RemotingCommand, *, timeout_seconds: float = _DEFAULT_REQUEST_TIMEOUT_SECONDS
+    ) -> RemotingCommand | None:
+        """Send a request received elsewhere as it is; see :meth:`FrameConnection.relay_request`."""
+        return await self._connection.relay_request(request, timeout_seconds=timeout_seconds)
 
     async def close(self, timeout_seconds: float = 3.0) -> None:
         """Close the connection after buffered writes and wait until it is closed; a server that does

@@ -32,6 +32,7 @@ a connection counts against ``connections_max`` only once it did.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import math
@@ -183,11 +184,15 @@ class RequestContext:
     connection: Connection
     #: when the server queued it for a worker (``time.monotonic()``; 0.0 when not known)
     received: float = 0.0
+    #: ``"host:port"`` of the client a group member forwarded this request for (:data:`FORWARDED_FOR_FIELD`,
+    #: taken from a trusted member link only); empty: the request came from the client itself
+    forwarded_for: str = ""
 
     @property
     def remote_address(self) -> str:
-        """``"host:port"`` of the client (RocketMQ uses it as the message's born host)."""
-        return self.connection.remote_address
+        """``"host:port"`` of the client (RocketMQ uses it as the message's born host): the one a member
+        forwarded the request for, else the connection's peer."""
+        return self.forwarded_for or self.connection.remote_address
 
 
 #: a processor answers with a response, or None for no answer
@@ -196,6 +201,12 @@ Processor = Callable[[RequestContext], Awaitable[RemotingCommand | None]]
 ConnectionCloseListener = Callable[[Connection], None]
 #: consulted before a request is queued: None lets it through, a response refuses it (answered at once)
 Authorizer = Callable[[RemotingCommand, Connection], RemotingCommand | None]
+#: says whether a connection is an authenticated link from another member of the group (broker.forwarding)
+MemberLinkCheck = Callable[[Connection], bool]
+#: the extField a member adds to a request it forwards to the leader: the client's ``"host:port"``. The
+#: server takes it from member links only and strips it from every request before anything else sees it,
+#: so a client cannot pass itself off as forwarded (nor keep the field in what its ACL signature covers).
+FORWARDED_FOR_FIELD: Final = "raftmqForwardedFor"
 #: the longest a TLS handshake may take (asyncio's default), whatever the idle timeout
 _TLS_HANDSHAKE_TIMEOUT_MAX_SECONDS: Final = 60.0
 
@@ -206,7 +217,7 @@ class _Route:
 
     name: str
     processor: Processor
-    queue: asyncio.Queue[tuple[ServerConnection, RemotingCommand, float]]
+    queue: asyncio.Queue[tuple[ServerConnection, RemotingCommand, float, str]]
     queue_max: int
     workers: int
     tasks: list[asyncio.Task[None]]
@@ -346,7 +357,8 @@ class RemotingServer:
     """
 
     def __init__(self, host: str, port: int, limits: ServerLimits | None = None, *,
-                 authorizer: Authorizer | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
+                 authorizer: Authorizer | None = None, ssl_context: ssl.SSLContext | None = None,
+                 is_member_link: MemberLinkCheck | None = None) -> None:
         if not isinstance(host, str) or not host:
             raise ValueError(f"host must be a non-empty string, got {host!r}")
         if type(port) is not int or not 0 <= port <= _PORT_MAX:
@@ -356,6 +368,7 @@ class RemotingServer:
         self._limits = ServerLimits() if limits is None else limits
         self._limits.validate()
         self._authorizer = authorizer
+        self._is_member_link = is_member_link
         self._ssl_context = ssl_context
         self._routes: dict[int, _Route] = {}
         self._route_list: list[_Route] = []
@@ -401,6 +414,10 @@ class RemotingServer:
     @property
     def registered_codes(self) -> frozenset[int]:
         return frozenset(self._routes)
+
+    def queue_depths(self) -> dict[str, tuple[int, int]]:
+        """Each processor's requests waiting and its queue's limit, by the name it was registered under."""
+        return {route.name: (route.queue.qsize(), route.queue_max) for route in self._route_list}
 
     @property
     def is_serving(self) -> bool:
@@ -592,13 +609,16 @@ class RemotingServer:
                 ),
             )
             return
+        forwarded_for = ""
+        if FORWARDED_FOR_FIELD in request.ext_fields:  # (one lookup: the only cost to a client's request)
+            request, forwarded_for = self._take_forwarded_for(connection, request)
         if self._authorizer is not None:
             refusal = self._authorize(self._authorizer, connection, request)
             if refusal is not None:
                 connection.answer(request, refusal)
                 return
         try:
-            route.queue.put_nowait((connection, request, time.monotonic()))
+            route.queue.put_nowait((connection, request, time.monotonic(), forwarded_for))
         except asyncio.QueueFull:
             connection.answer(
                 request,
@@ -614,6 +634,17 @@ class RemotingServer:
         self._in_flight_total += 1
         if self._no_requests_in_flight is not None:
             self._no_requests_in_flight.clear()
+
+    def _take_forwarded_for(self, connection: ServerConnection,
+                            request: RemotingCommand) -> tuple[RemotingCommand, str]:
+        """The request without :data:`FORWARDED_FOR_FIELD`, and the client it names when ``connection`` is a
+        member link (else "": a client's own marker is ignored)."""
+        fields = dict(request.ext_fields)
+        claimed = fields.pop(FORWARDED_FOR_FIELD)
+        trusted = self._is_member_link is not None and self._is_member_link(connection)
+        if not trusted:
+            logger.debug("ignoring %s from %s: not a member link", FORWARDED_FOR_FIELD, connection.remote_address)
+        return dataclasses.replace(request, ext_fields=fields), (claimed if trusted else "")
 
     def _authorize(
         self, authorizer: Authorizer, connection: ServerConnection, request: RemotingCommand
@@ -640,9 +671,9 @@ class RemotingServer:
 
     async def _work(self, route: _Route) -> None:
         while True:
-            connection, request, received = await route.queue.get()
+            connection, request, received, forwarded_for = await route.queue.get()
             try:
-                response = await self._process(route, connection, request, received)
+                response = await self._process(route, connection, request, received, forwarded_for)
                 connection.answer(request, response)
             finally:
                 connection.request_finished()
@@ -652,10 +683,11 @@ class RemotingServer:
                 route.queue.task_done()
 
     async def _process(
-        self, route: _Route, connection: ServerConnection, request: RemotingCommand, received: float
+        self, route: _Route, connection: ServerConnection, request: RemotingCommand, received: float,
+        forwarded_for: str = "",
     ) -> RemotingCommand | None:
         try:
-            return await route.processor(RequestContext(request, connection, received))
+            return await route.processor(RequestContext(request, connection, received, forwarded_for))
         except InvariantError as error:
             # A programmer error: this process can no longer be trusted to answer anything.
             self._fail(error)
@@ -683,12 +715,14 @@ class RemotingServer:
 
 
 __all__ = [
+    "FORWARDED_FOR_FIELD",
     "PAUSED_FOR_IN_FLIGHT",
     "PAUSED_FOR_STOP",
     "PAUSED_FOR_WRITE_BUFFER",
     "Authorizer",
     "Connection",
     "ConnectionCloseListener",
+    "MemberLinkCheck",
     "Processor",
     "RemotingServer",
     "RequestContext",

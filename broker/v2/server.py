@@ -1,10 +1,14 @@
 """The grpc.aio shell around :class:`broker.v2.service.MessagingService`: one server per member on
 ``[broker] grpc_address``.
 
-- Every RPC of ``apache.rocketmq.v2.MessagingService`` has a handler. Those not served yet answer their
-  response with status NOT_IMPLEMENTED (RecallMessage and lite subscriptions: UNSUPPORTED); the gRPC call
-  itself succeeds, as the proxy answers. An unexpected exception answers INTERNAL_SERVER_ERROR and is
-  logged; a broken invariant stops the member (``on_fatal``), as in the remoting server.
+- Every RPC of ``apache.rocketmq.v2.MessagingService`` has a handler. Consumption (QueryAssignment,
+  ReceiveMessage, AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue) is pop through Raft
+  (``broker.v2.consumer``, ``broker.pop``): only the leader pops; a follower forwards acks and changes of
+  invisibility like sends, and answers a receive with INTERNAL_SERVER_ERROR (retried by the SDKs).
+  Those not served yet (the offset RPCs) answer their response with status NOT_IMPLEMENTED (RecallMessage
+  and lite subscriptions: UNSUPPORTED); the gRPC call itself succeeds, as the proxy answers. An unexpected
+  exception answers INTERNAL_SERVER_ERROR and is logged; a broken invariant stops the member
+  (``on_fatal``), as in the remoting server.
 - Writes on a follower (SendMessage, EndTransaction) are forwarded once to the leader's gRPC address with
   the client's own headers (the leader checks them again) and the leader's answer is returned: a 5.x
   producer keeps the route it has (refreshed every 30 s) and never sees a change of leader. A call already
@@ -26,12 +30,14 @@ import grpc.aio
 
 from broker.acl.authorizer import AclRules
 from broker.context import BrokerContext
+from broker.pop import PopService
 from broker.send import SendProcessor
 from broker.transactions import EndTransactionProcessor
 from broker.v2.auth import Authenticator
+from broker.v2.consumer import ConsumerService
 from broker.v2.protocol import service_pb2 as pb
-from broker.v2.protocol.definition_pb2 import Code, Status
-from broker.v2.service import CallInfo, MessagingService, NotLeaderError
+from broker.v2.protocol.definition_pb2 import Broker, Code, Status
+from broker.v2.service import CallInfo, MessagingService, NotLeaderError, endpoints
 from commitlog.errors import InvariantError
 
 log = logging.getLogger(__name__)
@@ -89,8 +95,11 @@ def call_info(context: Context) -> CallInfo:
 class GrpcServer:
     def __init__(self, service: MessagingService, address: str, in_flight_requests_max: int,
                  request_bytes_max: int, client_expiry_seconds: float,
-                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+                 on_fatal: Callable[[BaseException], None] | None = None,
+                 consumer: ConsumerService | None = None) -> None:
         self.service = service
+        #: the consumption RPCs (pop through Raft); None: answered as not served
+        self.consumer = consumer
         self.address = address
         self.in_flight_requests_max = in_flight_requests_max
         self.request_bytes_max = request_bytes_max
@@ -152,17 +161,31 @@ class GrpcServer:
                 self._telemetry, request_deserializer=pb.TelemetryCommand.FromString,
                 response_serializer=pb.TelemetryCommand.SerializeToString),
         }
-        not_yet = "is not served by this broker yet (RocketMQ 5.x consumption comes with pop through Raft)"
-        not_served: tuple[tuple[str, type[Any], type[Any]], ...] = (
-            ("QueryAssignment", pb.QueryAssignmentRequest, pb.QueryAssignmentResponse),
-            ("AckMessage", pb.AckMessageRequest, pb.AckMessageResponse),
-            ("ForwardMessageToDeadLetterQueue", pb.ForwardMessageToDeadLetterQueueRequest,
-             pb.ForwardMessageToDeadLetterQueueResponse),
+        not_yet = "is not served by this broker yet"
+        not_served: list[tuple[str, type[Any], type[Any]]] = [
             ("UpdateOffset", pb.UpdateOffsetRequest, pb.UpdateOffsetResponse),
             ("GetOffset", pb.GetOffsetRequest, pb.GetOffsetResponse),
             ("QueryOffset", pb.QueryOffsetRequest, pb.QueryOffsetResponse),
-            ("ChangeInvisibleDuration", pb.ChangeInvisibleDurationRequest, pb.ChangeInvisibleDurationResponse),
-        )
+        ]
+        consumer = self.consumer
+        if consumer is None:
+            not_served += [
+                ("QueryAssignment", pb.QueryAssignmentRequest, pb.QueryAssignmentResponse),
+                ("AckMessage", pb.AckMessageRequest, pb.AckMessageResponse),
+                ("ForwardMessageToDeadLetterQueue", pb.ForwardMessageToDeadLetterQueueRequest,
+                 pb.ForwardMessageToDeadLetterQueueResponse),
+                ("ChangeInvisibleDuration", pb.ChangeInvisibleDurationRequest, pb.ChangeInvisibleDurationResponse),
+            ]
+        else:
+            handlers["QueryAssignment"] = self._unary(pb.QueryAssignmentRequest, pb.QueryAssignmentResponse,
+                                                      self._query_assignment)
+            handlers["AckMessage"] = self._unary(pb.AckMessageRequest, pb.AckMessageResponse, self._ack, "AckMessage")
+            handlers["ChangeInvisibleDuration"] = self._unary(
+                pb.ChangeInvisibleDurationRequest, pb.ChangeInvisibleDurationResponse, self._change_invisible,
+                "ChangeInvisibleDuration")
+            handlers["ForwardMessageToDeadLetterQueue"] = self._unary(
+                pb.ForwardMessageToDeadLetterQueueRequest, pb.ForwardMessageToDeadLetterQueueResponse,
+                self._forward_to_dead_letter, "ForwardMessageToDeadLetterQueue")
         for name, request, response in not_served:
             handlers[name] = self._refuse_unary(request, response, Code.NOT_IMPLEMENTED, f"{name} {not_yet}")
         unsupported: tuple[tuple[str, type[Any], type[Any]], ...] = (
@@ -171,10 +194,14 @@ class GrpcServer:
         )
         for name, request, response in unsupported:
             handlers[name] = self._refuse_unary(request, response, Code.UNSUPPORTED, f"{name} is not supported")
-        streams: tuple[tuple[str, type[Any], type[Any]], ...] = (
-            ("ReceiveMessage", pb.ReceiveMessageRequest, pb.ReceiveMessageResponse),
-            ("PullMessage", pb.PullMessageRequest, pb.PullMessageResponse),
-        )
+        streams: list[tuple[str, type[Any], type[Any]]] = [
+            ("PullMessage", pb.PullMessageRequest, pb.PullMessageResponse)]
+        if consumer is None:
+            streams.append(("ReceiveMessage", pb.ReceiveMessageRequest, pb.ReceiveMessageResponse))
+        else:
+            handlers["ReceiveMessage"] = grpc.unary_stream_rpc_method_handler(
+                self._receive, request_deserializer=pb.ReceiveMessageRequest.FromString,
+                response_serializer=pb.ReceiveMessageResponse.SerializeToString)
         for name, request, response in streams:
             handlers[name] = self._refuse_stream(request, response, Code.NOT_IMPLEMENTED, f"{name} {not_yet}")
         return handlers
@@ -220,6 +247,55 @@ class GrpcServer:
 
         return grpc.unary_stream_rpc_method_handler(behaviour, request_deserializer=request_type.FromString,
                                                     response_serializer=response_type.SerializeToString)
+
+    # ------------------------------------------------------------------------------------ consumption
+
+    def _consumer(self) -> ConsumerService:
+        if self.consumer is None:  # pragma: no cover - the handlers exist only with a consumer service
+            raise RuntimeError("no consumer service")
+        return self.consumer
+
+    async def _query_assignment(self, request: pb.QueryAssignmentRequest, call: CallInfo) -> pb.QueryAssignmentResponse:
+        leader = self.service.leader_grpc_address()
+        if not leader:
+            return with_status(pb.QueryAssignmentResponse, Code.INTERNAL_SERVER_ERROR,
+                               "the group has no leader serving 5.x clients now")
+        broker = Broker(name=self.service.broker.config.broker_name, id=0, endpoints=endpoints(leader))
+        return await self._consumer().query_assignment(request, dict(call.metadata), call.peer_host, broker)
+
+    async def _ack(self, request: pb.AckMessageRequest, call: CallInfo) -> pb.AckMessageResponse:
+        self.service.require_leader()  # a follower forwards the call to the leader
+        return await self._consumer().ack(request, dict(call.metadata), call.peer_host)
+
+    async def _change_invisible(self, request: pb.ChangeInvisibleDurationRequest,
+                                call: CallInfo) -> pb.ChangeInvisibleDurationResponse:
+        self.service.require_leader()
+        return await self._consumer().change_invisible(request, dict(call.metadata), call.peer_host)
+
+    async def _forward_to_dead_letter(self, request: pb.ForwardMessageToDeadLetterQueueRequest,
+                                      call: CallInfo) -> pb.ForwardMessageToDeadLetterQueueResponse:
+        self.service.require_leader()
+        return await self._consumer().forward_to_dead_letter(request, dict(call.metadata), call.peer_host)
+
+    async def _receive(self, request: pb.ReceiveMessageRequest,
+                       context: Context) -> AsyncIterator[pb.ReceiveMessageResponse]:
+        """ReceiveMessage: only the leader pops (a follower answers INTERNAL_SERVER_ERROR, which the SDKs retry;
+        QueryRoute and QueryAssignment name the leader)."""
+        call = call_info(context)
+        try:
+            self.service.require_leader()
+        except NotLeaderError as not_leader:
+            yield with_status(pb.ReceiveMessageResponse, Code.INTERNAL_SERVER_ERROR, not_leader.message)
+            return
+        try:
+            async for response in self._consumer().receive(request, dict(call.metadata), call.peer_host,
+                                                           context.time_remaining()):
+                yield response
+        except InvariantError as error:
+            self._fail(error)
+        except Exception as error:
+            log.exception("gRPC ReceiveMessage failed for %s", context.peer())
+            yield with_status(pb.ReceiveMessageResponse, Code.INTERNAL_SERVER_ERROR, f"{type(error).__name__}: {error}")
 
     async def _telemetry(self, commands: AsyncIterator[pb.TelemetryCommand],
                          context: Context) -> AsyncIterator[pb.TelemetryCommand]:
@@ -277,13 +353,16 @@ def _serialize(message: Any) -> bytes:
 
 
 def grpc_server(broker: BrokerContext, sender: SendProcessor, acl_rules: AclRules | None,
-                on_fatal: Callable[[BaseException], None] | None = None) -> GrpcServer:
-    """The gRPC server of a member, on its ``grpc_address``."""
+                on_fatal: Callable[[BaseException], None] | None = None,
+                pops: PopService | None = None) -> GrpcServer:
+    """The gRPC server of a member, on its ``grpc_address``; ``pops`` serves the consumption RPCs."""
     config = broker.config
-    service = MessagingService(broker, sender, EndTransactionProcessor(broker), Authenticator(acl_rules))
+    authenticator = Authenticator(acl_rules)
+    service = MessagingService(broker, sender, EndTransactionProcessor(broker), authenticator)
+    consumer = ConsumerService(pops, authenticator) if pops is not None else None
     return GrpcServer(service, config.grpc_address, config.grpc_in_flight_requests_max,
                       broker.store.config.body_size_max_bytes + REQUEST_HEADROOM_BYTES, config.client_expiry_seconds,
-                      on_fatal)
+                      on_fatal, consumer)
 
 
 __all__ = ["GrpcServer", "grpc_server", "parse_peer"]

@@ -241,6 +241,11 @@ class MessagingService:
             access = self._settings_access(settings)
             self.authenticator.check(call.metadata, call.peer_host, access, "Telemetry")
             reply = server_settings(settings, self.settings_limits())
+            configured = self.broker.state.groups.get(access.group) if access.group else None
+            if configured is not None and settings.HasField("subscription"):
+                # the group's own: FIFO delivery (pop keeps each queue in order) and its delivery attempts
+                reply.subscription.fifo = configured.consume_orderly
+                reply.backoff_policy.max_attempts = configured.retry_max_times + 1
             self.clients.heard(call.client_id, settings.client_type, settings)
         except StatusError as error:
             return TelemetryCommand(status=error.status())

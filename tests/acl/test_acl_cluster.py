@@ -110,6 +110,18 @@ def test_per_topic_permissions_hold_for_send_and_nothing_refused_is_stored(clust
         assert response.code != ResponseCode.SUCCESS or int(response.ext_fields["offset"]) == 0
 
 
+def test_a_follower_forwards_a_signed_send_and_the_leader_checks_the_clients_signature(cluster: LocalCluster) -> None:
+    # broker.forwarding: the client's frame goes to the leader as signed (the member's marker is stripped
+    # before the leader's check), so the client's own account and permissions decide there too
+    address, follower = leader(cluster), followers(cluster)[0]
+    before = max_offset(address, "orders")
+    ok = request(follower, RequestCode.SEND_MESSAGE, send_fields("orders"), b"via a follower", credentials=PRODUCER)
+    assert ok.code == ResponseCode.SUCCESS, ok.remark
+    denied = request(follower, RequestCode.SEND_MESSAGE, send_fields("audit"), b"x", credentials=PRODUCER)
+    assert refused(denied, "topic:audit"), (denied.code, denied.remark)
+    assert max_offset(address, "orders") == before + 1
+
+
 def test_per_topic_and_group_permissions_hold_for_pull_on_every_member(cluster: LocalCluster) -> None:
     address = leader(cluster)
     sent = request(address, RequestCode.SEND_MESSAGE, send_fields("orders"), b"pull me", credentials=PRODUCER)
@@ -265,3 +277,16 @@ def test_grpc_v2_sends_are_checked_against_the_same_accounts(cluster: LocalClust
     assert "route" in str(wrong_secret.results[0]["error"]), wrong_secret.describe()
     assert forbidden.results[0]["code"] == 40300, forbidden.describe()
     assert max_offset(master, "orders") == before + 1 and max_offset(master, "audit") == 0
+
+
+def test_replica_files_for_audits_need_an_admin_account(cluster: LocalCluster) -> None:
+    from spark_analytics.remote import Access, MemberClient, RemoteError
+
+    member = followers(cluster)[0]
+    status = MemberClient(member, Access(access_key=ADMIN.access_key, secret_key=ADMIN.secret_key)).status()
+    assert status["applied_end"] >= status["durable_end"] >= 0 and "commitlog" in status["files"]
+    with pytest.raises(RemoteError, match="Need admin permission"):
+        MemberClient(member, Access(access_key=PRODUCER.access_key, secret_key=PRODUCER.secret_key)).status()
+    secret = (cluster.data_dir / "group.secret").read_bytes().strip()
+    with pytest.raises(RemoteError, match="No accessKey"):  # with ACL on, the group's audit key alone is not enough
+        MemberClient(member, Access.from_secret(secret)).status()

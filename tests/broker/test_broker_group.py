@@ -81,12 +81,16 @@ def test_send_then_pull_from_leader_and_followers(cluster: LocalCluster) -> None
         assert code == ResponseCode.SUCCESS and b"body-7" in body
 
 
-def test_follower_refuses_writes_naming_the_leader(cluster: LocalCluster) -> None:
+def test_a_follower_forwards_writes_to_the_leader(cluster: LocalCluster) -> None:
+    # (broker.forwarding: a follower with no reachable leader still refuses, naming the leader: test_forwarding)
     address = leader(cluster)
     follower = followers(cluster)[0]
-    code, fields, _ = wire.send(follower, "Basic", b"x")
-    assert code == ResponseCode.SERVICE_NOT_AVAILABLE
-    assert fields["leaderAddress"] == address
+    code, fields, _ = wire.send(follower, "Basic", b"sent to a follower", queue_id=1)
+    assert code == ResponseCode.SUCCESS, fields
+    offset = int(fields["queueOffset"])
+    wait_for(lambda: max_offset(address, "Basic", 1) > offset, 20, "the forwarded send on the leader")
+    code, _, messages = wire.pull(address, "Basic", 1, offset)
+    assert code == ResponseCode.SUCCESS and messages[0].body == b"sent to a follower"
 
 
 def test_batch_is_atomic_and_bad_input_leaves_no_trace(cluster: LocalCluster) -> None:
@@ -160,8 +164,11 @@ def test_consumer_offsets_are_replicated(cluster: LocalCluster) -> None:
     for node in followers(cluster):
         wait_for(lambda: wire.call(node, RequestCode.QUERY_CONSUMER_OFFSET, fields)[1].get("offset") == "42",  # noqa: B023
                  20, f"offset on {node}")
+    # a follower forwards the commit to the leader (broker.forwarding)
     code, answer, _ = wire.call(followers(cluster)[0], RequestCode.UPDATE_CONSUMER_OFFSET, {**fields, "commitOffset": "1"})
-    assert code == ResponseCode.SERVICE_NOT_AVAILABLE
+    assert code == ResponseCode.SUCCESS
+    wait_for(lambda: wire.call(address, RequestCode.QUERY_CONSUMER_OFFSET, fields)[1].get("offset") == "1", 20,
+             "the forwarded commit on the leader")
 
 
 def test_heartbeat_consumer_list_and_queue_locks(cluster: LocalCluster) -> None:

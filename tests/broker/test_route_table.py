@@ -183,6 +183,22 @@ def test_closed_connection_removes_the_brokers_registered_over_it() -> None:
     assert addresses(table) == {0: LEADER}
 
 
+def test_a_shared_front_address_outlives_the_connection_of_the_leader_that_registered_it() -> None:
+    front = "127.0.0.1:10900"
+    table = RouteTable()
+    for connection_id, term in ((7, 1), (8, 2)):  # a leader, then its successor, register the group's front
+        table.register_broker(cluster_name=CLUSTER, broker_name=GROUP, broker_address=front, broker_id=MASTER_ID,
+                              ha_server_address=front, topic_configs=TOPICS,
+                              data_version=DataVersion(timestamp=1, counter=1), now_seconds=0.0,
+                              connection_id=connection_id, raft_term=term, shared=True)
+        assert table.remove_connection(connection_id) == []  # the member died, the group's address stays
+    register(table, FOLLOWER_ONE, 1, 0.0, connection_id=9)
+    assert addresses(table) == {0: front, 1: FOLLOWER_ONE}
+    assert table.remove_connection(9) == [FOLLOWER_ONE]
+    # expiry still applies: a front no member registers any more goes
+    assert table.expire_brokers(now_seconds=121.0, expiry_seconds=120.0) == [front]
+
+
 def test_several_groups_share_a_topic() -> None:
     table = RouteTable()
     register(table, LEADER, MASTER_ID, 0.0, group="group-b")

@@ -72,11 +72,12 @@ def test_the_name_server_and_the_members_name_brokers_by_their_proxies(cluster: 
         status = node_status(node)  # asked directly: the member listens on its own address
         assert status is not None
         assert status["brokerAddress"] == proxies[node.id].listen and status["listenAddress"] == node.broker_address
-    # a follower, reached through its proxy, refuses a write and names the leader's proxy
+    # a follower, reached through its proxy, forwards a write to the leader (through the leader's proxy: the
+    # address it names the leader by; broker.forwarding)
     follower = next(link for node_id, link in proxies.items() if node_id != leader)
     code, fields, _ = request(follower.listen, RequestCode.UPDATE_AND_CREATE_TOPIC,
-                              {"topic": "Refused", "readQueueNums": "1", "writeQueueNums": "1", "perm": "6"})
-    assert code == ResponseCode.SERVICE_NOT_AVAILABLE and fields.get("leaderAddress") == proxies[leader].listen
+                              {"topic": "Forwarded", "readQueueNums": "1", "writeQueueNums": "1", "perm": "6"})
+    assert code == ResponseCode.SUCCESS, fields
 
 
 def test_a_send_fails_while_the_client_links_are_disabled_and_succeeds_once_enabled(cluster: ChaosCluster) -> None:

@@ -216,12 +216,19 @@ def test_bench_produce_and_consume_report_json(group: FakeGroup) -> None:
     assert summary["p50_ms"] <= summary["p99_ms"] <= summary["max_ms"]
     table = raftmq(group, "bench", "produce", "--topic", "CliBench", "--count", "20", "--inflight", "4")
     assert "msgs/s" in table.stdout and "p99 ms" in table.stdout
-    consumed = raftmq(group, "bench", "consume", "--topic", "CliBench", "--count", "220", "--json", "--wait", "2")
+    # coalesced by default (concurrent sends to one queue as batch requests); --no-coalesce: one request each
+    batches = group.leader.requests.count(RequestCode.SEND_BATCH_MESSAGE)
+    assert batches > 0
+    singles = raftmq(group, "bench", "produce", "--topic", "CliBench", "--count", "30", "--inflight", "8",
+                     "--no-coalesce", "--json")
+    assert json.loads(singles.stdout.strip().splitlines()[-1])["messages"] == 30
+    assert group.leader.requests.count(RequestCode.SEND_BATCH_MESSAGE) == batches
+    consumed = raftmq(group, "bench", "consume", "--topic", "CliBench", "--count", "250", "--json", "--wait", "2")
     assert consumed.exit_code == 0, consumed.output
     read = json.loads(consumed.stdout.strip().splitlines()[-1])
-    assert read["messages"] == 220 and read["MB_per_s"] > 0
+    assert read["messages"] == 250 and read["MB_per_s"] > 0
     short = raftmq(group, "bench", "consume", "--topic", "CliBench", "--count", "10000", "--json", "--wait", "0.5")
-    assert short.exit_code == 1 and json.loads(short.stdout.strip().splitlines()[-1])["messages"] == 220
+    assert short.exit_code == 1 and json.loads(short.stdout.strip().splitlines()[-1])["messages"] == 250
 
 
 def test_deliver_at_parsing_and_percentiles() -> None:
@@ -284,8 +291,9 @@ def test_group_status_asks_each_member_through_the_broker(real_cluster: LocalClu
 def test_bench_produce_shows_the_stages_of_the_send_path_and_runs_several_clients(
         real_cluster: LocalCluster) -> None:
     env = {"RAFTMQ_NAMESRV": real_cluster.namesrv}
+    # one request per message (a coalesced batch request is one send of the stages)
     staged = CliRunner().invoke(main, ["bench", "produce", "--topic", "CliStages", "--count", "300", "--size", "100",
-                                       "--inflight", "8", "--stages", "--json"], env=env)
+                                       "--inflight", "8", "--stages", "--json", "--no-coalesce"], env=env)
     assert staged.exit_code == 0, staged.output
     summary = json.loads(staged.stdout.strip().splitlines()[-1])
     rows = {row["stage"]: row for row in summary["stages"]}

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cli.cluster import LocalCluster, check_overrides, parse_setting, route_master
+from cli import front as front_module
+from cli.cluster import LocalCluster, check_overrides, is_alive, parse_setting, route_master
 from cli.main import main
 from tests.support import wait_for
 
@@ -48,6 +49,10 @@ def test_up_status_kill_leader_restart_down(data_dir: Path) -> None:
     grpc_endpoint = next(line for line in started.stdout.splitlines() if line.startswith("grpc=")).split("=", 1)[1]
     grpc_addresses = [node["grpc_address"] for node in info["nodes"]]
     assert grpc_endpoint in grpc_addresses and len(set(grpc_addresses)) == 3
+    # HAProxy is installed (`make test` installs it): the group has a front, registered as its brokerId 0
+    front = next(line for line in started.stdout.splitlines() if line.startswith("front=")).split("=", 1)[1]
+    assert info["front"] == front and is_alive(info["front_pid"])
+    wait_for(lambda: route_master(namesrv) == front, 30, "the front as the group's brokerId 0")
     assert (data_dir / "n0" / "store" / "commitlog").is_dir()
     for node in ("n0", "n1", "n2"):  # --set reached every member's file, and the store uses it
         settings = tomllib.loads((data_dir / node / "node.toml").read_text())
@@ -62,13 +67,13 @@ def test_up_status_kill_leader_restart_down(data_dir: Path) -> None:
     raftmq("send", "E2E", "before the kill", *client)
     segments = list((data_dir / leaders[0] / "store" / "commitlog").iterdir())
     assert segments and all(segment.stat().st_size == 16 << 20 for segment in segments)
-    old_master = route_master(namesrv)
     raftmq("cluster", "kill", "--leader", "--data-dir", str(data_dir))
     raftmq("send", "E2E", "after the kill", *client)  # the client rides out the election
     consumed = raftmq("consume", "E2E", "--group", "e2e", "--from", "first", "--count", "2", *client)
     assert sorted(json.loads(line)["body"] for line in consumed.stdout.splitlines()) == ["after the kill",
                                                                                          "before the kill"]
-    wait_for(lambda: (master := route_master(namesrv)) is not None and master != old_master, 30, "a new leader")
+    wait_for(lambda: LocalCluster.open(data_dir).leader_id() not in (None, leaders[0]), 30, "a new leader")
+    assert route_master(namesrv) == front  # the group's address survives its leader
     rows = [json.loads(line) for line in raftmq("cluster", "status", "--data-dir", str(data_dir), "--json").stdout.splitlines()]
     assert [row["alive"] for row in rows if row["node"] == leaders[0]] == [False]
     raftmq("cluster", "restart", leaders[0], "--data-dir", str(data_dir))
@@ -77,6 +82,17 @@ def test_up_status_kill_leader_restart_down(data_dir: Path) -> None:
              "every node back")
     raftmq("cluster", "down", "--data-dir", str(data_dir))
     assert not any(row["alive"] for row in cluster.status())
+    assert not is_alive(info["front_pid"])  # the front stops with the group
+
+
+def test_front_haproxy_where_it_is_not_installed_is_a_usage_error(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(front_module, "find_haproxy", lambda: None)
+    directory = tmp_path / "cluster"
+    result = CliRunner().invoke(main, ["cluster", "up", "--data-dir", str(directory), "--front", "haproxy"])
+    assert result.exit_code == 2, result.output
+    assert "HAProxy is not installed" in result.output and "--front none" in result.output
+    assert "Traceback" not in result.output and not directory.exists()
 
 
 def test_usage_errors_exit_2_without_traceback(tmp_path: Path) -> None:

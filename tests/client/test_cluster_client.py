@@ -4,9 +4,11 @@ topic, and a leader kill that loses no acknowledged message. One cluster for the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -30,10 +32,12 @@ from client import (
     ProducerConfig,
     PullConsumer,
     PushConsumer,
+    SendResult,
     SendStatus,
     TransactionProducer,
     select_by_sharding_key,
 )
+from client.producer import AsyncProducer
 from client.unique_id import month_start_ms
 from tests.broker import wire
 from tests.support import small_store, wait_for
@@ -293,3 +297,40 @@ def collisions(cluster: LocalCluster) -> int:
         assert code == ResponseCode.SUCCESS
         total += int(json.loads(body)["table"]["uniqKeyCollisions"])
     return total
+
+
+def test_coalesced_sends_are_stored_where_each_result_says(cluster: LocalCluster) -> None:
+    """Concurrent sends leave as batch requests (client/coalesce.py): every caller's result names its own
+    message, its queue offset and its offset message id, exactly as the broker stored it."""
+    config = client_config(cluster)
+    messages = [Message("ItCoalesce", f"c{index}".encode(), tags=f"t{index % 2}", keys=(f"ck{index}",))
+                for index in range(200)]
+
+    async def send_all() -> tuple[list[SendResult], int]:
+        async with AsyncProducer(config, ProducerConfig(group="it-coalesce")) as producer:
+            await producer.send(Message("ItCoalesce", b"warm-up"))  # the route: the rest park in one loop turn
+            results = await asyncio.gather(*(producer.send(message) for message in messages))
+            assert producer._coalescer is not None
+            return list(results), producer._coalescer.batches
+
+    with Admin(config) as admin, PullConsumer(config, consumer_config("it-coalesce-reader")) as reader:
+        admin.create_topic("ItCoalesce", read_queue_nums=4, write_queue_nums=4)
+        results, batches = asyncio.run(send_all())
+        assert batches >= 4  # one batch per queue at least: it did coalesce
+        stored: dict[str, MessageExt] = {}
+        for queue in reader.fetch_subscribe_queues("ItCoalesce"):
+            offset = 0
+            while True:
+                pulled = reader.pull(queue, "*", offset, 32)
+                if not pulled.messages:
+                    break
+                stored.update((message.msg_id, message) for message in pulled.messages)
+                offset = pulled.next_begin_offset
+        assert len(stored) == 201
+        for message, result in zip(messages, results, strict=True):
+            found = stored[result.msg_id]
+            assert result.msg_id == message.unique_id
+            assert found.body == message.body and found.tags == message.tags
+            assert (found.queue_id, found.queue_offset) == (result.message_queue.queue_id, result.queue_offset)
+            assert found.offset_msg_id == result.offset_msg_id
+        assert sorted(set(Counter(result.message_queue.queue_id for result in results).values())) == [50]

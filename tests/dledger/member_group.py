@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from dledger.addresses import format_host_port
 from tests.support import free_ports
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
@@ -114,9 +115,11 @@ def running_group(
     entry_size_max_bytes: int = 256 * 1024,
     handshake_timeout_seconds: float = 1.0,
     output_buffer_max_bytes: int | None = None,
+    host: str = "127.0.0.1",
 ) -> Iterator[MemberGroup]:
-    """Start ``size`` members on free loopback ports; every process is killed on exit, whatever happens."""
-    addresses = [f"127.0.0.1:{port}" for port in free_ports(size)]
+    """Start ``size`` members on free loopback ports of ``host`` (an IP literal or a name for a loopback
+    address); every process is killed on exit, whatever happens."""
+    addresses = [format_host_port(host, port) for port in free_ports(size)]
     members: list[MemberProcess] = []
     log_files = []
     environment = {**os.environ, "PYTHONPATH": str(REPOSITORY_ROOT)}

@@ -67,11 +67,11 @@ def test_state_round_trip_with_the_document() -> None:
 
 
 def as_version_3(encoded: bytes) -> bytes:
-    """A version-5 snapshot of a state without ACL or byte configuration, rewritten as version 3 wrote it
-    (no ACL section, no byte-configuration section)."""
+    """A version-6 snapshot of a state without ACL, byte configuration, groups or pop state, rewritten as
+    version 3 wrote it (no ACL, byte-configuration or pop section)."""
     body = encoded[:-4]
-    assert body.endswith(struct.pack(">II", 0, 0))
-    body = body[:4] + struct.pack(">H", 3) + body[6:-8]
+    assert body.endswith(struct.pack(">III", 0, 0, 0))
+    body = body[:4] + struct.pack(">H", 3) + body[6:-12]
     return body + struct.pack(">I", zlib.crc32(body))
 
 
@@ -87,7 +87,7 @@ def test_older_state_versions_stay_readable() -> None:
 def test_a_document_running_past_the_snapshot_is_rejected() -> None:
     encoded = ReplicatedState(acl_document=b"abcdef").encode()
     body = encoded[:-4]
-    # claims 11 bytes: its 6 and the 4 of the (empty) byte-configuration section after it, and one more
-    body = body[:-14] + struct.pack(">I", 11) + body[-10:]
+    # claims 15 bytes: its 6, the 8 of the (empty) byte-configuration and pop sections after it, and one more
+    body = body[:-18] + struct.pack(">I", 15) + body[-14:]
     with pytest.raises(StateError):
         ReplicatedState.decode(body + struct.pack(">I", zlib.crc32(body)))

@@ -124,8 +124,8 @@ def test_state_versions_before_the_configuration_stay_readable() -> None:
     state = ReplicatedState(applied_index=4, acl_document=b"{}")
     encoded = state.encode()
     body = encoded[:-4]
-    assert body.endswith(struct.pack(">I", 0))  # no configuration: an empty section
-    body = body[:4] + struct.pack(">H", 4) + body[6:-4]  # as version 4 wrote it
+    assert body.endswith(struct.pack(">II", 0, 0))  # no configuration, no pop state: empty sections
+    body = body[:4] + struct.pack(">H", 4) + body[6:-8]  # as version 4 wrote it
     decoded = ReplicatedState.decode(body + struct.pack(">I", zlib.crc32(body)))
     assert decoded == state and decoded.byte_config is None
     configured = ReplicatedState(byte_config=ByteConfig.of(small_config(Path("/x"))))

@@ -97,6 +97,16 @@ def test_the_cli_speaks_tls_when_told(group: TlsGroup) -> None:
     assert plain.exit_code == 1 and "Traceback" not in plain.output, plain.output
 
 
+def test_a_follower_forwards_a_send_to_the_leader_over_tls(group: TlsGroup) -> None:
+    master = leader(group)
+    follower = next(node.broker_address for node in group.cluster.info.nodes if node.broker_address != master)
+    response = request(follower, RequestCode.SEND_MESSAGE, {
+        "producerGroup": "tls-producers", "topic": "TlsForwarded", "defaultTopic": "TBW102",
+        "defaultTopicQueueNums": "4", "queueId": "0", "sysFlag": "0", "bornTimestamp": "1", "flag": "0",
+        "properties": "", "reconsumeTimes": "0"}, b"through a follower", ssl_context=group.context())
+    assert response.code == ResponseCode.SUCCESS, response.remark
+
+
 def test_plain_and_untrusting_clients_get_nothing(group: TlsGroup) -> None:
     address = leader(group)
     with pytest.raises(ConnectionError):

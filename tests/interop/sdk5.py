@@ -86,5 +86,38 @@ def produce(endpoints: str, topic: str, messages: list[dict[str, Any]], *, acces
     return DriverRun(results, completed.returncode, completed.stderr)
 
 
+def consume(endpoints: str, topic: str, group: str, *, deliveries: int, seconds: float, invisible_seconds: int,
+            await_seconds: int = 5, tag: str = "*", no_ack_first: list[str] | None = None,
+            change_invisible_first: dict[str, int] | None = None, access_key: str = "",
+            secret_key: str = "") -> DriverRun:
+    """Receive with one stock SDK SimpleConsumer (see :mod:`tests.interop.sdk5_driver`): a result per delivery."""
+    spec = {"endpoints": endpoints, "topic": topic, "group": group, "deliveries": deliveries, "seconds": seconds,
+            "invisible_seconds": invisible_seconds, "await_seconds": await_seconds, "tag": tag,
+            "no_ack_first": no_ack_first or [], "change_invisible_first": change_invisible_first or {},
+            "access_key": access_key, "secret_key": secret_key}
+    return _run("consume", spec, seconds + DRIVER_TIMEOUT_SECONDS)
+
+
+def push(endpoints: str, topic: str, group: str, *, deliveries: int, seconds: float, tag: str = "*",
+         fail_first: list[str] | None = None) -> DriverRun:
+    """Consume with one stock SDK PushConsumer (see :mod:`tests.interop.sdk5_driver`): a result per delivery."""
+    spec = {"endpoints": endpoints, "topic": topic, "group": group, "deliveries": deliveries, "seconds": seconds,
+            "tag": tag, "fail_first": fail_first or []}
+    return _run("push", spec, seconds + DRIVER_TIMEOUT_SECONDS)
+
+
+def _run(command: str, spec: dict[str, Any], timeout_seconds: float, home: Path | None = None) -> DriverRun:
+    sdk_python = ensure()
+    with tempfile.TemporaryDirectory(prefix="sdk5-") as scratch:
+        spec_path = Path(scratch) / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        environment = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        environment["HOME"] = str(home or scratch)
+        completed = subprocess.run([str(sdk_python), str(DRIVER), command, str(spec_path)], capture_output=True,
+                                   text=True, env=environment, cwd=scratch, timeout=timeout_seconds)
+    results = [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("{")]
+    return DriverRun(results, completed.returncode, completed.stderr)
+
+
 if __name__ == "__main__":
     print(ensure())

@@ -4,12 +4,22 @@ Runs only under the SDK's own venv (``tests.interop.sdk5``), never in the test p
 ``apache.rocketmq.v2`` modules and ours cannot share a process. It imports nothing of this repository.
 
     <sdk python> sdk5_driver.py produce SPEC.json
+    <sdk python> sdk5_driver.py consume SPEC.json
+    <sdk python> sdk5_driver.py push SPEC.json
 
 SPEC: ``{"endpoints": "host:port", "access_key": "", "secret_key": "", "topic": "T", "messages": [{"body":
 "...", "tag": "...", "keys": [...], "properties": {...}, "message_group": "...", "delivery_timestamp_ms": 0,
 "transaction": "commit" | "rollback"}]}``. One producer sends every message in order (a transactional one
 in a transaction resolved as asked) and prints one JSON line per message: ``{"index", "ok", "message_id",
 "transaction_id", "offset"}`` or ``{"index", "ok": false, "error", "code"}``. Exits 0 when it ran to the end.
+
+consume SPEC: ``{"endpoints", "access_key", "secret_key", "topic", "group", "tag": "*", "invisible_seconds",
+"await_seconds", "batch", "deliveries", "seconds", "no_ack_first": [bodies], "change_invisible_first":
+{body: seconds}}``. One SimpleConsumer receives until ``deliveries`` messages arrived or ``seconds`` passed;
+it acknowledges each, except the first delivery of a body in ``no_ack_first`` (left to come back after its
+invisible time) and of a body in ``change_invisible_first`` (its invisible time changed instead). One JSON
+line per delivery: ``{"body", "message_id", "tag", "keys", "attempt", "queue", "offset", "acked",
+"changed", "ack_error"}``; ``{"error"}`` for a failed receive.
 """
 
 from __future__ import annotations
@@ -17,6 +27,8 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,11 +89,92 @@ def produce(spec: dict[str, Any]) -> None:
         producer.shutdown()
 
 
+def consume(spec: dict[str, Any]) -> None:
+    rocketmq = importlib.import_module("rocketmq")
+    credentials = rocketmq.Credentials(spec.get("access_key", ""), spec.get("secret_key", ""))
+    configuration = rocketmq.ClientConfiguration(spec["endpoints"], credentials, request_timeout=REQUEST_TIMEOUT_SECONDS)
+    subscription = {spec["topic"]: rocketmq.FilterExpression(spec.get("tag", "*"))}
+    consumer = rocketmq.SimpleConsumer(configuration, spec["group"], subscription,
+                                       await_duration=spec.get("await_seconds", 5))
+    consumer.startup()
+    no_ack = set(spec.get("no_ack_first", ()))
+    change = dict(spec.get("change_invisible_first", {}))
+    deadline = time.monotonic() + spec["seconds"]
+    delivered = 0
+    try:
+        while delivered < spec["deliveries"] and time.monotonic() < deadline:
+            try:
+                messages = consumer.receive(spec.get("batch", 16), spec["invisible_seconds"])
+            except Exception as error:  # reported; the consumer tries again (a leader may be changing)
+                print(json.dumps({"error": f"{type(error).__name__}: {error}"}), flush=True)
+                time.sleep(0.5)
+                continue
+            for message in messages or ():
+                body = message.body.decode()
+                first = message.delivery_attempt in (None, 0, 1)
+                result = {"body": body, "message_id": message.message_id, "tag": message.tag,
+                          "keys": sorted(message.keys or ()), "attempt": message.delivery_attempt,
+                          "acked": False, "changed": False, "ack_error": None}
+                try:
+                    if first and body in change:
+                        consumer.change_invisible_duration(message, change[body])
+                        result["changed"] = True
+                    elif not (first and body in no_ack):
+                        consumer.ack(message)
+                        result["acked"] = True
+                except Exception as error:
+                    result["ack_error"] = f"{type(error).__name__}: {error}"
+                print(json.dumps(result), flush=True)
+                delivered += 1
+    finally:
+        consumer.shutdown()
+
+
+def push(spec: dict[str, Any]) -> None:
+    """A PushConsumer (QueryAssignment, auto-renewed receives, acks) that succeeds with every message except
+    the first delivery of a body in ``fail_first``; one JSON line per delivery (``{"body", "attempt"}``) until
+    ``deliveries`` or ``seconds``."""
+    rocketmq = importlib.import_module("rocketmq")
+    credentials = rocketmq.Credentials(spec.get("access_key", ""), spec.get("secret_key", ""))
+    configuration = rocketmq.ClientConfiguration(spec["endpoints"], credentials, request_timeout=REQUEST_TIMEOUT_SECONDS)
+    fail_first = set(spec.get("fail_first", ()))
+    lock = threading.Lock()
+    delivered: list[int] = [0]
+    listener_base = importlib.import_module("rocketmq.v5.consumer.push.message_listener")
+
+    class Listener(listener_base.MessageListener):  # type: ignore[misc,name-defined]
+        def consume(self, message: Any) -> Any:
+            body = message.body.decode()
+            with lock:
+                print(json.dumps({"body": body, "attempt": message.delivery_attempt}), flush=True)
+                delivered[0] += 1
+            if body in fail_first and message.delivery_attempt in (None, 0, 1):
+                return listener_base.ConsumeResult.FAILURE
+            return listener_base.ConsumeResult.SUCCESS
+
+    subscription = {spec["topic"]: rocketmq.FilterExpression(spec.get("tag", "*"))}
+    consumer = rocketmq.PushConsumer(configuration, spec["group"], Listener(), subscription)
+    consumer.startup()
+    deadline = time.monotonic() + spec["seconds"]
+    try:
+        while time.monotonic() < deadline and delivered[0] < spec["deliveries"]:
+            time.sleep(0.1)
+        time.sleep(spec.get("linger_seconds", 1.0))  # its last acks go out
+    finally:
+        consumer.shutdown()
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[1] != "produce":
+    if len(argv) != 3 or argv[1] not in ("produce", "consume", "push"):
         print(__doc__, file=sys.stderr)
         return 2
-    produce(json.loads(Path(argv[2]).read_text()))
+    spec = json.loads(Path(argv[2]).read_text())
+    if argv[1] == "produce":
+        produce(spec)
+    elif argv[1] == "push":
+        push(spec)
+    else:
+        consume(spec)
     return 0
 
 

@@ -1,0 +1,312 @@
+"""Any member accepts the group's client traffic: a follower forwards what only the leader may serve.
+
+Stock clients send only to the address registered as brokerId 0 and re-read routes every 30 s, so the group
+puts one address in front of all its members (a load balancer, ``[broker] front_address``). Whatever member
+that address reaches, a request only the leader may serve (:data:`LEADER_ONLY_CODES`: sends of every kind,
+send-back, END_TRANSACTION, consumer-offset updates, queue locks, topic and offset administration) is
+forwarded by a follower to the current leader, and the leader's answer goes back to the client under the
+client's opaque. Reads of committed data and client bookkeeping are served where they arrive.
+
+The forwarded frame is the client's request as received (code, flag, language, version, remark, every
+extField, body, header form), plus :data:`~broker.remoting.server.FORWARDED_FOR_FIELD` naming the client's
+``host:port``. The leader's server strips that field from every request before anything else sees it and
+believes it only on a *member link*: a connection that proved knowledge of the group's secret
+(``[node] secret``) in an HMAC-SHA256 challenge-response over nonces from both sides (the same scheme as
+the Raft and catch-up links). So the client's ACL signature stays valid and the leader checks it itself,
+the message's born host is the client's (stored bytes are those of a direct send: the store host is the
+group's ``store_host`` either way), a client cannot pass itself off as forwarded, and a forwarded request
+is never forwarded again (a leader that stepped down answers it as it would the client).
+
+With TLS on the remoting port (``[broker] tls_cert_file``), the link speaks TLS too, trusting the member's
+own certificate (a group's members share one, or the link cannot be made and the follower answers as before);
+host names are not checked, the handshake over the group's secret authenticates the peer.
+
+One long-lived link per leader, at most ``forward_in_flight_max`` forwards at once (more are answered
+SYSTEM_BUSY), each bounded by ``forward_timeout_seconds``. No known leader, or a leader that cannot be
+reached or does not answer in time: the answer a follower gave before forwarding existed (SERVICE_NOT_AVAILABLE
+naming the leader when known); a forward that timed out may have been served, and the client's retry
+carries the same UNIQ_KEY (deduplicated).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import hmac
+import logging
+import secrets
+import ssl
+from collections.abc import Callable
+from typing import Final
+
+from broker.context import BrokerContext
+from broker.remoting.client import (
+    RemotingClient,
+    RemotingError,
+    RequestTimeoutError,
+    TooManyPendingRequestsError,
+)
+from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand, make_response
+from broker.remoting.server import FORWARDED_FOR_FIELD, Connection, Processor, RequestContext
+from dledger.config import parse_address
+
+log = logging.getLogger(__name__)
+
+#: requests only the leader may serve: a follower forwards them (see the module docstring)
+LEADER_ONLY_CODES: Final = frozenset({
+    RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE,
+    RequestCode.CONSUMER_SEND_MSG_BACK, RequestCode.END_TRANSACTION, RequestCode.UPDATE_CONSUMER_OFFSET,
+    RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ, RequestCode.UPDATE_AND_CREATE_TOPIC,
+    RequestCode.DELETE_TOPIC_IN_BROKER, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
+})
+#: raftmq's own request codes of the member-link handshake (not RocketMQ's: no stock client sends them)
+MEMBER_LINK_HELLO: Final = 7101
+MEMBER_LINK_PROVE: Final = 7102
+MEMBER_LINK_CODES: Final = (MEMBER_LINK_HELLO, MEMBER_LINK_PROVE)
+NONCE_BYTES: Final = 16
+_SERVER_LABEL: Final = b"raftmq-member-link-server"
+_CLIENT_LABEL: Final = b"raftmq-member-link-client"
+#: the longest the handshake of a new link may take
+HANDSHAKE_TIMEOUT_SECONDS: Final = 3.0
+
+
+def link_proof(secret: bytes, label: bytes, member: str, first: bytes, second: bytes) -> bytes:
+    """HMAC-SHA256 of the label, the member's id and both nonces (in the order of the side proving)."""
+    return hmac.new(secret, label + member.encode() + b"\x00" + first + second, hashlib.sha256).digest()
+
+
+class ForwardingError(Exception):
+    """A forward that could not be made (no link, refused handshake, no answer in time)."""
+
+
+# ---------------------------------------------------------------------------------------- leader side
+
+
+class MemberLinks:
+    """The server side of the member-link handshake, and which connections completed it.
+
+    HELLO ``{member, nonce}`` is answered with ``{nonce, proof}`` (this side's nonce and its proof of the
+    secret); PROVE ``{proof}`` marks the connection a member link when the proof over both nonces is right.
+    One challenge per connection at most (a new HELLO replaces it), so pending challenges are bounded by
+    the server's ``connections_max``; both go when the connection closes (:meth:`connection_closed`)."""
+
+    def __init__(self, secret: bytes, random_bytes: Callable[[int], bytes] = secrets.token_bytes) -> None:
+        self._secret = secret
+        self._random_bytes = random_bytes
+        #: connection id -> (member, the client's nonce, our nonce)
+        self._challenges: dict[int, tuple[str, bytes, bytes]] = {}
+        self._trusted: set[int] = set()
+
+    def is_member_link(self, connection: Connection) -> bool:
+        return connection.connection_id in self._trusted
+
+    def connection_closed(self, connection: Connection) -> None:
+        self._challenges.pop(connection.connection_id, None)
+        self._trusted.discard(connection.connection_id)
+
+    async def __call__(self, context: RequestContext) -> RemotingCommand:
+        request, connection = context.request, context.connection
+        fields = request.ext_fields
+        if request.code == MEMBER_LINK_HELLO:
+            member = fields.get("member", "")
+            try:
+                client_nonce = bytes.fromhex(fields.get("nonce", ""))
+            except ValueError:
+                client_nonce = b""
+            if not member or len(member) > 64 or len(client_nonce) != NONCE_BYTES:
+                return make_response(request, ResponseCode.SYSTEM_ERROR, "member link: bad hello")
+            server_nonce = self._random_bytes(NONCE_BYTES)
+            self._challenges[connection.connection_id] = (member, client_nonce, server_nonce)
+            proof = link_proof(self._secret, _SERVER_LABEL, member, client_nonce, server_nonce)
+            return make_response(request, ResponseCode.SUCCESS, None,
+                                 {"nonce": server_nonce.hex(), "proof": proof.hex()})
+        challenge = self._challenges.pop(connection.connection_id, None)
+        try:
+            proof = bytes.fromhex(fields.get("proof", ""))
+        except ValueError:
+            proof = b""
+        if challenge is None or not hmac.compare_digest(
+                proof, link_proof(self._secret, _CLIENT_LABEL, challenge[0], challenge[2], challenge[1])):
+            log.warning("member link from %s refused: bad proof", connection.remote_address)
+            return make_response(request, ResponseCode.NO_PERMISSION, "member link: proof refused")
+        self._trusted.add(connection.connection_id)
+        log.info("member link from %s (%s) authenticated", challenge[0], connection.remote_address)
+        return make_response(request, ResponseCode.SUCCESS)
+
+
+# -------------------------------------------------------------------------------------- follower side
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ForwardLimits:
+    """``in_flight_max`` forwards at once; each answered within ``timeout_seconds``; a link connects within
+    ``connect_timeout_seconds``, and after a link to an address failed, forwards to it fail at once for
+    ``reconnect_after_seconds`` (a dead leader still named by Raft must not hold every forward for a connect
+    timeout, one after the other)."""
+
+    in_flight_max: int = 1024
+    timeout_seconds: float = 3.0
+    connect_timeout_seconds: float = 1.0
+    reconnect_after_seconds: float = 0.2
+
+
+class Forwarder:
+    """A follower's link to the leader: forwards a request and relays the answer (module docstring)."""
+
+    def __init__(self, broker: BrokerContext, secret: bytes, limits: ForwardLimits | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        self._broker = broker
+        self._ssl_context = ssl_context
+        self._secret = secret
+        self._member = broker.node.id
+        self._limits = limits or ForwardLimits()
+        self._client: RemotingClient | None = None
+        self._client_address = ""
+        self._link_lock = asyncio.Lock()
+        self._in_flight = 0
+        #: (address, loop time) of the last link that could not be made
+        self._failed_link: tuple[str, float] = ("", 0.0)
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    async def forward(self, context: RequestContext) -> RemotingCommand | None:
+        request = context.request
+        if self._in_flight >= self._limits.in_flight_max:
+            return make_response(request, ResponseCode.SYSTEM_BUSY,
+                                 f"[OVERLOAD] {self._limits.in_flight_max} requests are being forwarded to the "
+                                 "leader, retry later")
+        broker = self._broker
+        leader = broker.leader_address()
+        if leader is None or leader == broker.config.announced_address:
+            return self._not_leader(request, None)
+        self._in_flight += 1
+        try:
+            client = await self._link(leader)
+            fields = dict(request.ext_fields)
+            fields[FORWARDED_FOR_FIELD] = context.remote_address
+            answer = await client.relay(dataclasses.replace(request, ext_fields=fields),
+                                        timeout_seconds=self._limits.timeout_seconds)
+        except (RequestTimeoutError, TooManyPendingRequestsError) as error:
+            # this request's trouble, not the link's: the others on it go on
+            return self._not_leader(request, f"forwarding to it failed: {error}")
+        except (RemotingError, ForwardingError, OSError) as error:
+            log.info("cannot forward %s to the leader %s: %s", request.code, leader, error)
+            self._drop_link(leader)
+            return self._not_leader(request, f"forwarding to it failed: {error}")
+        finally:
+            self._in_flight -= 1
+        return None if answer is None else dataclasses.replace(answer, opaque=request.opaque)
+
+    def _not_leader(self, request: RemotingCommand, detail: str | None) -> RemotingCommand:
+        error = self._broker.not_leader()
+        remark = error.remark if detail is None else f"{error.remark}; {detail}"
+        return make_response(request, error.code, remark, error.ext_fields)
+
+    async def _link(self, address: str) -> RemotingClient:
+        client = self._client
+        if client is not None and not client.is_closed and self._client_address == address:
+            return client
+        async with self._link_lock:
+            client = self._client
+            if client is not None and not client.is_closed and self._client_address == address:
+                return client
+            self._drop_link(self._client_address)
+            loop = asyncio.get_running_loop()
+            failed_address, failed_at = self._failed_link
+            if failed_address == address and loop.time() - failed_at < self._limits.reconnect_after_seconds:
+                raise ForwardingError("no link to it (the last attempt failed a moment ago)")
+            try:
+                host, port = parse_address(address, "leader address")
+                client = await RemotingClient.connect(host, port, ssl_context=self._ssl_context,
+                                                      connect_timeout_seconds=self._limits.connect_timeout_seconds)
+            except (RemotingError, OSError, ValueError) as error:
+                self._failed_link = (address, loop.time())
+                raise ForwardingError(str(error)) from None
+            try:
+                await self._handshake(client)
+            except BaseException:
+                self._failed_link = (address, loop.time())
+                await client.close(timeout_seconds=1.0)
+                raise
+            self._client, self._client_address = client, address
+            log.info("member link to the leader at %s established", address)
+            return client
+
+    async def _handshake(self, client: RemotingClient) -> None:
+        client_nonce = secrets.token_bytes(NONCE_BYTES)
+        hello = await client.request(MEMBER_LINK_HELLO, {"member": self._member, "nonce": client_nonce.hex()},
+                                     timeout_seconds=HANDSHAKE_TIMEOUT_SECONDS)
+        if hello.code != ResponseCode.SUCCESS:
+            raise ForwardingError(f"member link refused: {hello.remark}")
+        try:
+            server_nonce = bytes.fromhex(hello.ext_fields.get("nonce", ""))
+            server_proof = bytes.fromhex(hello.ext_fields.get("proof", ""))
+        except ValueError:
+            raise ForwardingError("member link: unreadable hello answer") from None
+        expected = link_proof(self._secret, _SERVER_LABEL, self._member, client_nonce, server_nonce)
+        if len(server_nonce) != NONCE_BYTES or not hmac.compare_digest(server_proof, expected):
+            raise ForwardingError("member link: the peer does not hold the group's secret")
+        proof = link_proof(self._secret, _CLIENT_LABEL, self._member, server_nonce, client_nonce)
+        proved = await client.request(MEMBER_LINK_PROVE, {"proof": proof.hex()},
+                                      timeout_seconds=HANDSHAKE_TIMEOUT_SECONDS)
+        if proved.code != ResponseCode.SUCCESS:
+            raise ForwardingError(f"member link refused: {proved.remark}")
+
+    def _drop_link(self, address: str) -> None:
+        client = self._client
+        if client is None or self._client_address != address:
+            return
+        self._client, self._client_address = None, ""
+        if not client.is_closed:
+            asyncio.get_running_loop().create_task(client.close(timeout_seconds=1.0))
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(RemotingError, OSError):
+                await client.close(timeout_seconds=1.0)
+
+
+def member_link_tls(certificate_file: str) -> ssl.SSLContext:
+    """The client side of a member link to a TLS remoting port: trusts the member's own certificate."""
+    context = ssl.create_default_context(cafile=certificate_file)
+    context.check_hostname = False
+    return context
+
+
+class LeaderOnly:
+    """Wraps a processor: a request of ``codes`` that reaches a follower from a client is forwarded to the
+    leader; everything else (and everything on the leader) goes to the processor. On the leader the cost is
+    a set lookup and one attribute read."""
+
+    def __init__(self, processor: Processor, broker: BrokerContext, forwarder: Forwarder,
+                 codes: frozenset[int] = LEADER_ONLY_CODES) -> None:
+        self._processor = processor
+        self._member = broker.member
+        self._forwarder = forwarder
+        self._codes = codes
+
+    async def __call__(self, context: RequestContext) -> RemotingCommand | None:
+        if context.request.code in self._codes and not context.forwarded_for and not self._member.is_leader:
+            return await self._forwarder.forward(context)
+        return await self._processor(context)
+
+
+__all__ = [
+    "LEADER_ONLY_CODES",
+    "MEMBER_LINK_CODES",
+    "MEMBER_LINK_HELLO",
+    "MEMBER_LINK_PROVE",
+    "ForwardLimits",
+    "Forwarder",
+    "ForwardingError",
+    "LeaderOnly",
+    "MemberLinks",
+    "link_proof",
+    "member_link_tls",
+]

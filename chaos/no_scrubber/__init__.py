@@ -1,0 +1,1 @@
+"""A PYTHONPATH entry: see sitecustomize.py."""

@@ -1,0 +1,291 @@
+"""A follower forwards what only the leader may serve (broker.forwarding), over real loopback sockets: two
+remoting servers stand for a follower and the leader, with processors that record what they were given.
+
+Every wait polls a condition with a deadline; nothing sleeps for a fixed time to let things happen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import cast
+
+from broker.context import BrokerContext
+from broker.forwarding import (
+    MEMBER_LINK_CODES,
+    MEMBER_LINK_HELLO,
+    MEMBER_LINK_PROVE,
+    Forwarder,
+    ForwardLimits,
+    LeaderOnly,
+    MemberLinks,
+)
+from broker.remoting import (
+    RemotingClient,
+    RemotingCommand,
+    RequestCode,
+    RequestContext,
+    ResponseCode,
+    make_response,
+)
+from broker.remoting.command import ONEWAY_FLAG
+from broker.remoting.server import FORWARDED_FOR_FIELD, RemotingServer
+from broker.requests import RequestError
+from tests.broker.helpers import LOOPBACK, poll_until, run
+
+SECRET = b"s" * 32
+
+
+@dataclass
+class FakeMember:
+    is_leader: bool
+
+
+@dataclass
+class FakeNode:
+    id: str
+
+
+@dataclass
+class FakeConfig:
+    announced_address: str
+
+
+@dataclass
+class FakeBroker:
+    """What the forwarder and LeaderOnly read of a BrokerContext."""
+
+    node_id: str
+    is_leader: bool
+    leader: str | None = None
+    address: str = ""
+    member: FakeMember = field(init=False)
+    node: FakeNode = field(init=False)
+    config: FakeConfig = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.member = FakeMember(self.is_leader)
+        self.node = FakeNode(self.node_id)
+        self.config = FakeConfig(self.address)
+
+    def leader_address(self) -> str | None:
+        return self.leader
+
+    def not_leader(self) -> RequestError:
+        return RequestError(ResponseCode.SERVICE_NOT_AVAILABLE, f"{self.node_id} is not the leader",
+                            {"leaderAddress": self.leader} if self.leader else None)
+
+
+class Recorder:
+    """A leader's processor: answers with what it was given (the client address it sees, the fields)."""
+
+    def __init__(self, gate: asyncio.Event | None = None) -> None:
+        self.seen: list[RequestContext] = []
+        self.gate = gate
+
+    async def __call__(self, context: RequestContext) -> RemotingCommand:
+        self.seen.append(context)
+        if self.gate is not None:
+            await self.gate.wait()
+        return make_response(context.request, ResponseCode.SUCCESS, "served",
+                             {"client": context.remote_address, "forwarded": context.forwarded_for})
+
+
+@dataclass
+class Group:
+    follower: RemotingServer
+    leader: RemotingServer
+    follower_broker: FakeBroker
+    leader_recorder: Recorder
+    follower_recorder: Recorder
+    forwarder: Forwarder
+
+
+@asynccontextmanager
+async def group(*, leader_secret: bytes = SECRET, limits: ForwardLimits | None = None,
+                gate: asyncio.Event | None = None, leader_known: bool = True) -> AsyncIterator[Group]:
+    """A leader and a follower server, both with member links; the follower forwards SEND_MESSAGE."""
+    leader_links, follower_links = MemberLinks(leader_secret), MemberLinks(SECRET)
+    leader = RemotingServer(LOOPBACK, 0, is_member_link=leader_links.is_member_link)
+    follower = RemotingServer(LOOPBACK, 0, is_member_link=follower_links.is_member_link)
+    leader_recorder, follower_recorder = Recorder(gate), Recorder()
+    await leader.start()
+    await follower.start()
+    leader_address = f"{LOOPBACK}:{leader.port}"
+    follower_broker = FakeBroker("n1", False, leader_address if leader_known else None, f"{LOOPBACK}:{follower.port}")
+    leader_broker = FakeBroker("n0", True, leader_address, leader_address)
+    forwarder = Forwarder(cast(BrokerContext, follower_broker), SECRET, limits)
+    leader_forwarder = Forwarder(cast(BrokerContext, leader_broker), leader_secret, limits)
+    for server, links, recorder, broker, each in ((leader, leader_links, leader_recorder, leader_broker, leader_forwarder),
+                                                  (follower, follower_links, follower_recorder, follower_broker, forwarder)):
+        server.register(MEMBER_LINK_CODES, links, workers=2)
+        server.add_close_listener(links.connection_closed)
+        server.register(RequestCode.SEND_MESSAGE, LeaderOnly(recorder, cast(BrokerContext, broker), each), workers=8)
+    try:
+        yield Group(follower, leader, follower_broker, leader_recorder, follower_recorder, forwarder)
+    finally:
+        await forwarder.close()
+        await follower.stop(grace_seconds=1.0)
+        await leader.stop(grace_seconds=1.0)
+
+
+async def client_of(server: RemotingServer) -> RemotingClient:
+    return await RemotingClient.connect(LOOPBACK, server.port)
+
+
+def test_a_follower_forwards_to_the_leader_and_relays_its_answer_under_the_clients_opaque() -> None:
+    async def scenario() -> None:
+        async with group() as members:
+            client = await client_of(members.follower)
+            try:
+                fields = {"topic": "T", "b": "1"}
+                answer = await client.request(RequestCode.SEND_MESSAGE, fields, b"body", remark="r")
+                assert answer.code == ResponseCode.SUCCESS and answer.remark == "served"
+                (seen,) = members.leader_recorder.seen
+                assert not members.follower_recorder.seen  # the follower's processor never ran
+                # the leader saw the request as the client sent it, and the client's own address
+                assert dict(seen.request.ext_fields) == fields and seen.request.body == b"body"
+                assert seen.request.remark == "r"
+                local = client._connection._transport.get_extra_info("sockname")  # type: ignore[union-attr]
+                assert seen.remote_address == f"{local[0]}:{local[1]}" == answer.ext_fields["client"]
+                assert seen.forwarded_for == seen.remote_address
+                # a second request goes over the same member link
+                await client.request(RequestCode.SEND_MESSAGE, fields)
+                links = {context.connection.connection_id for context in members.leader_recorder.seen}
+                assert len(links) == 1
+            finally:
+                await client.close()
+
+    run(scenario())
+
+
+def test_a_clients_own_forwarded_for_marker_is_stripped_and_ignored() -> None:
+    async def scenario() -> None:
+        async with group() as members:
+            client = await client_of(members.leader)
+            try:
+                answer = await client.request(RequestCode.SEND_MESSAGE, {FORWARDED_FOR_FIELD: "6.6.6.6:66", "x": "1"})
+                assert answer.code == ResponseCode.SUCCESS
+                (seen,) = members.leader_recorder.seen
+                assert dict(seen.request.ext_fields) == {"x": "1"}
+                assert seen.forwarded_for == "" and not seen.remote_address.startswith("6.6.6.6")
+            finally:
+                await client.close()
+
+    run(scenario())
+
+
+def test_a_forwarded_request_that_reaches_a_follower_is_not_forwarded_again() -> None:
+    async def scenario() -> None:
+        async with group() as members:
+            # the follower believes the leader is itself elsewhere; a request already forwarded (from a
+            # member link) that reaches it is answered by its own processor (which would say "not leader")
+            link = await client_of(members.follower)
+            try:
+                await members.forwarder._handshake(link)
+                answer = await link.request(RequestCode.SEND_MESSAGE, {FORWARDED_FOR_FIELD: "10.0.0.1:5"})
+                assert answer.code == ResponseCode.SUCCESS
+                (seen,) = members.follower_recorder.seen
+                assert seen.forwarded_for == "10.0.0.1:5" and not members.leader_recorder.seen
+            finally:
+                await link.close()
+
+    run(scenario())
+
+
+def test_a_member_link_needs_the_groups_secret() -> None:
+    async def scenario() -> None:
+        async with group(leader_secret=b"x" * 32) as members:
+            client = await client_of(members.follower)
+            try:
+                answer = await client.request(RequestCode.SEND_MESSAGE, {"a": "1"})
+                # the follower cannot authenticate the link: the answer of a follower that cannot forward
+                assert answer.code == ResponseCode.SERVICE_NOT_AVAILABLE
+                assert "forwarding to it failed" in (answer.remark or "")
+                assert answer.ext_fields["leaderAddress"] == f"{LOOPBACK}:{members.leader.port}"
+                assert not members.leader_recorder.seen
+            finally:
+                await client.close()
+            # and a proof that is not over the leader's nonce is refused
+            raw = await client_of(members.leader)
+            try:
+                hello = await raw.request(MEMBER_LINK_HELLO, {"member": "n9", "nonce": "00" * 16})
+                assert hello.code == ResponseCode.SUCCESS
+                proved = await raw.request(MEMBER_LINK_PROVE, {"proof": "00" * 32})
+                assert proved.code == ResponseCode.NO_PERMISSION
+            finally:
+                await raw.close()
+
+    run(scenario())
+
+
+def test_no_known_leader_or_an_unreachable_one_is_answered_as_before() -> None:
+    async def scenario() -> None:
+        async with group(leader_known=False) as members:
+            client = await client_of(members.follower)
+            try:
+                answer = await client.request(RequestCode.SEND_MESSAGE, {})
+                assert answer.code == ResponseCode.SERVICE_NOT_AVAILABLE
+                assert "leaderAddress" not in answer.ext_fields
+                members.follower_broker.leader = f"{LOOPBACK}:1"  # nothing listens there
+                answer = await client.request(RequestCode.SEND_MESSAGE, {})
+                assert answer.code == ResponseCode.SERVICE_NOT_AVAILABLE
+                assert answer.ext_fields["leaderAddress"] == f"{LOOPBACK}:1"
+            finally:
+                await client.close()
+
+    run(scenario())
+
+
+def test_forwards_beyond_the_in_flight_limit_are_answered_busy() -> None:
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        async with group(limits=ForwardLimits(in_flight_max=2), gate=gate) as members:
+            client = await client_of(members.follower)
+            try:
+                held = [asyncio.ensure_future(client.request(RequestCode.SEND_MESSAGE, {"n": str(n)}))
+                        for n in range(2)]
+                await poll_until(lambda: members.forwarder.in_flight == 2, "two forwards in flight")
+                busy = await client.request(RequestCode.SEND_MESSAGE, {"n": "2"})
+                assert busy.code == ResponseCode.SYSTEM_BUSY
+                gate.set()
+                assert [answer.code for answer in await asyncio.gather(*held)] == [ResponseCode.SUCCESS] * 2
+            finally:
+                await client.close()
+
+    run(scenario())
+
+
+def test_a_forward_that_gets_no_answer_in_time_is_answered_as_before() -> None:
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        async with group(limits=ForwardLimits(timeout_seconds=0.2), gate=gate) as members:
+            client = await client_of(members.follower)
+            try:
+                answer = await client.request(RequestCode.SEND_MESSAGE, {})
+                assert answer.code == ResponseCode.SERVICE_NOT_AVAILABLE
+                assert "forwarding to it failed" in (answer.remark or "")
+                gate.set()
+                # one slow answer is that request's trouble: the link stays, the next forward uses it
+                assert (await client.request(RequestCode.SEND_MESSAGE, {})).code == ResponseCode.SUCCESS
+                assert len({context.connection.connection_id for context in members.leader_recorder.seen}) == 1
+            finally:
+                await client.close()
+
+    run(scenario())
+
+
+def test_a_oneway_request_is_forwarded_oneway() -> None:
+    async def scenario() -> None:
+        async with group() as members:
+            client = await client_of(members.follower)
+            try:
+                await client.oneway(RequestCode.SEND_MESSAGE, {"o": "1"})
+                await poll_until(lambda: len(members.leader_recorder.seen) == 1, "the oneway send at the leader")
+                assert members.leader_recorder.seen[0].request.flag & ONEWAY_FLAG
+            finally:
+                await client.close()
+
+    run(scenario())
