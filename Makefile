@@ -61,6 +61,7 @@ bench: $(STAMP) bench-packages
 	$(BIN)/python bench/store_bench.py
 	$(BIN)/python bench/replication_bench.py
 	$(BIN)/python bench/broker_bench.py
+	$(BIN)/python bench/grpc_bench.py
 	$(BIN)/python bench/timer_bench.py
 	$(BIN)/python bench/verify_bench.py
 

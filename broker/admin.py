@@ -3,10 +3,11 @@ SEARCH_OFFSET_BY_TIMESTAMP, GET_EARLIEST_MSG_STORETIME, QUERY_MESSAGE, VIEW_MESS
 UPDATE_AND_CREATE_TOPIC, DELETE_TOPIC_IN_BROKER, GET_ALL_TOPIC_CONFIG, GET_BROKER_RUNTIME_INFO, what
 ``mqadmin topicStatus`` and ``consumerProgress`` read: GET_TOPIC_STATS_INFO and GET_CONSUME_STATS (their
 bodies key each queue by a MessageQueue object, as fastjson writes such a map), the consumer groups
-(GET_ALL_SUBSCRIPTIONGROUP_CONFIG, as rocketmq-dashboard lists them) and ``mqadmin resetOffsetByTime``'s
-INVOKE_BROKER_TO_RESET_OFFSET.
+(GET_ALL_SUBSCRIPTIONGROUP_CONFIG, as rocketmq-dashboard lists them; UPDATE_AND_CREATE_SUBSCRIPTIONGROUP and
+DELETE_SUBSCRIPTIONGROUP, as ``mqadmin updateSubGroup`` / ``deleteSubGroup`` send them: broker.subscription_groups)
+and ``mqadmin resetOffsetByTime``'s INVOKE_BROKER_TO_RESET_OFFSET.
 
-Every change (a topic created, changed or deleted, an offset reset) goes through Raft: a deleted topic
+Every change (a topic or subscription group created, changed or deleted, an offset reset) goes through Raft: a deleted topic
 leaves every replica's state with its committed offsets, a reset offset is a replicated offset commit."""
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import RequestContext
 from broker.requests import INT32_MAX, RequestError, boolean, integer, object_keyed_json, text
 from broker.runtime_stats import QueueFacts, RuntimeStats, StoreFacts, Totals, disk_space
+from broker.subscription_groups import group_config_json, parse_group_config
 from broker.topics import (
     INTERNAL_TOPIC_QUEUES,
     PERM_INHERIT,
@@ -35,7 +37,7 @@ from broker.topics import (
 )
 from commitlog.errors import StoreError
 from commitlog.message import SYSFLAG_BORNHOST_V6
-from dledger.command import Command, TopicConfig
+from dledger.command import Command, SubscriptionGroup, TopicConfig
 
 QUERY_MESSAGES_MAX: Final = 64
 QUEUE_NUMS_MAX: Final = 1024
@@ -45,7 +47,8 @@ ADMIN_CODES: Final = (
     RequestCode.QUERY_MESSAGE, RequestCode.VIEW_MESSAGE_BY_ID, RequestCode.UPDATE_AND_CREATE_TOPIC,
     RequestCode.DELETE_TOPIC_IN_BROKER, RequestCode.GET_ALL_TOPIC_CONFIG, RequestCode.GET_BROKER_RUNTIME_INFO,
     RequestCode.GET_TOPIC_STATS_INFO, RequestCode.GET_CONSUME_STATS, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
-    RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
+    RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+    RequestCode.DELETE_SUBSCRIPTIONGROUP,
 )
 #: groups one GET_ALL_SUBSCRIPTIONGROUP_CONFIG answer lists at most (each takes ~250 bytes of a frame)
 GROUPS_LISTED_MAX: Final = 20_000
@@ -153,6 +156,12 @@ class AdminProcessor:
             return make_response(request, ResponseCode.SUCCESS, body=json.dumps({"table": self.runtime_info()}).encode())
         if code == RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG:
             return self._subscription_groups(request)
+        if code == RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP:
+            configured = parse_group_config(request.body, self.broker.config.max_reconsume_times)
+            await self.broker.propose(Command((configured,)))
+            return _ok(request)
+        if code == RequestCode.DELETE_SUBSCRIPTIONGROUP:
+            return await self._delete_group(request)
         if code == RequestCode.INVOKE_BROKER_TO_RESET_OFFSET:
             return await self._reset_offset(request)
         return make_response(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, "not an admin request")
@@ -327,20 +336,27 @@ class AdminProcessor:
         if len(names) > GROUPS_LISTED_MAX:
             raise RequestError(ResponseCode.SYSTEM_ERROR,
                                f"{len(names)} consumer groups exceed what one answer lists ({GROUPS_LISTED_MAX})")
-        table = {}
-        for name in sorted(names):
-            group = configured.get(name)
-            table[name] = {
-                "groupName": name, "consumeEnable": group.consume_enable if group else True,
-                "consumeFromMinEnable": True,
-                "consumeBroadcastEnable": group.consume_broadcast_enable if group else True,
-                "retryQueueNums": 1, "retryMaxTimes": group.retry_max_times if group else 16,
-                "brokerId": group.broker_id if group else 0, "whichBrokerWhenConsumeSlowly": 1,
-                "notifyConsumerIdsChangedEnable": True,
-            }
+        default_retry = broker.config.max_reconsume_times
+        table = {name: group_config_json(name, configured.get(name), default_retry) for name in sorted(names)}
         return make_response(request, ResponseCode.SUCCESS, body=json.dumps({
             "subscriptionGroupTable": table, "dataVersion": {"timestamp": 0, "counter": broker.state.applied_index},
         }).encode())
+
+    async def _delete_group(self, request: RemotingCommand) -> RemotingCommand:
+        """DELETE_SUBSCRIPTIONGROUP (header groupName, cleanOffset): the group's configuration leaves every
+        member's replicated state, with its pop consumption state (``ReplicatedState.apply_group``); it then
+        consumes with the broker's defaults. A group that is not configured answers SUCCESS and changes
+        nothing, as Java's. Its committed offsets stay (Java's cleanOffset=false); cleanOffset=true is refused:
+        offsets are removed with the topic (DELETE_TOPIC_IN_BROKER), or moved with a reset."""
+        fields = request.ext_fields
+        group = text(fields, "groupName")
+        if boolean(fields, "cleanOffset", False):
+            raise RequestError(ResponseCode.SYSTEM_ERROR,
+                               "cleanOffset=true is not supported: a group's committed offsets stay when it is deleted")
+        self.broker.require_leader()
+        if group in self.broker.state.groups:
+            await self.broker.propose(Command((SubscriptionGroup(group, deleted=True),)))
+        return _ok(request)
 
     async def _reset_offset(self, request: RemotingCommand) -> RemotingCommand:
         """INVOKE_BROKER_TO_RESET_OFFSET (``mqadmin resetOffsetByTime``; header topic, group, timestamp,

@@ -63,6 +63,8 @@ class DelayService:
         self._task: asyncio.Task[None] | None = None
         #: messages delivered by this member while leader (status, tests)
         self.delivered = 0
+        #: what the levels' queues held when an apply last woke the service (see applied)
+        self._scheduled_seen = -1
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="delay-delivery")
@@ -73,7 +75,22 @@ class DelayService:
             await asyncio.gather(self._task, return_exceptions=True)
 
     def applied(self) -> None:
-        self._wake.set()
+        """Something applied: worth a look only on the leader, and only when a level's queue grew. Sends to
+        other topics, the bulk of the traffic, wake nothing (a wake-up is a pass over every level); what a
+        delivery of ours applied is seen by the pass that proposed it."""
+        broker = self.broker
+        if not broker.member.is_leader:
+            return
+        scheduled = self._scheduled_count()
+        if scheduled != self._scheduled_seen:
+            self._scheduled_seen = scheduled
+            self._wake.set()
+
+    def _scheduled_count(self) -> int:
+        """Messages ever stored in the levels' queues (their max offsets): grows with every delayed send."""
+        store = self.broker.store
+        return sum([store.max_queue_offset(SCHEDULE_TOPIC, queue_id)
+                    for queue_id in range(len(self.broker.config.delay_levels_seconds))])
 
     def role_changed(self) -> None:
         self._wake.set()

@@ -3,7 +3,7 @@
 Stock clients send only to the address registered as brokerId 0 and re-read routes every 30 s, so the group
 puts one address in front of all its members (a load balancer, ``[broker] front_address``). Whatever member
 that address reaches, a request only the leader may serve (:data:`LEADER_ONLY_CODES`: sends of every kind,
-send-back, END_TRANSACTION, consumer-offset updates, queue locks, topic and offset administration) is
+send-back, END_TRANSACTION, consumer-offset updates, queue locks, topic, subscription group and offset administration) is
 forwarded by a follower to the current leader, and the leader's answer goes back to the client under the
 client's opaque. Reads of committed data and client bookkeeping are served where they arrive.
 
@@ -61,6 +61,7 @@ LEADER_ONLY_CODES: Final = frozenset({
     RequestCode.CONSUMER_SEND_MSG_BACK, RequestCode.END_TRANSACTION, RequestCode.UPDATE_CONSUMER_OFFSET,
     RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ, RequestCode.UPDATE_AND_CREATE_TOPIC,
     RequestCode.DELETE_TOPIC_IN_BROKER, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
+    RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, RequestCode.DELETE_SUBSCRIPTIONGROUP,
 })
 #: raftmq's own request codes of the member-link handshake (not RocketMQ's: no stock client sends them)
 MEMBER_LINK_HELLO: Final = 7101

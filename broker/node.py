@@ -181,6 +181,7 @@ class BrokerNode:
         if self.config.grpc_address:
             # a broken invariant in a gRPC handler stops the member as one in a remoting processor does
             self.grpc = grpc_server(broker, sender, self.acl_rules, on_fatal=server._fail, pops=self.pops)
+            self.transactions.recover_orphaned = self.grpc.service.sessions.recover_transaction
             await self.grpc.start()
         offsets.start()
         self.registrar.start()

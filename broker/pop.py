@@ -27,6 +27,7 @@ from typing import Final
 from broker.context import BrokerContext
 from broker.remoting.codes import ResponseCode
 from broker.requests import RequestError
+from broker.subscription_groups import check_consume_enabled
 from broker.topics import PERM_WRITE, dlq_topic
 from commitlog.message import StoredMessage, decode_record
 from commitlog.store import GetStatus
@@ -104,6 +105,7 @@ class PopService:
         ``auto_renew``: this leader keeps them invisible until acknowledged (at most RENEW_MAX_MS)."""
         broker = self.broker
         broker.require_leader()
+        check_consume_enabled(broker.state.groups, group)
         count = max(1, min(count, POP_RECEIVE_BATCH_MAX))
         fifo = self.is_fifo(group)
         key = (group, topic, queue_id)

@@ -22,6 +22,7 @@ from broker.remoting.codes import ResponseCode
 from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import RequestContext
 from broker.requests import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, PullHeader, RequestError
+from broker.subscription_groups import check_consume_enabled
 from commitlog.message import java_string_hash
 from commitlog.store import GetResult, GetStatus
 
@@ -137,6 +138,7 @@ class PullProcessor:
         request = context.request
         header = PullHeader.parse(request.ext_fields)
         broker.topic_for_read(header.topic, header.queue_id)
+        check_consume_enabled(broker.state.groups, header.consumer_group)
         if header.expression_type.upper() not in ("TAG", ""):
             raise RequestError(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
                                f"filter expression type {header.expression_type!r} is not supported (TAG only)")

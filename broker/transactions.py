@@ -14,6 +14,8 @@ topic. Its queue offset in the half queue names it (RocketMQ's ``tranStateTableO
   CHECK_IMMUNITY_TIME_IN_SECONDS) and unresolved are checked with CHECK_TRANSACTION_STATE on a live
   connection of a producer of their group; each check is counted through Raft
   (``TransactionOp(half, CHECK)``), so a new leader neither forgets pending checks nor exceeds the maximum.
+  Without a live 4.x producer of the group, a 5.x producer of the half's topic is asked over its Telemetry
+  stream (``recover_orphaned``: broker.v2.telemetry), as RocketMQ's proxy does.
   After the maximum, the half is copied to TRANS_CHECK_MAX_TIME_TOPIC and resolved as DISCARD (reported).
   The replicated progress (every half below it resolved) moves forward as halves resolve.
 """
@@ -150,9 +152,13 @@ class EndTransactionProcessor:
 
 class TransactionCheckService:
     def __init__(self, broker: BrokerContext, clients: ConsumerManager,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 recover_orphaned: Callable[[StoredMessage], str | None] | None = None) -> None:
+        """``recover_orphaned``: asks a 5.x producer to resolve a half when no 4.x producer of its group is
+        connected; returns the client asked, or None when there is none."""
         self.broker = broker
         self.clients = clients
+        self.recover_orphaned = recover_orphaned
         self.monotonic = monotonic
         self.born_host = own_born_host(broker)
         self._last_checked: dict[int, float] = {}
@@ -245,7 +251,11 @@ class TransactionCheckService:
             return
         connections = self.clients.producer_connections(group)
         if not connections:
-            log.info("no live producer of group %s to check half %d", group, half_offset)
+            asked = self.recover_orphaned(half) if self.recover_orphaned is not None else None
+            if asked is None:
+                log.info("no live producer of group %s to check half %d", group, half_offset)
+            else:
+                log.info("asked 5.x producer %s to resolve half %d", asked, half_offset)
             return
         connection = connections[broker.random.randrange(len(connections))]
         unique_key = properties.get(PROPERTY_UNIQ_KEY, "")

@@ -39,6 +39,7 @@ from client.admin import (
     RESET_TO_LATEST,
     AsyncAdmin,
     GroupOnlineError,
+    GroupSettings,
     GroupSummary,
     QueueReset,
     TopicSettings,
@@ -665,7 +666,7 @@ def msg_query(key: str | None, msg_id: str | None, topic_name: str | None, max_n
 
 @click.group(context_settings=CONTEXT)
 def group() -> None:
-    """Consumer groups: list them, their progress and members, reset their offsets."""
+    """Consumer groups: list them, their progress and members, configure or delete them, reset their offsets."""
 
 
 @group.command("progress", context_settings=CONTEXT)
@@ -830,6 +831,73 @@ def group_list(as_json: bool, namesrv: str) -> None:
     echo_table(["group", "online", "topics", "lag", "consume TPS"],
                [[entry.group, len(entry.consumer_ids), ",".join(entry.topics) or "-", entry.total_lag,
                  f"{entry.consume_tps:.1f}"] for entry in groups])
+
+
+def _echo_group_settings(settings: GroupSettings) -> None:
+    flags = [flag for flag, on in (("orderly", settings.consume_orderly), ("consume disabled", not settings.consume_enable),
+                                   ("broadcast disabled", not settings.consume_broadcast_enable)) if on]
+    click.echo(f"group {settings.group} on {settings.broker_name}: retry max {settings.retry_max_times}, "
+               f"broker id {settings.broker_id}{''.join(', ' + flag for flag in flags)}")
+
+
+@group.command("update", context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--retry-max", type=click.IntRange(0, 2**31 - 2), default=None,
+              help="Redeliveries before a message goes to the group's dead-letter queue %DLQ%NAME.")
+@click.option("--orderly/--no-orderly", default=None, help="A FIFO group (5.x clients: each queue in order), or not.")
+@click.option("--consume-enable/--no-consume-enable", default=None, help="Whether the group may consume.")
+@click.option("--broadcast/--no-broadcast", default=None, help="Whether the group may consume in broadcast mode.")
+@click.option("--broker-id", type=click.IntRange(0, 2**31 - 2), default=None, help="The broker id it reads from.")
+@click.option("--cluster", default=None, help="Only the broker groups of this cluster (default: all).")
+@namesrv_option
+def group_update(name: str, retry_max: int | None, orderly: bool | None, consume_enable: bool | None,
+                 broadcast: bool | None, broker_id: int | None, cluster: str | None, namesrv: str) -> None:
+    """Create consumer group NAME's configuration or change what is given of it (mqadmin updateSubGroup);
+    everything else keeps the value each broker group has (the broker's defaults for a new group).
+    Replicated through Raft: every member applies it.
+
+    \b
+    Examples:
+      raftmq group update Billing --retry-max 3
+      raftmq group update Ledger --orderly
+    """
+    if retry_max is None and orderly is None and consume_enable is None and broadcast is None and broker_id is None:
+        raise click.UsageError("nothing to change: give --retry-max, --orderly/--no-orderly, "
+                               "--consume-enable/--no-consume-enable, --broadcast/--no-broadcast or --broker-id")
+    _valid(lambda: check_group(name))
+    config = client_config(namesrv)
+
+    async def update() -> dict[str, GroupSettings]:
+        async with AsyncAdmin(config) as admin:
+            names = await admin.update_group(name, retry_max_times=retry_max, consume_orderly=orderly,
+                                             consume_enable=consume_enable, consume_broadcast_enable=broadcast,
+                                             broker_id=broker_id, cluster=cluster)
+            return await admin.group_settings(name, names)
+
+    for settings in run(update()).values():
+        _echo_group_settings(settings)
+
+
+@group.command("delete", context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--cluster", default=None, help="Only the broker groups of this cluster (default: all).")
+@namesrv_option
+def group_delete(name: str, cluster: str | None, namesrv: str) -> None:
+    """Delete consumer group NAME's configuration (mqadmin deleteSubGroup): it consumes with the broker's
+    defaults again. Its committed offsets stay; its 5.x pop state (messages in flight) is dropped.
+
+    \b
+    Examples:
+      raftmq group delete Billing
+    """
+    _valid(lambda: check_group(name))
+    config = client_config(namesrv)
+
+    async def delete() -> list[str]:
+        async with AsyncAdmin(config) as admin:
+            return await admin.delete_group(name, cluster=cluster)
+
+    click.echo(f"group {name} deleted from {', '.join(run(delete()))}")
 
 
 def parse_reset_time(text: str) -> int:

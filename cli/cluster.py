@@ -1,10 +1,15 @@
-"""A local raftmq cluster: one name server and N broker group members as background processes on
-127.0.0.1, described by ``DIR/cluster.json`` so later commands (status, kill, restart, down) find them.
+"""A local raftmq cluster: one name server and one or more broker groups of N members each, as background
+processes on 127.0.0.1, described by ``DIR/cluster.json`` so later commands (status, kill, restart, down) find them.
 
 Layout: ``DIR/cluster.json``, ``DIR/namesrv.log``, ``DIR/group.secret``, and per node ``DIR/<id>/``
 (``node.toml``, ``broker.log``, ``store/`` with the segments under ``store/commitlog/``, ``raft/``).
 With a front (``front="haproxy"``, cli.front), also ``DIR/haproxy.cfg`` and ``DIR/haproxy.log``: HAProxy
 listens on the group's address, which the leader registers as brokerId 0 and every member stamps as store host.
+
+Several groups (``groups=N``, as RocketMQ scales out: every group holds its own queues of a topic, under one
+name server): group ``k`` is ``broker-<letter>`` (broker-a, broker-b, ...) with members ``<letter>0``,
+``<letter>1``, ... (a0, a1, a2, b0, ...), its own ports, Raft peers, secret (``DIR/broker-b.secret``) and front
+(``DIR/haproxy-broker-b.cfg``, ``.log``). One group keeps the names above: n0, n1, n2 of broker-a.
 """
 
 from __future__ import annotations
@@ -41,8 +46,32 @@ POLL_SECONDS = 0.1
 HOST = "127.0.0.1"
 
 
+#: the broker name of a single-group cluster, and of the first of several (BrokerConfig's default)
+DEFAULT_BROKER_NAME: Final = "broker-a"
+#: groups a local cluster may have: one letter each (broker-a ... broker-z)
+GROUPS_MAX: Final = 26
+
+
 class ClusterError(Exception):
     """A cluster that cannot be started, found or reached (the CLI prints it and exits 1)."""
+
+
+def group_letter(index: int) -> str:
+    return chr(ord("a") + index)
+
+
+@dataclass
+class GroupInfo:
+    """One broker group of a cluster started with several (``cluster.json`` ``groups``)."""
+
+    #: the group's broker name (``[broker] broker_name``): broker-a, broker-b, ...
+    name: str
+    #: its members' ids, in broker-id order
+    nodes: list[str]
+    secret_file: str
+    #: the group's front and its process; empty / 0: no front
+    front: str = ""
+    front_pid: int = 0
 
 
 @dataclass
@@ -90,12 +119,40 @@ class ClusterInfo:
     log_format: str = "text"
     log_max_bytes: int = 0
     log_backups: int = 0
+    #: every group of a cluster started with several (each with its own front; ``front`` is then empty);
+    #: empty: one group, broker-a, of every node, whose front is ``front``
+    groups: list[GroupInfo] = field(default_factory=list)
 
     def save(self) -> None:
         path = Path(self.data_dir) / CLUSTER_FILE
         temporary = path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        document = asdict(self)
+        if not self.groups:  # a single group's file stays as it always was
+            del document["groups"]
+        temporary.write_text(json.dumps(document, indent=2) + "\n")
         temporary.replace(path)
+
+    def group_list(self) -> list[GroupInfo]:
+        """Every group (a single group as one, made up from the top-level fields: read it, do not change it)."""
+        if self.groups:
+            return self.groups
+        return [GroupInfo(DEFAULT_BROKER_NAME, [node.id for node in self.nodes],
+                          str(Path(self.data_dir) / "group.secret"), self.front, self.front_pid)]
+
+    def group_of(self, node_id: str) -> GroupInfo:
+        for group in self.group_list():
+            if node_id in group.nodes:
+                return group
+        raise ClusterError(f"no node {node_id!r} (nodes: {', '.join(n.id for n in self.nodes)})")
+
+    def group(self, name: str) -> GroupInfo:
+        for group in self.group_list():
+            if group.name == name:
+                return group
+        raise ClusterError(f"no group {name!r} (groups: {', '.join(g.name for g in self.group_list())})")
+
+    def group_nodes(self, group: GroupInfo) -> list[NodeInfo]:
+        return [self.node(node_id) for node_id in group.nodes]
 
     @classmethod
     def load(cls, data_dir: Path) -> ClusterInfo:
@@ -103,7 +160,8 @@ class ClusterInfo:
         try:
             raw = json.loads(path.read_text())
             nodes = [NodeInfo(**node) for node in raw.pop("nodes")]
-            return cls(**raw, nodes=nodes)
+            groups = [GroupInfo(**group) for group in raw.pop("groups", [])]
+            return cls(**raw, nodes=nodes, groups=groups)
         except FileNotFoundError:
             raise ClusterError(f"no cluster in {data_dir} (no {CLUSTER_FILE}); start one with `raftmq cluster up`") from None
         except (OSError, ValueError, TypeError, KeyError) as exc:
@@ -235,7 +293,8 @@ def check_overrides(overrides: dict[str, dict[str, Any]]) -> None:
 
 
 def node_toml(node: NodeInfo, peers: list[NodeInfo], namesrv: str, broker_id: int, store_host: str,
-              secret_file: str, overrides: dict[str, dict[str, Any]]) -> str:
+              secret_file: str, overrides: dict[str, dict[str, Any]], broker_name: str = "") -> str:
+    """A member's node file; ``broker_name`` empty: the default group name (broker-a) is left unwritten."""
     def value(item: Any) -> str:
         return json.dumps(item) if not isinstance(item, bool) else ("true" if item else "false")
 
@@ -252,6 +311,7 @@ def node_toml(node: NodeInfo, peers: list[NodeInfo], namesrv: str, broker_id: in
         lines += ["[[peers]]", f"id = {value(peer.id)}", f"raft_address = {value(peer.raft_address)}",
                   f"catchup_address = {value(peer.catchup_address)}", ""]
     broker = {"listen_address": node.broker_address, "namesrv": [namesrv], "broker_id": broker_id,
+              **({"broker_name": broker_name} if broker_name else {}),
               **({"advertised_address": node.advertised_address} if node.advertised_address else {}),
               **({"grpc_address": node.grpc_address} if node.grpc_address else {}),
               **({"http_address": node.http_address} if node.http_address else {}),
@@ -320,18 +380,25 @@ def node_status(node: NodeInfo) -> dict[str, str] | None:
 
 
 def route_master(namesrv: str, topic: str = "TBW102") -> str | None:
-    """The address the name server gives as brokerId 0 for ``topic``, or None."""
+    """The address the name server gives as brokerId 0 for ``topic`` (of its first broker group), or None."""
+    return next(iter(route_masters(namesrv, topic).values()), None)
+
+
+def route_masters(namesrv: str, topic: str = "TBW102") -> dict[str, str]:
+    """Broker name -> the address the name server gives as its brokerId 0 for ``topic``, in the route's order
+    (empty when there is no route or no answer)."""
     try:
         code, _, body = request(namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}, timeout_seconds=1.0)
     except (RemotingError, OSError, TimeoutError):
-        return None
+        return {}
     if code != ResponseCode.SUCCESS:
-        return None
+        return {}
+    masters: dict[str, str] = {}
     for broker in json.loads(body).get("brokerDatas", []):
         address = broker.get("brokerAddrs", {}).get("0")
         if address:
-            return str(address)
-    return None
+            masters[str(broker.get("brokerName", ""))] = str(address)
+    return masters
 
 
 class LocalCluster:
@@ -359,11 +426,16 @@ class LocalCluster:
     def start(cls, data_dir: Path, nodes: int = 3, base_port: int | None = None,
               overrides: dict[str, dict[str, Any]] | None = None,
               timeout_seconds: float = START_TIMEOUT_SECONDS, front: str = "none", front_route_to: str = "leader", log_format: str = "text",
-              log_max_bytes: int = LOG_MAX_BYTES, log_backups: int = LOG_BACKUPS) -> LocalCluster:
-        """Start a name server and ``nodes`` members (and, with ``front="haproxy"``, HAProxy in front of them:
-        cli.front); wait until a leader serves routes (through the front, when there is one)."""
+              log_max_bytes: int = LOG_MAX_BYTES, log_backups: int = LOG_BACKUPS, groups: int = 1) -> LocalCluster:
+        """Start a name server and ``groups`` broker groups of ``nodes`` members each (and, with
+        ``front="haproxy"``, HAProxy in front of each group: cli.front); wait until every group's leader serves
+        routes (through its front, when there is one)."""
         if not 1 <= nodes <= 9:
             raise ClusterError("a cluster has 1 to 9 nodes")
+        if not 1 <= groups <= GROUPS_MAX:
+            raise ClusterError(f"a cluster has 1 to {GROUPS_MAX} groups")
+        if groups > 1 and "broker_name" in (overrides or {}).get("broker", {}):
+            raise ClusterError("broker.broker_name is set per group (broker-a, broker-b, ...) when there are several")
         data_dir = data_dir.resolve()
         if (data_dir / CLUSTER_FILE).exists():
             existing = ClusterInfo.load(data_dir)
@@ -372,39 +444,54 @@ class LocalCluster:
         data_dir.mkdir(parents=True, exist_ok=True)
         if front not in ("haproxy", "none"):
             raise ClusterError(f"the front must be haproxy or none, got {front!r}")
-        # the name server, then broker, Raft and catch-up ports per member, then each member's gRPC port, then
-        # each member's HTTP port, then the front's
-        port_count = 2 + 5 * nodes
+        # the name server, then per group: broker, Raft and catch-up ports per member, then each member's gRPC
+        # port, then each member's HTTP port, then the front's (one group: 2 + 5 * nodes, as always)
+        group_port_count = 1 + 5 * nodes
+        port_count = 1 + groups * group_port_count
         ports = (list(range(base_port, base_port + port_count)) if base_port is not None
                  else free_ports(port_count))
-        secret_path = data_dir / "group.secret"
-        if not secret_path.exists():
-            secret_path.write_text(secrets.token_hex(24) + "\n")
-            secret_path.chmod(0o600)
-        infos = []
-        for index in range(nodes):
-            node_id = f"n{index}"
-            node_dir = data_dir / node_id
-            node_dir.mkdir(exist_ok=True)
-            broker_port, raft_port, catchup_port = ports[1 + 3 * index : 4 + 3 * index]
-            infos.append(NodeInfo(node_id, f"{HOST}:{broker_port}", f"{HOST}:{raft_port}", f"{HOST}:{catchup_port}",
-                                  str(node_dir / "node.toml"), str(node_dir / "broker.log"),
-                                  grpc_address=f"{HOST}:{ports[1 + 3 * nodes + index]}",
-                                  http_address=f"{HOST}:{ports[1 + 4 * nodes + index]}"))
+        infos: list[NodeInfo] = []
+        group_infos: list[GroupInfo] = []
+        for group_index in range(groups):
+            block = ports[1 + group_index * group_port_count: 1 + (group_index + 1) * group_port_count]
+            letter = group_letter(group_index)
+            name = f"broker-{letter}"
+            secret_path = data_dir / ("group.secret" if groups == 1 else f"{name}.secret")
+            if not secret_path.exists():
+                secret_path.write_text(secrets.token_hex(24) + "\n")
+                secret_path.chmod(0o600)
+            members = []
+            for index in range(nodes):
+                node_id = f"n{index}" if groups == 1 else f"{letter}{index}"
+                node_dir = data_dir / node_id
+                node_dir.mkdir(exist_ok=True)
+                broker_port, raft_port, catchup_port = block[3 * index: 3 + 3 * index]
+                members.append(NodeInfo(node_id, f"{HOST}:{broker_port}", f"{HOST}:{raft_port}",
+                                        f"{HOST}:{catchup_port}", str(node_dir / "node.toml"),
+                                        str(node_dir / "broker.log"), grpc_address=f"{HOST}:{block[3 * nodes + index]}",
+                                        http_address=f"{HOST}:{block[4 * nodes + index]}"))
+            infos += members
+            group_infos.append(GroupInfo(name, [member.id for member in members], str(secret_path),
+                                         f"{HOST}:{block[5 * nodes]}" if front == "haproxy" else ""))
         namesrv = f"{HOST}:{ports[0]}"
         if log_format not in ("text", "json"):
             raise ClusterError(f"the log format must be text or json, got {log_format!r}")
         info = ClusterInfo(str(data_dir), namesrv, 0, str(data_dir / "namesrv.log"), infos, log_format=log_format,
-                           log_max_bytes=log_max_bytes, log_backups=log_backups)
-        node_overrides = dict(overrides or {})
-        store_host = infos[0].broker_address
-        if front == "haproxy":  # the group's address: what the leader registers, and the stored store host
-            info.front = store_host = f"{HOST}:{ports[1 + 5 * nodes]}"
-            node_overrides["broker"] = {**node_overrides.get("broker", {}), "front_address": info.front}
-        for index, node in enumerate(infos):
-            peers = [peer for peer in infos if peer is not node]
-            Path(node.config).write_text(node_toml(node, peers, namesrv, index + 1, store_host,
-                                                   str(secret_path), node_overrides))
+                           log_max_bytes=log_max_bytes, log_backups=log_backups,
+                           groups=group_infos if groups > 1 else [])
+        if groups == 1:
+            info.front = group_infos[0].front
+        for group in group_infos:
+            members = info.group_nodes(group)
+            node_overrides = dict(overrides or {})
+            store_host = members[0].broker_address
+            if group.front:  # the group's address: what the leader registers, and the stored store host
+                store_host = group.front
+                node_overrides["broker"] = {**node_overrides.get("broker", {}), "front_address": group.front}
+            for index, node in enumerate(members):
+                peers = [peer for peer in members if peer is not node]
+                Path(node.config).write_text(node_toml(node, peers, namesrv, index + 1, store_host, group.secret_file,
+                                                       node_overrides, broker_name=group.name if groups > 1 else ""))
         cluster = cls(info)
         try:
             process = _spawn([sys.executable, "-m", "broker.namesrv", "--host", HOST, "--port", str(ports[0]),
@@ -413,9 +500,10 @@ class LocalCluster:
             for node in infos:
                 cluster._start_node(node)
             info.save()
-            if info.front:
-                cluster._start_front(front_route_to)
-                info.save()
+            for group in info.group_list():
+                if group.front:
+                    cluster._start_front(front_route_to, group)
+                    info.save()
             cluster.wait_ready(timeout_seconds)
         except BaseException:
             cluster.stop()
@@ -436,43 +524,74 @@ class LocalCluster:
                           "--log-backups", str(self.info.log_backups)]
         return arguments
 
-    def _start_front(self, route_to: str) -> None:
+    def _start_front(self, route_to: str, group: GroupInfo) -> None:
+        """Start ``group``'s front (DIR/haproxy.cfg for a single group; DIR/haproxy-<group>.cfg for one of
+        several) and record its process."""
         from cli.front import FrontMember, FrontUnavailableError, haproxy_config, start_haproxy
 
-        config_path = self.data_dir / "haproxy.cfg"
-        config_path.write_text(haproxy_config(self.info.front, [
-            FrontMember(node.id, node.broker_address, node.http_address) for node in self.info.nodes], route_to))
+        stem = "haproxy" if not self.info.groups else f"haproxy-{group.name}"
+        config_path = self.data_dir / f"{stem}.cfg"
+        config_path.write_text(haproxy_config(group.front, [
+            FrontMember(node.id, node.broker_address, node.http_address) for node in self.info.group_nodes(group)],
+            route_to))
         try:
-            self.info.front_pid = start_haproxy(config_path, self.data_dir / "haproxy.log", self.data_dir).pid
+            pid = start_haproxy(config_path, self.data_dir / f"{stem}.log", self.data_dir).pid
         except (FrontUnavailableError, OSError, subprocess.SubprocessError) as exc:
-            raise ClusterError(f"cannot start the front: {exc}") from None
+            raise ClusterError(f"cannot start the front of {group.name}: {exc}") from None
+        if self.info.groups:
+            group.front_pid = pid
+        else:
+            self.info.front_pid = pid
 
     def wait_ready(self, timeout_seconds: float = START_TIMEOUT_SECONDS) -> str:
-        """Wait until a leader is elected and the name server routes to it; return the address it routes to
-        (the leader's advertised address, or the front, which must then reach the leader)."""
+        """Wait until every group has a leader and the name server routes to it; return the address it routes
+        the first group to (the leader's advertised address, or the front, which must then reach the leader)."""
         deadline = time.monotonic() + timeout_seconds
+        groups = self.info.group_list()
         while True:
             if not is_alive(self.info.namesrv_pid):
                 raise ClusterError(f"the name server exited; see {self.info.namesrv_log}")
-            if self.info.front and not is_alive(self.info.front_pid):
-                raise ClusterError(f"the front (HAProxy) exited; see {self.data_dir / 'haproxy.log'}")
-            master = route_master(self.namesrv)
-            if master is not None and self.info.front:
-                # the front answers (from the leader, or a follower that forwards to it) and a leader is known
-                if master == self.info.front and node_status(self.front_node()) is not None and self.leader_id():
-                    return master
-            elif master is not None:
-                leader = self.leader_node()
-                if leader is not None and leader.client_address == master:
-                    return master
+            for group in groups:
+                if group.front and not is_alive(group.front_pid):
+                    log = "haproxy.log" if not self.info.groups else f"haproxy-{group.name}.log"
+                    raise ClusterError(f"the front (HAProxy) of {group.name} exited; see {self.data_dir / log}")
+            masters = route_masters(self.namesrv)
+            ready = [self._group_ready(group, masters) for group in groups]
+            if all(ready):
+                return str(ready[0])
             if time.monotonic() > deadline:
                 dead = [node.id for node in self.info.nodes if not is_alive(node.pid)]
+                waiting = [group.name for group, master in zip(groups, ready, strict=True) if not master]
                 raise ClusterError(f"no leader serving routes after {timeout_seconds:.0f} s"
+                                   + (f" in {', '.join(waiting)}" if self.info.groups else "")
                                    + (f"; exited: {', '.join(dead)} (see their broker.log)" if dead else ""))
             time.sleep(POLL_SECONDS)
 
+    def _group_ready(self, group: GroupInfo, masters: dict[str, str]) -> str | None:
+        """The address the name server routes ``group`` to, once that reaches its leader; else None."""
+        # a single group is whatever the route names (its broker name may have been set with --set)
+        master = masters.get(group.name) if self.info.groups else next(iter(masters.values()), None)
+        if master is None:
+            return None
+        # one group: leader_node() (a subclass may probe members its own way)
+        leader = self.group_leader(group.name) if self.info.groups else self.leader_node()
+        if group.front:
+            # the front answers (from the leader, or a follower that forwards to it) and a leader is known
+            front = self.front_node(group.name if self.info.groups else None)
+            return master if master == group.front and node_status(front) is not None and leader is not None else None
+        return master if leader is not None and leader.client_address == master else None
+
     def leader_node(self) -> NodeInfo | None:
-        for node in self.info.nodes:
+        """The leader of the first group found to have one (of the one group of a single-group cluster)."""
+        return self._leader_among(self.info.nodes)
+
+    def group_leader(self, group: str) -> NodeInfo | None:
+        """The leader of ``group`` (a broker name: broker-a, ...), or None; ClusterError: no such group."""
+        return self._leader_among(self.info.group_nodes(self.info.group(group)))
+
+    @staticmethod
+    def _leader_among(nodes: list[NodeInfo]) -> NodeInfo | None:
+        for node in nodes:
             if not is_alive(node.pid):
                 continue
             status = node_status(node)
@@ -480,33 +599,44 @@ class LocalCluster:
                 return node
         return None
 
-    def front_node(self) -> NodeInfo:
-        """The front as a node to ask: whatever member it reaches (the leader, once its check passed)."""
-        return NodeInfo("front", self.info.front, "", "", "", "")
+    def front_node(self, group: str | None = None) -> NodeInfo:
+        """A group's front (the first group's when None) as a node to ask: whatever member it reaches (the
+        leader, once its check passed)."""
+        address = self.info.front if not self.info.groups else (
+            self.info.group(group) if group is not None else self.info.groups[0]).front
+        return NodeInfo("front", address, "", "", "", "")
 
-    def leader_id(self) -> str | None:
-        leader = self.leader_node()
+    def leader_id(self, group: str | None = None) -> str | None:
+        """The id of ``group``'s leader (a broker name), or of :meth:`leader_node`'s when None."""
+        leader = self.leader_node() if group is None else self.group_leader(group)
         return None if leader is None else leader.id
 
     def broker_address(self, node_id: str) -> str:
         return self.info.node(node_id).broker_address
 
     def status(self) -> list[dict[str, object]]:
+        """One row per node, group by group; ``lag`` is in commit-log bytes behind its group's furthest member.
+        Rows of a cluster with several groups also name their ``group``."""
         rows: list[dict[str, object]] = []
-        for node in self.info.nodes:
-            alive = is_alive(node.pid)
-            status = node_status(node) if alive else None
-            rows.append({"node": node.id, "address": node.broker_address, "pid": node.pid, "alive": alive,
-                         "role": (status or {}).get("brokerRole", "-" if not alive else "unreachable").lower(),
-                         "term": (status or {}).get("raftTerm", "-"),
-                         "commit_index": (status or {}).get("commitIndex", "-"),
-                         "applied_index": (status or {}).get("appliedIndex", "-"),
-                         "max_offset": (status or {}).get("commitLogMaxOffset", "-"),
-                         "damage": (status or {}).get("raftDamage", ""), "metrics_url": node.metrics_url})
-        offsets = [int(str(row["max_offset"])) for row in rows if str(row["max_offset"]).isdigit()]
-        top = max(offsets, default=0)
-        for row in rows:
-            row["lag"] = top - int(str(row["max_offset"])) if str(row["max_offset"]).isdigit() else "-"
+        for group in self.info.group_list():
+            group_rows: list[dict[str, object]] = []
+            for node in self.info.group_nodes(group):
+                alive = is_alive(node.pid)
+                status = node_status(node) if alive else None
+                group_rows.append({
+                    **({"group": group.name} if self.info.groups else {}),
+                    "node": node.id, "address": node.broker_address, "pid": node.pid, "alive": alive,
+                    "role": (status or {}).get("brokerRole", "-" if not alive else "unreachable").lower(),
+                    "term": (status or {}).get("raftTerm", "-"),
+                    "commit_index": (status or {}).get("commitIndex", "-"),
+                    "applied_index": (status or {}).get("appliedIndex", "-"),
+                    "max_offset": (status or {}).get("commitLogMaxOffset", "-"),
+                    "damage": (status or {}).get("raftDamage", ""), "metrics_url": node.metrics_url})
+            offsets = [int(str(row["max_offset"])) for row in group_rows if str(row["max_offset"]).isdigit()]
+            top = max(offsets, default=0)
+            for row in group_rows:
+                row["lag"] = top - int(str(row["max_offset"])) if str(row["max_offset"]).isdigit() else "-"
+            rows += group_rows
         return rows
 
     def kill(self, node_id: str, signal_number: int = signal.SIGKILL) -> None:
@@ -529,8 +659,8 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Stop every process of the cluster (SIGTERM, then SIGKILL after a grace period)."""
-        pids = [node.pid for node in self.info.nodes] + [self.info.namesrv_pid] + (
-            [self.info.front_pid] if self.info.front_pid else [])
+        pids = [node.pid for node in self.info.nodes] + [self.info.namesrv_pid] + [
+            group.front_pid for group in self.info.group_list() if group.front_pid]
         for pid in pids:
             if is_alive(pid):
                 with contextlib.suppress(ProcessLookupError):

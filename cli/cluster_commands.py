@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from broker.logs import LOG_FORMATS
-from cli.cluster import LOG_MAX_BYTES, ClusterError, LocalCluster, check_overrides, parse_setting
+from cli.cluster import GROUPS_MAX, LOG_MAX_BYTES, ClusterError, LocalCluster, check_overrides, parse_setting
 from cli.front import FRONT_KINDS, FrontUnavailableError, resolve_front
 
 DEFAULT_DATA_DIR = Path("./raftmq-data")
@@ -46,14 +46,18 @@ def _settings(context: click.Context, parameter: click.Parameter, values: tuple[
 
 @click.group()
 def cluster() -> None:
-    """Run a local three-node group (or N nodes) with a name server, on 127.0.0.1."""
+    """Run a local three-node group (or N nodes; or several groups) with a name server, on 127.0.0.1."""
 
 
 @cluster.command()
 @data_dir_option
-@click.option("--nodes", type=click.IntRange(1, 9), default=3, show_default=True, help="Group members to start.")
+@click.option("--nodes", type=click.IntRange(1, 9), default=3, show_default=True,
+              help="Members of each group to start.")
+@click.option("--groups", type=click.IntRange(1, GROUPS_MAX), default=1, show_default=True,
+              help="Broker groups to start under the one name server (broker-a, broker-b, ...; members a0, a1, ..., "
+                   "b0, ...; one group's members are n0, n1, ...). Topics spread their queues over every group.")
 @click.option("--base-port", type=click.IntRange(1024, 65000), default=None,
-              help="First of 2 + 5 * NODES consecutive ports (default: free ports picked at start).")
+              help="First of 1 + GROUPS * (1 + 5 * NODES) consecutive ports (default: free ports picked at start).")
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", callback=_settings,
               help="A node-file setting for every member (repeatable): a key of [store], [raft], [group_commit] "
                    "or [broker], e.g. store.segment_size_bytes=134217728 or store.flush_policy=sync.")
@@ -66,17 +70,20 @@ def cluster() -> None:
                    "rotate by size either way (DATA_DIR/<node>/broker.log, .1, .2, ...).")
 @click.option("--log-max-bytes", type=click.IntRange(min=1024), default=LOG_MAX_BYTES, show_default=True,
               help="Rotate a member's or the name server's log at this size.")
-def up(data_dir: Path, nodes: int, base_port: int | None, overrides: dict[str, dict[str, Any]], front: str,
-       log_format: str, log_max_bytes: int) -> None:
-    """Start a name server and the group's members in the background; wait for a leader.
+def up(data_dir: Path, nodes: int, groups: int, base_port: int | None, overrides: dict[str, dict[str, Any]],
+       front: str, log_format: str, log_max_bytes: int) -> None:
+    """Start a name server and the members of each broker group in the background; wait for every group's leader.
 
     Prints `namesrv=HOST:PORT` (what 4.x clients need), then `grpc=HOST:PORT` (an endpoint for RocketMQ 5.x
-    clients: the leader's), then `front=HOST:PORT` when the group has a front, and writes
-    DATA_DIR/cluster.json (every member's addresses, and the front's).
+    clients: the first group's leader's), then `front=HOST:PORT` when the group has a front, and writes
+    DATA_DIR/cluster.json (every member's addresses, and the front's). With --groups N above 1, one line per
+    group follows instead of `front=`: `group=broker-a leader=a0 grpc=HOST:PORT front=HOST:PORT` (front only
+    when the group has one).
 
     \b
     Example:
       raftmq cluster up --data-dir ./demo --nodes 3
+      raftmq cluster up --data-dir ./demo --groups 2
       raftmq cluster up --set store.segment_size_bytes=268435456 --set group_commit.linger_ms=2
       export RAFTMQ_NAMESRV=$(raftmq cluster up | sed -n 's/^namesrv=//p')
     """
@@ -86,16 +93,26 @@ def up(data_dir: Path, nodes: int, base_port: int | None, overrides: dict[str, d
         raise click.UsageError(str(exc)) from None
     try:
         started = LocalCluster.start(data_dir, nodes=nodes, base_port=base_port, overrides=overrides,
-                                     front=front_kind, log_format=log_format, log_max_bytes=log_max_bytes)
+                                     front=front_kind, log_format=log_format, log_max_bytes=log_max_bytes,
+                                     groups=groups)
     except ClusterError as exc:
         _fail(exc)
-    leader = started.leader_id()
     click.echo(f"namesrv={started.namesrv}")
-    leader_node = started.info.node(leader) if leader is not None else started.info.nodes[0]
-    click.echo(f"grpc={leader_node.grpc_address}")
-    if started.info.front:
-        click.echo(f"front={started.info.front}")
-    click.echo(f"leader={leader}", err=True)
+    if not started.info.groups:
+        leader = started.leader_id()
+        leader_node = started.info.node(leader) if leader is not None else started.info.nodes[0]
+        click.echo(f"grpc={leader_node.grpc_address}")
+        if started.info.front:
+            click.echo(f"front={started.info.front}")
+        click.echo(f"leader={leader}", err=True)
+    else:
+        summaries = []
+        for group in started.info.groups:
+            leader = started.leader_id(group.name)
+            summaries.append((group, leader, started.info.node(leader or group.nodes[0]).grpc_address))
+        click.echo(f"grpc={summaries[0][2]}")  # the first group's leader, as for one group
+        for group, leader, grpc in summaries:
+            click.echo(f"group={group.name} leader={leader} grpc={grpc}" + (f" front={group.front}" if group.front else ""))
     click.echo(f"cluster file: {started.data_dir / 'cluster.json'}", err=True)
 
 
@@ -115,7 +132,7 @@ def up(data_dir: Path, nodes: int, base_port: int | None, overrides: dict[str, d
 def status(context: click.Context, data_dir: Path, namesrv: str | None, as_json: bool, watch_seconds: float | None,
            count: int | None, timeout_seconds: float) -> None:
     """Show each node: role, term, commit/applied index, commit-log max offset, lag, pid, alive, and
-    any damage found on a node's disk that keeps it from voting.
+    any damage found on a node's disk that keeps it from voting (and its group, when there are several).
 
     With --namesrv, every broker group and member the name servers know (no cluster.json needed): members
     that do not answer are shown as unreachable; lag is in commit-log bytes behind the group's furthest
@@ -158,9 +175,12 @@ def _report_status(data_dir: Path, namesrv: str | None, as_json: bool, timeout_s
             rows = remote_status(namesrv, timeout_seconds)
             columns: tuple[str, ...] = COLUMNS
         else:
-            rows = LocalCluster.open(data_dir).status()
+            local = LocalCluster.open(data_dir)
+            rows = local.status()
             columns = ("node", "role", "term", "commit_index", "applied_index", "max_offset", "lag", "pid", "alive",
                        "address", "metrics_url")
+            if local.info.groups:  # several groups: say whose member each row is
+                columns = ("group", *columns)
     except (ClusterError, RemoteStatusError) as exc:
         click.echo(f"Error: {exc}", err=True)
         return watching
@@ -201,25 +221,36 @@ def down(data_dir: Path) -> None:
 @cluster.command()
 @data_dir_option
 @click.argument("node", required=False)
-@click.option("--leader", "kill_leader", is_flag=True, help="Kill whichever node leads now.")
+@click.option("--leader", "kill_leader", is_flag=True,
+              help="Kill whichever node leads now (of the group --group names, when there are several).")
+@click.option("--group", default=None, metavar="NAME",
+              help="With --leader: the broker group (broker-a, broker-b, ...) whose leader to kill.")
 @click.option("--signal", "signal_name", type=click.Choice(sorted(SIGNALS)), default="KILL", show_default=True,
               help="KILL (crash), STOP (pause), CONT (resume), TERM (clean stop).")
-def kill(data_dir: Path, node: str | None, kill_leader: bool, signal_name: str) -> None:
+def kill(data_dir: Path, node: str | None, kill_leader: bool, group: str | None, signal_name: str) -> None:
     """Send a signal to one node (by id, or the leader).
 
     \b
     Example:
       raftmq cluster kill --leader
       raftmq cluster kill n1 --signal STOP
+      raftmq cluster kill --leader --group broker-b    # a cluster of several groups
     """
     if (node is None) == (not kill_leader):
         raise click.UsageError("name exactly one NODE or --leader")
+    if group is not None and not kill_leader:
+        raise click.UsageError("--group goes with --leader")
     try:
         local = LocalCluster.open(data_dir)
         if kill_leader:
-            node = local.leader_id()
+            if group is None and local.info.groups:
+                names = ", ".join(each.name for each in local.info.groups)
+                raise click.UsageError(f"the cluster has several groups: say whose leader with --group ({names})")
+            if group is not None:
+                local.info.group(group)  # ClusterError naming the groups there are
+            node = local.leader_id(group)
             if node is None:
-                raise ClusterError("no node leads right now")
+                raise ClusterError(f"no node of {group} leads right now" if group else "no node leads right now")
         assert node is not None
         local.kill(node, SIGNALS[signal_name])
     except ClusterError as exc:

@@ -165,6 +165,27 @@ class TopicSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupSettings:
+    """A consumer group's configuration on one broker group (GET_ALL_SUBSCRIPTIONGROUP_CONFIG's
+    SubscriptionGroupConfig); ``config`` is the whole JSON entry as the broker reported it."""
+
+    group: str
+    broker_name: str
+    consume_enable: bool
+    consume_broadcast_enable: bool
+    consume_orderly: bool
+    retry_max_times: int
+    broker_id: int
+    config: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, group: str, broker_name: str, entry: dict[str, Any]) -> GroupSettings:
+        return cls(group, broker_name, bool(entry.get("consumeEnable", True)),
+                   bool(entry.get("consumeBroadcastEnable", True)), bool(entry.get("consumeMessageOrderly", False)),
+                   int(entry.get("retryMaxTimes", 16)), int(entry.get("brokerId", 0)), dict(entry))
+
+
+@dataclass(frozen=True, slots=True)
 class GroupSummary:
     """One consumer group as ``mqadmin consumerProgress`` without a group lists it: its live members, the
     topics it has committed offsets on, its total lag and how fast it consumed over the last minute."""
@@ -648,6 +669,86 @@ class AsyncAdmin:
         return bodies
 
     # ----------------------------------------------------------------------------- groups
+
+    async def group_settings(self, group: str, broker_names: Sequence[str] | None = None) -> dict[str, GroupSettings]:
+        """The group's configuration on each broker group (or the given ones), read from each group's leader
+        (GET_ALL_SUBSCRIPTIONGROUP_CONFIG); a broker group that does not know the group is left out."""
+        check_group(group)
+        found: dict[str, GroupSettings] = {}
+        deadline = self._deadline()
+        for name in list(broker_names) if broker_names else await self.broker_names():
+            response, address = await self.instance.invoke_leader(
+                name, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, deadline=deadline)
+            check_response(response, address)
+            try:
+                entry = json.loads(response.body)["subscriptionGroupTable"].get(group)
+                if entry is not None:
+                    found[name] = GroupSettings.from_json(group, name, entry)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise MQClientError(ResponseCode.SYSTEM_ERROR,
+                                    f"unreadable subscription group config from {address}: {exc!r}") from None
+        return found
+
+    async def update_group(
+        self,
+        group: str,
+        *,
+        retry_max_times: int | None = None,
+        consume_orderly: bool | None = None,
+        consume_enable: bool | None = None,
+        consume_broadcast_enable: bool | None = None,
+        broker_id: int | None = None,
+        cluster: str | None = None,
+        broker_names: Sequence[str] | None = None,
+    ) -> list[str]:
+        """``mqadmin updateSubGroup``: create the consumer group's configuration, or change what is given of
+        it, on each broker group (of ``cluster``, or the given ones); everything else keeps the value that
+        broker group has (read from its leader first; the broker's defaults for a group it does not know).
+        ``retry_max_times``: deliveries after the first before a message goes to the group's dead-letter queue
+        (4.x send-back and 5.x pop alike); ``consume_orderly``: a 5.x FIFO group. Returns the broker groups
+        changed."""
+        check_group(group)
+        changes: dict[str, object] = {}
+        for key, value in (("consumeMessageOrderly", consume_orderly), ("consumeEnable", consume_enable),
+                           ("consumeBroadcastEnable", consume_broadcast_enable)):
+            if value is not None:
+                if not isinstance(value, bool):
+                    raise MessageValidationError(f"{key} must be True or False, got {value!r}")
+                changes[key] = value
+        for key, number in (("retryMaxTimes", retry_max_times), ("brokerId", broker_id)):
+            if number is not None:
+                if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < 2**31 - 1:
+                    raise MessageValidationError(f"{key} must be an integer within [0, {2**31 - 2}], got {number!r}")
+                changes[key] = number
+        if not changes:
+            raise MessageValidationError("nothing to change: give retry max times, orderly, consume enable, "
+                                         "broadcast or broker id")
+        names = list(broker_names) if broker_names else await self.broker_names(cluster)
+        if not names:
+            raise MQClientError(ResponseCode.SYSTEM_ERROR, "no broker group is registered with the name servers")
+        current = await self.group_settings(group, names)
+        deadline = self._deadline()
+        for name in names:
+            config = dict(current[name].config) if name in current else {}
+            config.update(changes, groupName=group)
+            response, address = await self.instance.invoke_leader(
+                name, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}, json.dumps(config).encode(),
+                deadline=deadline)
+            check_response(response, address)
+        return names
+
+    async def delete_group(self, group: str, *, cluster: str | None = None) -> list[str]:
+        """``mqadmin deleteSubGroup``: DELETE_SUBSCRIPTIONGROUP on the leader of each broker group (of
+        ``cluster``): the group's configuration goes (it consumes with the broker's defaults again), its
+        committed offsets stay. Returns the broker groups asked."""
+        check_group(group)
+        names = await self.broker_names(cluster)
+        deadline = self._deadline()
+        for name in names:
+            response, address = await self.instance.invoke_leader(
+                name, RequestCode.DELETE_SUBSCRIPTIONGROUP, {"groupName": group}, deadline=deadline)
+            check_response(response, address)
+        return names
 
     async def group_names(self) -> list[str]:
         """The consumer groups the broker groups know (GET_ALL_SUBSCRIPTIONGROUP_CONFIG of each, merged): those

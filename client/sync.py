@@ -144,6 +144,12 @@ class Admin(_Facade):
     def update_topic(self, topic: str, **options: Any) -> list[str]:
         return self._loop.run(self.async_admin.update_topic(topic, **options))
 
+    def update_group(self, group: str, **options: Any) -> list[str]:
+        return self._loop.run(self.async_admin.update_group(group, **options))
+
+    def delete_group(self, group: str, **options: Any) -> list[str]:
+        return self._loop.run(self.async_admin.delete_group(group, **options))
+
     def list_topics(self, *, include_system: bool = False) -> list[str]:
         return self._loop.run(self.async_admin.list_topics(include_system=include_system))
 

@@ -635,27 +635,44 @@ class SegmentedJournal:
         if not self.sync_enabled:
             return
         with self._sync_lock:
-            if self._closed:
+            self._make_durable_locked()
+
+    def make_durable_unless_busy(self) -> bool:
+        """:meth:`make_durable` on the calling thread, unless a flush is running on another thread: then
+        False at once (that flush, or the next, covers what was added)."""
+        if not self.sync_enabled:
+            return True
+        if not self._sync_lock.acquire(blocking=False):
+            return False
+        try:
+            self._make_durable_locked()
+        finally:
+            self._sync_lock.release()
+        return True
+
+    def _make_durable_locked(self) -> None:
+        """The body of :meth:`make_durable`, with ``_sync_lock`` held."""
+        if self._closed:
+            return
+        with self._lock:
+            if not self._unsynced_segments and not self._directory_unsynced:
                 return
-            with self._lock:
-                if not self._unsynced_segments and not self._directory_unsynced:
-                    return
-                segments, self._unsynced_segments = self._unsynced_segments, []
-                for segment in segments:
-                    segment.unsynced = False
-                directory, self._directory_unsynced = self._directory_unsynced, False
-                target = self._written_index
-            try:
-                for segment in segments:
-                    os.fdatasync(segment.fd)
-                    self.syncs += 1
-                if directory:
-                    os.fsync(self._directory_fd)
-            except OSError as exc:
-                stop_on_sync_error("making the Raft journal durable", exc)
-            with self._lock:
-                self._durable_index = max(self._durable_index, target)
-                self.unsynced = bool(self._unsynced_segments)
+            segments, self._unsynced_segments = self._unsynced_segments, []
+            for segment in segments:
+                segment.unsynced = False
+            directory, self._directory_unsynced = self._directory_unsynced, False
+            target = self._written_index
+        try:
+            for segment in segments:
+                os.fdatasync(segment.fd)
+                self.syncs += 1
+            if directory:
+                os.fsync(self._directory_fd)
+        except OSError as exc:
+            stop_on_sync_error("making the Raft journal durable", exc)
+        with self._lock:
+            self._durable_index = max(self._durable_index, target)
+            self.unsynced = bool(self._unsynced_segments)
 
     def get_entries(self, from_index: int | None, count: int | None = None,
                     size_max_bytes: int | None = None) -> list[LogEntry]:

@@ -369,7 +369,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
     # 5. A follower answers success only for entries on its disk (the leader counts that answer toward a
     #    majority). With our journal, whose flush may run off the tick thread (``concurrent_sync``), the reply
     #    waits in ``_pending_replies`` while the flusher thread syncs, and the tick thread goes on receiving
-    #    the next entries meanwhile (group fsync); otherwise the flush runs right there.
+    #    the next entries meanwhile (group fsync); otherwise (no flusher yet, or the flusher idle: see
+    #    ``_flushed_here``) the flush runs right there.
     # 6. The leader has the entries it appends flushed right after sending them to the followers (the flush
     #    and the round trip overlap), and the no-op it appends on becoming leader. The flush runs on the
     #    flusher thread, as a follower's (the tick thread goes on receiving replies and sending entries
@@ -389,12 +390,34 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
         if isinstance(journal, SegmentedJournal):
             journal.make_durable()
 
+    def _flushed_here(self, index: int) -> bool:
+        """Flush on this (the tick) thread when the flusher is idle, and say whether ``index`` is on disk now.
+        A reply then leaves at once, without the two thread hand-offs of the flusher (one to wake it, one to
+        wake this thread again), which at low load were most of a follower's answer time. When the flusher
+        is busy or asked for, it is left to it, and this thread goes on receiving meanwhile (group fsync)."""
+        flusher = self._flusher
+        journal = self._SyncObj__raftLog
+        if flusher is None or flusher.pending or not isinstance(journal, SegmentedJournal):
+            return False
+        return journal.make_durable_unless_busy() and int(journal.durable_index) >= index
+
     def _flush_soon(self) -> None:
-        """The leader's entries to disk (fix 6): on the flusher thread once it runs, here before."""
-        if self._flusher is not None:
-            self._flusher.request()
-        else:
+        """The leader's entries to disk (fix 6): here before the flusher thread runs, and here too while it is
+        idle (the followers write theirs meanwhile, so the flush overlaps the round trip either way, and the
+        commit step that follows needs no wake-up from another thread); on the flusher thread when it is busy."""
+        flusher = self._flusher
+        if flusher is None:
             self._make_durable()
+            return
+        journal = self._SyncObj__raftLog
+        if not flusher.pending and isinstance(journal, SegmentedJournal):
+            started = time.monotonic()
+            syncs = journal.syncs
+            if journal.make_durable_unless_busy():
+                if journal.syncs != syncs:
+                    self._on_flushed(time.monotonic() - started)
+                return
+        flusher.request()
 
     def _on_flushed(self, seconds: float) -> None:
         self.journal_fsyncs.record(seconds)
@@ -641,7 +664,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
             durable = self._durable_index()
             if durable is None:
                 self._make_durable()  # fix 5, on this thread
-            elif durable < nextNodeIdx - 1:  # fix 5: answered once the flusher has it on disk
+            elif durable < nextNodeIdx - 1 and not self._flushed_here(nextNodeIdx - 1):
+                # fix 5: answered once the flusher has it on disk
                 index = nextNodeIdx - 1
                 self._pending_replies[node] = (self.raftCurrentTerm, index, self._term_at(index), nextNodeIdx)
                 assert self._flusher is not None

@@ -5,6 +5,8 @@ here knows gRPC (``broker.v2.server`` is the shell).
 The mapping is the proxy's (``proxy/grpc/v2/consumer``, ``route/RouteActivity.queryAssignment``):
 
 - QueryAssignment names one queue of this broker with id -1: a receive on it pops from every readable queue.
+  A receive naming a queue (a SimpleConsumer takes the route's queues in turn) pops from every readable queue
+  too, starting with that one: the proxy keeps only the broker's name of it.
 - ReceiveMessage answers a stream: a status, then each message, then the delivery timestamp; with nothing to
   deliver within the long-polling time, only MESSAGE_NOT_FOUND. Tag filters as the 4.x pull path
   (``broker.pull.tag_codes``); SQL filters are not supported. ``auto_renew`` (push consumers) gets
@@ -130,7 +132,19 @@ def _body_and_encoding(stored: StoredMessage) -> tuple[bytes, int]:
 
 def v2_message(popped: PoppedMessage, topic: Resource, invisible_ms: int) -> Message:
     """A popped message as a 5.x consumer receives it (the proxy's ``GrpcConverter.buildMessage``)."""
-    stored = popped.message
+    message = v2_stored_message(popped.message, topic)
+    system = message.system_properties
+    system.receipt_handle = encode_handle(popped.message.queue_id, popped.queue_offset, popped.handle_id)
+    system.queue_offset = popped.queue_offset
+    system.invisible_duration.CopyFrom(Duration(seconds=invisible_ms // 1000, nanos=(invisible_ms % 1000) * 1_000_000))
+    system.delivery_attempt = popped.attempt
+    return message
+
+
+def v2_stored_message(stored: StoredMessage, topic: Resource) -> Message:
+    """A stored message as the 5.x protocol carries it, without what a receive adds (receipt handle,
+    invisibility, attempt): its body (inflated), user properties, tag, keys, message id and type, hosts
+    and times, queue id and offset."""
     properties = stored.property_map
     body, encoding = _body_and_encoding(stored)
     message = Message(body=body)
@@ -161,11 +175,8 @@ def v2_message(popped: PoppedMessage, topic: Resource, invisible_ms: int) -> Mes
     system.born_host = _host_text(stored.born_host)
     system.store_timestamp.CopyFrom(_timestamp(stored.store_timestamp))
     system.store_host = _host_text(stored.store_host)
-    system.receipt_handle = encode_handle(stored.queue_id, popped.queue_offset, popped.handle_id)
     system.queue_id = stored.queue_id
-    system.queue_offset = popped.queue_offset
-    system.invisible_duration.CopyFrom(Duration(seconds=invisible_ms // 1000, nanos=(invisible_ms % 1000) * 1_000_000))
-    system.delivery_attempt = popped.attempt
+    system.queue_offset = stored.queue_offset
     if properties.get(PROPERTY_TRACE_CONTEXT):
         system.trace_context = properties[PROPERTY_TRACE_CONTEXT]
     return message
@@ -239,9 +250,12 @@ class ConsumerService:
             if queue_id >= queue_nums:
                 raise StatusError(Code.BAD_REQUEST, f"topic {topic} has no readable queue {queue_id}")
             deadline = loop_time() + polling_seconds
-            start = self.random.randrange(queue_nums) if queue_nums else 0
+            # as the proxy pops: from every queue of this broker group (its ReceiveMessageQueueSelector keeps only
+            # the broker's name), starting with the queue the client named. The SDKs name the queues in turn;
+            # receiving from that one only left a consumer long-polling an empty queue while others held messages.
+            start = queue_id if queue_id >= 0 else (self.random.randrange(queue_nums) if queue_nums else 0)
             while True:
-                queues = [queue_id] if queue_id >= 0 else [(start + step) % queue_nums for step in range(queue_nums)]
+                queues = [(start + step) % queue_nums for step in range(queue_nums)]
                 for each in queues:
                     popped = await self.pops.receive(group, topic, each, request.batch_size, invisible_ms, codes,
                                                      request.auto_renew)

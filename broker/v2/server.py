@@ -38,6 +38,8 @@ from broker.v2.consumer import ConsumerService
 from broker.v2.protocol import service_pb2 as pb
 from broker.v2.protocol.definition_pb2 import Broker, Code, Status
 from broker.v2.service import CallInfo, MessagingService, NotLeaderError, endpoints
+from broker.v2.status import StatusError
+from broker.v2.telemetry import TelemetrySession
 from commitlog.errors import InvariantError
 
 log = logging.getLogger(__name__)
@@ -299,21 +301,60 @@ class GrpcServer:
 
     async def _telemetry(self, commands: AsyncIterator[pb.TelemetryCommand],
                          context: Context) -> AsyncIterator[pb.TelemetryCommand]:
-        """A client's Telemetry stream: each Settings it sends is answered with the server's; the stream
-        stays open until the client ends it (later, transaction recovery commands travel on it)."""
+        """A client's Telemetry stream: each Settings it sends is answered with the server's, and the server
+        writes its own commands on it (transaction recovery: broker.v2.telemetry) until the client ends it.
+        One task reads the client's commands; this generator writes what the session's outbox holds."""
         call = call_info(context)
-        async for command in commands:
-            try:
-                reply = await self.service.telemetry(command, call)
-            except InvariantError as error:
-                self._fail(error)
-                return
-            except Exception as error:
-                log.exception("gRPC Telemetry failed for %s", context.peer())
-                reply = pb.TelemetryCommand(status=Status(code=Code.INTERNAL_SERVER_ERROR,
-                                                          message=f"{type(error).__name__}: {error}"))
-            if reply is not None:
-                yield reply
+        try:
+            session = self.service.sessions.open(call.client_id)
+        except StatusError as error:
+            yield pb.TelemetryCommand(status=error.status())
+            return
+        reader = asyncio.get_running_loop().create_task(self._read_telemetry(commands, context, call, session),
+                                                        name="grpc-telemetry-read")
+        getter: asyncio.Future[pb.TelemetryCommand] | None = None
+        try:
+            while not (reader.done() and session.outbox.empty()):
+                if not session.outbox.empty():
+                    yield session.outbox.get_nowait()
+                    continue
+                getter = asyncio.ensure_future(session.outbox.get())
+                await asyncio.wait((getter, reader), return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield getter.result()
+                else:
+                    getter.cancel()
+        finally:
+            if getter is not None:
+                getter.cancel()
+            self.service.sessions.close(session)
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
+    async def _read_telemetry(self, commands: AsyncIterator[pb.TelemetryCommand], context: Context, call: CallInfo,
+                              session: TelemetrySession) -> None:
+        """The client's side of a Telemetry stream: answers go to the session's outbox, waiting for room (a
+        client that reads slowly makes its own commands wait). Returns once the client ended the stream."""
+        try:
+            async for command in commands:
+                try:
+                    reply = await self.service.telemetry(command, call)
+                except InvariantError as error:
+                    self._fail(error)
+                    return
+                except Exception as error:
+                    log.exception("gRPC Telemetry failed for %s", context.peer())
+                    reply = pb.TelemetryCommand(status=Status(code=Code.INTERNAL_SERVER_ERROR,
+                                                              message=f"{type(error).__name__}: {error}"))
+                if reply is None:
+                    continue
+                if command.WhichOneof("command") == "settings" and reply.status.code == Code.OK:
+                    session.settings = command.settings  # authorized: its topics may be asked to recover
+                await session.outbox.put(reply)
+        except grpc.aio.AioRpcError as error:
+            log.debug("Telemetry stream of %s ended: %s", call.client_id, error.code())
+        finally:
+            self.service.sessions.close(session)
 
     def _fail(self, error: InvariantError) -> None:
         log.critical("gRPC server: broken invariant: %s", error, exc_info=error)

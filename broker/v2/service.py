@@ -70,6 +70,7 @@ from broker.v2.protocol.service_pb2 import (
     TelemetryCommand,
 )
 from broker.v2.status import StatusError, ok
+from broker.v2.telemetry import TelemetrySessions
 from commitlog.errors import StoreError
 from commitlog.message import TRANSACTION_TYPE_MASK, encode_host
 from commitlog.store import AppendStatus
@@ -156,6 +157,8 @@ class MessagingService:
         self.transactions = transactions
         self.authenticator = authenticator
         self.clients = clients if clients is not None else ClientTable()
+        #: the open Telemetry streams (transaction recovery is written on them)
+        self.sessions = TelemetrySessions(rng=broker.random)
         config = broker.config
         #: Raft address -> that member's gRPC address (this member's and the peers' that are configured)
         self.grpc_address_by_raft = {broker.node.raft_address: config.grpc_address}

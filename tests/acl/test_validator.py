@@ -130,6 +130,9 @@ def test_admin_codes_need_an_admin_account() -> None:
     denied = refusal(signed(RequestCode.UPDATE_AND_CREATE_TOPIC, create, PRODUCER))
     assert denied is not None and "Need admin permission" in denied
     assert refusal(signed(RequestCode.UPDATE_AND_CREATE_TOPIC, create, ADMIN)) is None
+    for code in (RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, RequestCode.DELETE_SUBSCRIPTIONGROUP):
+        assert "Need admin permission" in (refusal(signed(code, {"groupName": "billing"}, CONSUMER)) or "")
+        assert refusal(signed(code, {"groupName": "billing"}, ADMIN)) is None
     # an admin without per-resource permissions touches anything
     assert refusal(signed(RequestCode.SEND_MESSAGE, send_fields("anything"), ADMIN)) is None
     # other codes need only a valid signature

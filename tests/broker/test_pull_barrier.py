@@ -57,7 +57,7 @@ class LaggingStore:
 class StandInMember:
     def __init__(self, store: LaggingStore, leader: bool = True) -> None:
         self.store = store
-        self.state = SimpleNamespace(topics={TOPIC: TopicConfig(TOPIC, 4, 4, 6)})
+        self.state = SimpleNamespace(topics={TOPIC: TopicConfig(TOPIC, 4, 4, 6)}, groups={})
         self.is_leader = leader
         self.group_clock = GroupClock(1)  # the barrier's leader stamp is in the group's time
         self.proposals: list[Command] = []

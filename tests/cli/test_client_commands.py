@@ -49,7 +49,7 @@ def json_lines(result: Result) -> list[dict[str, object]]:
     [
         ["topic", "create"], ["topic", "update"], ["topic", "delete"], ["topic", "list"], ["topic", "describe"],
         ["send"], ["consume"], ["msg", "query"], ["group", "list"], ["group", "progress"], ["group", "status"],
-        ["group", "reset-offset"], ["bench", "produce"], ["bench", "consume"],
+        ["group", "reset-offset"], ["group", "update"], ["group", "delete"], ["bench", "produce"], ["bench", "consume"],
     ],
 )
 def test_every_command_has_help_with_examples(command: list[str]) -> None:

@@ -67,6 +67,17 @@ def node(tmp_path: Path, events: Events, peers: list[str], monkeypatch: pytest.M
                 events.append(("flush", journal.durable_index))
 
     monkeypatch.setattr(SegmentedJournal, "make_durable", flush)
+    flush_unless_busy = SegmentedJournal.make_durable_unless_busy
+
+    def flush_here(journal: SegmentedJournal) -> bool:  # the tick thread's own flush, recorded alike
+        with ORDER:
+            before = journal.durable_index
+            flushed = flush_unless_busy(journal)
+            if journal.durable_index > before:
+                events.append(("flush", journal.durable_index))
+        return flushed
+
+    monkeypatch.setattr(SegmentedJournal, "make_durable_unless_busy", flush_here)
     conf = SyncObjConf(autoTick=False, journalFile=str(tmp_path / "journal"), fullDumpFile=str(tmp_path / "snapshot"),
                        deserializer=load_snapshot, serializer=write_snapshot, logCompactionMinEntries=1 << 30,
                        logCompactionMinTime=1 << 30, raftMinTimeout=0.01, raftMaxTimeout=0.02,
@@ -124,6 +135,18 @@ def test_a_follower_flushes_its_journal_before_it_answers_success(tmp_path: Path
         assert events == [("flush", 3), ("send", "next_node_idx", True)]
 
 
+def test_with_its_flusher_idle_a_follower_flushes_and_answers_at_once(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """No thread hand-off when the flusher has nothing to do: the tick thread flushes the entries it just
+    appended and answers in the same step (before, the answer waited for the flusher thread and a wake-up)."""
+    events: Events = []
+    with node(tmp_path, events, [LEADER, OTHER], monkeypatch) as follower:
+        assert follower._flusher is not None and not follower._flusher.pending
+        follower._SyncObj__onMessageReceived(TCPNode(LEADER), append((1, 0), entries(2, 4, 1), 1))
+        assert events == [("flush", 4), ("send", "next_node_idx", True)]  # no tick in between
+        assert follower._SyncObj__raftLog.durable_index == 4 and not follower._pending_replies
+
+
 def slow_flushes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """Flushes wait until the event returned is set (a disk that is busy)."""
     release = threading.Event()
@@ -134,6 +157,8 @@ def slow_flushes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
         flush(journal)
 
     monkeypatch.setattr(SegmentedJournal, "make_durable", slow_flush)
+    # a busy disk: the tick thread does not flush itself either, it leaves it to the flusher
+    monkeypatch.setattr(SegmentedJournal, "make_durable_unless_busy", lambda journal: False)
     return release
 
 
@@ -215,6 +240,28 @@ def test_a_leader_counts_itself_toward_a_majority_only_for_entries_on_its_disk(
         release.set()
         tick_until(leader, events, ("apply", 4, False))
         assert leader.raftCommitIndex == 4
+
+
+def test_with_its_flusher_idle_a_leader_flushes_what_it_sends_in_the_same_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No thread hand-off when the flusher has nothing to do: the tick that sends new entries to the
+    followers flushes them too, so the next commit step counts the leader without waiting for a wake-up."""
+    events: Events = []
+    with node(tmp_path, events, [LEADER, OTHER], monkeypatch) as leader:
+        leader._SyncObj__setCurrentTerm(1, None)
+        leader._SyncObj__onBecomeLeader()
+        deadline = time.monotonic() + 10
+        while leader._SyncObj__raftLog.durable_index < 2 and time.monotonic() < deadline:
+            leader.doTick(0.001)
+        assert leader._flusher is not None and not leader._flusher.pending
+        events.clear()
+        leader.propose_raw(RAW_COMMAND_PREFIX + b"one", lambda result, error: None)
+        leader.doTick(0)  # one tick: appended, sent and on disk (not left to the flusher thread)
+        assert events == [("flush", 3)] and leader._SyncObj__raftLog.durable_index == 3
+        leader._SyncObj__onMessageReceived(TCPNode(LEADER), {"type": "next_node_idx", "next_node_idx": 4,
+                                                             "success": True, "term": 1})
+        leader.doTick(0)
+        assert leader.raftCommitIndex == 3  # the follower and the leader's disk: a majority, no wake-up needed
 
 
 def test_a_single_member_leader_flushes_before_it_commits_and_applies(tmp_path: Path,

@@ -69,11 +69,14 @@ class DriverRun:
 
 
 def produce(endpoints: str, topic: str, messages: list[dict[str, Any]], *, access_key: str = "",
-            secret_key: str = "", home: Path | None = None) -> DriverRun:
-    """Send ``messages`` (see :mod:`tests.interop.sdk5_driver`) with one stock SDK producer."""
+            secret_key: str = "", home: Path | None = None, check_answers: dict[str, str] | None = None,
+            await_checks: int = 0, await_checks_seconds: float = 0.0) -> DriverRun:
+    """Send ``messages`` (see :mod:`tests.interop.sdk5_driver`) with one stock SDK producer; with
+    ``await_checks``, it stays up until that many check-backs were answered (``check_answers``)."""
     sdk_python = ensure()
     spec = {"endpoints": endpoints, "topic": topic, "messages": messages, "access_key": access_key,
-            "secret_key": secret_key}
+            "secret_key": secret_key, "check_answers": check_answers or {}, "await_checks": await_checks,
+            "await_checks_seconds": await_checks_seconds}
     with tempfile.TemporaryDirectory(prefix="sdk5-") as scratch:
         spec_path = Path(scratch) / "spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -81,20 +84,21 @@ def produce(endpoints: str, topic: str, messages: list[dict[str, Any]], *, acces
         environment = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
         environment["HOME"] = str(home or scratch)
         completed = subprocess.run([str(sdk_python), str(DRIVER), "produce", str(spec_path)], capture_output=True,
-                                   text=True, env=environment, cwd=scratch, timeout=DRIVER_TIMEOUT_SECONDS)
+                                   text=True, env=environment, cwd=scratch,
+                                   timeout=DRIVER_TIMEOUT_SECONDS + await_checks_seconds)
     results = [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("{")]
     return DriverRun(results, completed.returncode, completed.stderr)
 
 
 def consume(endpoints: str, topic: str, group: str, *, deliveries: int, seconds: float, invisible_seconds: int,
             await_seconds: int = 5, tag: str = "*", no_ack_first: list[str] | None = None,
-            change_invisible_first: dict[str, int] | None = None, access_key: str = "",
-            secret_key: str = "") -> DriverRun:
+            change_invisible_first: dict[str, int] | None = None, never_ack: list[str] | None = None,
+            access_key: str = "", secret_key: str = "") -> DriverRun:
     """Receive with one stock SDK SimpleConsumer (see :mod:`tests.interop.sdk5_driver`): a result per delivery."""
     spec = {"endpoints": endpoints, "topic": topic, "group": group, "deliveries": deliveries, "seconds": seconds,
             "invisible_seconds": invisible_seconds, "await_seconds": await_seconds, "tag": tag,
             "no_ack_first": no_ack_first or [], "change_invisible_first": change_invisible_first or {},
-            "access_key": access_key, "secret_key": secret_key}
+            "never_ack": never_ack or [], "access_key": access_key, "secret_key": secret_key}
     return _run("consume", spec, seconds + DRIVER_TIMEOUT_SECONDS)
 
 

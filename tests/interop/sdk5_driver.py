@@ -9,15 +9,20 @@ Runs only under the SDK's own venv (``tests.interop.sdk5``), never in the test p
 
 SPEC: ``{"endpoints": "host:port", "access_key": "", "secret_key": "", "topic": "T", "messages": [{"body":
 "...", "tag": "...", "keys": [...], "properties": {...}, "message_group": "...", "delivery_timestamp_ms": 0,
-"transaction": "commit" | "rollback"}]}``. One producer sends every message in order (a transactional one
-in a transaction resolved as asked) and prints one JSON line per message: ``{"index", "ok", "message_id",
-"transaction_id", "offset"}`` or ``{"index", "ok": false, "error", "code"}``. Exits 0 when it ran to the end.
+"transaction": "commit" | "rollback" | "leave"}], "check_answers": {body: "commit" | "rollback"}, "await_checks": 0,
+"await_checks_seconds": 0}``. One producer sends every message in order (a transactional one in a transaction
+resolved as asked, or left for the broker to check back) and prints one JSON line per message: ``{"index",
+"ok", "message_id", "transaction_id", "offset"}`` or ``{"index", "ok": false, "error", "code"}``. Its checker
+answers a check-back (RecoverOrphanedTransactionCommand) as ``check_answers`` says, printing ``{"checked",
+"message_id", "topic", "answer"}``; it waits for ``await_checks`` of them at most ``await_checks_seconds``.
+Exits 0 when it ran to the end.
 
 consume SPEC: ``{"endpoints", "access_key", "secret_key", "topic", "group", "tag": "*", "invisible_seconds",
 "await_seconds", "batch", "deliveries", "seconds", "no_ack_first": [bodies], "change_invisible_first":
-{body: seconds}}``. One SimpleConsumer receives until ``deliveries`` messages arrived or ``seconds`` passed;
-it acknowledges each, except the first delivery of a body in ``no_ack_first`` (left to come back after its
-invisible time) and of a body in ``change_invisible_first`` (its invisible time changed instead). One JSON
+{body: seconds}, "never_ack": [bodies]}``. One SimpleConsumer receives until ``deliveries`` messages arrived or
+``seconds`` passed; it acknowledges each, except the first delivery of a body in ``no_ack_first`` (left to come
+back after its invisible time), of a body in ``change_invisible_first`` (its invisible time changed instead),
+and every delivery of a body in ``never_ack``. One JSON
 line per delivery: ``{"body", "message_id", "tag", "keys", "attempt", "queue", "offset", "acked",
 "changed", "ack_error"}``; ``{"error"}`` for a failed receive.
 """
@@ -36,14 +41,24 @@ from typing import Any
 REQUEST_TIMEOUT_SECONDS = 10
 
 
-def _checker(rocketmq: Any) -> Any:
-    class CommitAll(rocketmq.TransactionChecker):  # type: ignore[misc]
-        """Answers check-backs (none are expected: every transaction here is resolved at once)."""
+def _checker(rocketmq: Any, answers: dict[str, str], checked: list[str]) -> Any:
+    lock = threading.Lock()
+
+    class Answers(rocketmq.TransactionChecker):  # type: ignore[misc]
+        """Answers a check-back of a body as ``answers`` says (commit when it does not say), one JSON line each."""
 
         def check(self, message: Any) -> Any:
+            body = message.body.decode()
+            answer = answers.get(body, "commit")
+            with lock:
+                print(json.dumps({"checked": body, "message_id": message.message_id, "topic": message.topic,
+                                  "answer": answer}), flush=True)
+                checked.append(body)
+            if answer == "rollback":
+                return rocketmq.TransactionResolution.ROLLBACK
             return rocketmq.TransactionResolution.COMMIT
 
-    return CommitAll()
+    return Answers()
 
 
 def produce(spec: dict[str, Any]) -> None:
@@ -51,7 +66,9 @@ def produce(spec: dict[str, Any]) -> None:
     credentials = rocketmq.Credentials(spec.get("access_key", ""), spec.get("secret_key", ""))
     configuration = rocketmq.ClientConfiguration(spec["endpoints"], credentials, request_timeout=REQUEST_TIMEOUT_SECONDS)
     topic = spec["topic"]
-    producer = rocketmq.Producer(configuration, (topic,), checker=_checker(rocketmq))
+    checked: list[str] = []
+    producer = rocketmq.Producer(configuration, (topic,), checker=_checker(rocketmq, spec.get("check_answers", {}),
+                                                                           checked))
     producer.startup()
     try:
         for index, item in enumerate(spec["messages"]):
@@ -75,8 +92,9 @@ def produce(spec: dict[str, Any]) -> None:
                     receipt = producer.send(message, transaction)
                     if item["transaction"] == "commit":
                         transaction.commit()
-                    else:
+                    elif item["transaction"] == "rollback":
                         transaction.rollback()
+                    # "leave": neither, the broker checks back
                 else:
                     receipt = producer.send(message)
                 result = {"index": index, "ok": True, "message_id": receipt.message_id,
@@ -85,6 +103,12 @@ def produce(spec: dict[str, Any]) -> None:
                 result = {"index": index, "ok": False, "error": f"{type(error).__name__}: {error}",
                           "code": getattr(error, "code", None)}
             print(json.dumps(result), flush=True)
+        # stay up for the broker's check-backs, then for the EndTransaction each answer sends
+        deadline = time.monotonic() + spec.get("await_checks_seconds", 0)
+        while len(checked) < spec.get("await_checks", 0) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if checked:
+            time.sleep(2.0)
     finally:
         producer.shutdown()
 
@@ -99,6 +123,7 @@ def consume(spec: dict[str, Any]) -> None:
     consumer.startup()
     no_ack = set(spec.get("no_ack_first", ()))
     change = dict(spec.get("change_invisible_first", {}))
+    never = set(spec.get("never_ack", ()))
     deadline = time.monotonic() + spec["seconds"]
     delivered = 0
     try:
@@ -119,7 +144,7 @@ def consume(spec: dict[str, Any]) -> None:
                     if first and body in change:
                         consumer.change_invisible_duration(message, change[body])
                         result["changed"] = True
-                    elif not (first and body in no_ack):
+                    elif not (first and body in no_ack) and body not in never:
                         consumer.ack(message)
                         result["acked"] = True
                 except Exception as error:

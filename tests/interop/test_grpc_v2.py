@@ -216,6 +216,28 @@ def test_transactional_send_commit_and_rollback(group: Group, topic: str) -> Non
     assert committed.prepared_transaction_offset > 0  # the half it came from, as a 4.x commit has it
 
 
+def test_an_unresolved_transaction_is_checked_back_through_telemetry(group: Group, topic: str) -> None:
+    """Halves the producer neither commits nor rolls back: the leader's check-back service sends each a
+    RecoverOrphanedTransactionCommand on the producer's Telemetry stream, and the checker's answer
+    (EndTransaction, source SOURCE_SERVER_CHECK) commits one and rolls the other back."""
+    group.create_topic(topic)
+    run = sdk5.produce(group.leader().grpc_address, topic, [
+        {"body": "check-commit", "transaction": "leave", "keys": ["tx-check"]},
+        {"body": "check-rollback", "transaction": "leave"},
+    ], check_answers={"check-rollback": "rollback"}, await_checks=2, await_checks_seconds=60.0)
+    assert run.returncode == 0, run.describe()
+    sent = {result["index"]: result for result in run.results if "index" in result}
+    assert sent[0]["ok"] and sent[1]["ok"] and sent[0]["transaction_id"], run.describe()
+    checks = [result for result in run.results if "checked" in result]
+    assert sorted((check["checked"], check["answer"]) for check in checks) == [
+        ("check-commit", "commit"), ("check-rollback", "rollback")], run.describe()
+    assert all(check["topic"] == topic for check in checks)
+    assert {check["message_id"] for check in checks} == {sent[0]["message_id"], sent[1]["message_id"]}
+    (committed,) = consume(group, topic, 1)
+    assert committed.body == b"check-commit" and committed.msg_id == sent[0]["message_id"]
+    assert committed.keys == ("tx-check",) and committed.prepared_transaction_offset > 0
+
+
 def test_a_follower_forwards_sends_to_the_leader(group: Group, topic: str) -> None:
     group.create_topic(topic)
     follower = group.follower()

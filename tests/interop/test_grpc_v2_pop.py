@@ -8,6 +8,7 @@ failover of the leader with messages in flight are driven with our generated stu
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -16,10 +17,11 @@ from typing import Final
 
 import grpc
 import pytest
+from click.testing import CliRunner, Result
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message as ProtobufMessage
 
-from broker.remoting import ResponseCode
+from broker.remoting import RequestCode, ResponseCode
 from broker.v2.protocol import service_pb2 as pb
 from broker.v2.protocol.definition_pb2 import (
     Code,
@@ -31,9 +33,11 @@ from broker.v2.protocol.definition_pb2 import (
 )
 from broker.v2.server import SERVICE_NAME
 from cli.cluster import LocalCluster, NodeInfo
+from cli.main import main as cli_main
 from client.config import ClientConfig, ProducerConfig
 from client.message import Message as Message4
 from client.producer import AsyncProducer
+from tests.broker import wire
 from tests.interop import sdk5
 from tests.interop.harness import create_topic, max_offset, run_async
 from tests.support import small_store, wait_for
@@ -216,45 +220,46 @@ def test_change_invisible_issues_a_new_handle_and_old_handles_are_refused(group:
     assert receive(leader, "GID_pop_handles", topic, invisible_ms=5000)[0] == Code.MESSAGE_NOT_FOUND
 
 
-def test_leader_failover_with_messages_in_flight(tmp_path: Path) -> None:
+def test_leader_failover_with_messages_in_flight(group: Group) -> None:
     """Acknowledged messages never come back; unacknowledged ones come back at their time from the new
-    leader; a handle of the old leader is honoured while its entry stands, and refused once redelivered."""
+    leader; a handle of the old leader is honoured while its entry stands, and refused once redelivered.
+    On the module's group (a topic and consumer group of its own; nothing here needs a fresh group): the old
+    leader is restarted and back as a member before the next test."""
     topic = "pop_failover"
-    with start_group(tmp_path / "failover") as cluster:
-        group = Group(cluster)
-        group.create_topic(topic)
-        old_leader = group.leader()
-        send(old_leader, topic, "acked-0", "acked-1", "back-0", "honoured-0")
-        received = {message.body.decode(): message
-                    for message in receive_all(old_leader, "GID_pop_failover", topic, 4, invisible_ms=8_000)}
-        for body in ("acked-0", "acked-1"):
-            assert ack(old_leader, "GID_pop_failover", topic, received[body]) == Code.OK
-        cluster.kill(old_leader.id)
-        def new_leader_node() -> NodeInfo | None:
-            node = cluster.leader_node()
-            return node if node is not None and node.id != old_leader.id else None
+    cluster = group.cluster
+    group.create_topic(topic)
+    old_leader = group.leader()
+    send(old_leader, topic, "acked-0", "acked-1", "back-0", "honoured-0")
+    received = {message.body.decode(): message
+                for message in receive_all(old_leader, "GID_pop_failover", topic, 4, invisible_ms=8_000)}
+    for body in ("acked-0", "acked-1"):
+        assert ack(old_leader, "GID_pop_failover", topic, received[body]) == Code.OK
+    cluster.kill(old_leader.id)
+    def new_leader_node() -> NodeInfo | None:
+        node = cluster.leader_node()
+        return node if node is not None and node.id != old_leader.id else None
 
-        new_leader = wait_for(new_leader_node, 60.0, "a new leader")
-        # the old leader's handle of an in-flight message is honoured by the new leader (replicated state)
-        assert ack(new_leader, "GID_pop_failover", topic, received["honoured-0"]) == Code.OK
-        deadline = time.monotonic() + 40.0
-        again: list[Message] = []
-        while time.monotonic() < deadline and not again:
-            again = receive(new_leader, "GID_pop_failover", topic, invisible_ms=30_000, polling_ms=2000)[1]
-        assert [message.body for message in again] == [b"back-0"]
-        assert again[0].system_properties.delivery_attempt == 2
-        # the old handle of the redelivered message is stale now; the new one works
-        assert ack(new_leader, "GID_pop_failover", topic, received["back-0"]) == Code.INVALID_RECEIPT_HANDLE
-        assert ack(new_leader, "GID_pop_failover", topic, again[0]) == Code.OK
-        code, rest = receive(new_leader, "GID_pop_failover", topic, invisible_ms=5000, polling_ms=500)
-        assert code == Code.MESSAGE_NOT_FOUND and not rest
-        cluster.restart(old_leader.id)
+    new_leader = wait_for(new_leader_node, 60.0, "a new leader")
+    # the old leader's handle of an in-flight message is honoured by the new leader (replicated state)
+    assert ack(new_leader, "GID_pop_failover", topic, received["honoured-0"]) == Code.OK
+    deadline = time.monotonic() + 40.0
+    again: list[Message] = []
+    while time.monotonic() < deadline and not again:
+        again = receive(new_leader, "GID_pop_failover", topic, invisible_ms=30_000, polling_ms=2000)[1]
+    assert [message.body for message in again] == [b"back-0"]
+    assert again[0].system_properties.delivery_attempt == 2
+    # the old handle of the redelivered message is stale now; the new one works
+    assert ack(new_leader, "GID_pop_failover", topic, received["back-0"]) == Code.INVALID_RECEIPT_HANDLE
+    assert ack(new_leader, "GID_pop_failover", topic, again[0]) == Code.OK
+    code, rest = receive(new_leader, "GID_pop_failover", topic, invisible_ms=5000, polling_ms=500)
+    assert code == Code.MESSAGE_NOT_FOUND and not rest
+    cluster.restart(old_leader.id)
 
-        def caught_up() -> bool:
-            rows = {str(row["node"]): row for row in cluster.status()}
-            return rows[old_leader.id]["role"] in ("follower", "leader")
+    def caught_up() -> bool:
+        rows = {str(row["node"]): row for row in cluster.status()}
+        return rows[old_leader.id]["role"] in ("follower", "leader")
 
-        wait_for(caught_up, 60.0, "the old leader back")
+    wait_for(caught_up, 60.0, "the old leader back")
 
 
 def test_forward_to_dead_letter_queue_stores_it_there_once(group: Group, topic: str) -> None:
@@ -301,3 +306,70 @@ def test_query_assignment_names_the_leader_with_queue_minus_one(group: Group, to
     assert isinstance(missing, pb.QueryAssignmentResponse) and missing.status.code == Code.TOPIC_NOT_FOUND
 
 
+
+
+def raftmq_cli(cluster: LocalCluster, *arguments: str) -> Result:
+    result = CliRunner().invoke(cli_main, list(arguments), env={"RAFTMQ_NAMESRV": cluster.namesrv})
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_a_group_configured_through_admin_dead_letters_after_its_max_attempts(group: Group, topic: str) -> None:
+    """``raftmq group update --retry-max 1``: a stock 5.x SimpleConsumer that never acknowledges gets the
+    message twice (max attempts = retry max + 1), then it is in %DLQ%group, readable by a 4.x pull once
+    ``raftmq topic update`` made it readable; an old
+    4.x client's send-back (no maxReconsumeTimes in its header) follows the same setting."""
+    group.create_topic(topic)
+    leader = group.leader()
+    name, dead_letters = "GID_pop_max", "%DLQ%GID_pop_max"
+    assert "retry max 1, broker id 0" in raftmq_cli(group.cluster, "group", "update", name, "--retry-max", "1").stdout
+    # each update changes only what it is given
+    assert "retry max 1, broker id 0, orderly" in raftmq_cli(group.cluster, "group", "update", name, "--orderly").stdout
+    unordered = raftmq_cli(group.cluster, "group", "update", name, "--no-orderly").stdout
+    assert "retry max 1" in unordered and "orderly" not in unordered
+    # a follower forwards the change to the leader (as mqadmin updateSubGroup sends it, the whole config)
+    follower = next(node for node in group.cluster.info.nodes if node.id != leader.id)
+    config = json.dumps({"groupName": name, "retryMaxTimes": 1, "consumeMessageOrderly": False}).encode()
+    code, _, _ = wire.call(follower.broker_address, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}, config)
+    assert code == ResponseCode.SUCCESS
+    produced = sdk5.produce(leader.grpc_address, topic, [{"body": "poison", "tag": "TagA"}, {"body": "fine", "tag": "TagA"}])
+    assert produced.returncode == 0 and all(result["ok"] for result in produced.results), produced.describe()
+    consumed = sdk5.consume(leader.grpc_address, topic, name, deliveries=3, seconds=60, invisible_seconds=2,
+                            await_seconds=2, never_ack=["poison"])
+    assert consumed.returncode == 0, consumed.describe()
+    deliveries = [(result["body"], result["attempt"], result["acked"]) for result in consumed.results if "body" in result]
+    assert sorted(deliveries) == [("fine", 1, True), ("poison", 1, False), ("poison", 2, False)], consumed.describe()
+    wait_for(lambda: max_offset(leader.broker_address, dead_letters, 0).ext_fields.get("offset") == "1", 30.0,
+             "the dead letter after the second delivery's invisible time")
+    # write-only as the broker creates it (RocketMQ's PERM_WRITE): made readable as an operator does
+    assert "perm rw" in raftmq_cli(group.cluster, "topic", "update", dead_letters, "--perm", "rw").stdout
+    code, fields, pulled = wire.pull(leader.broker_address, dead_letters, 0, 0)
+    assert code == ResponseCode.SUCCESS and len(pulled) == 1, (code, fields)
+    (dead,) = pulled
+    assert code == ResponseCode.SUCCESS and dead.body == b"poison"
+    assert dead.property_map["DLQ_ORIGIN_TOPIC"] == topic and dead.reconsume_times == 2
+    code, rest = receive(leader, name, topic, invisible_ms=5000, polling_ms=500)
+    assert code == Code.MESSAGE_NOT_FOUND and not rest
+    # 4.x send-back: below the group's retry max to %RETRY%, at it to the dead-letter queue
+    fine = next(message for queue_id in range(QUEUES)
+                for message in wire.pull(leader.broker_address, topic, queue_id, 0)[2] if message.body == b"fine")
+    back = {"offset": str(fine.physical_offset), "group": name, "delayLevel": "1", "originMsgId": fine.msg_id,
+            "originTopic": topic, "unitMode": "false"}
+    assert wire.call(leader.broker_address, RequestCode.CONSUMER_SEND_MSG_BACK, back)[0] == ResponseCode.SUCCESS
+    wait_for(lambda: max_offset(leader.broker_address, f"%RETRY%{name}", 0).ext_fields.get("offset") == "1", 30.0,
+             "the retry after its 1 s delay")
+    (retried,) = wire.pull(leader.broker_address, f"%RETRY%{name}", 0, 0)[2]
+    back["offset"] = str(retried.physical_offset)
+    assert wire.call(leader.broker_address, RequestCode.CONSUMER_SEND_MSG_BACK, back)[0] == ResponseCode.SUCCESS
+    wait_for(lambda: max_offset(leader.broker_address, dead_letters, 0).ext_fields.get("offset") == "2", 30.0,
+             "the 4.x dead letter")
+    # consume disabled: both protocols refuse the group
+    disabled = raftmq_cli(group.cluster, "group", "update", name, "--no-consume-enable").stdout
+    assert "retry max 1" in disabled and "consume disabled" in disabled
+    assert wire.pull(leader.broker_address, topic, 0, 0, group=name)[0] == ResponseCode.NO_PERMISSION
+    assert receive(leader, name, topic, invisible_ms=5000)[0] == Code.FORBIDDEN
+    # deleted: the group consumes with the broker's defaults again
+    assert f"group {name} deleted" in raftmq_cli(group.cluster, "group", "delete", name).stdout
+    listed = json.loads(wire.call(leader.broker_address, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)[2])
+    entry = listed["subscriptionGroupTable"].get(name)  # listed while it has committed offsets
+    assert entry is None or entry["retryMaxTimes"] == 16
