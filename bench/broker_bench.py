@@ -52,11 +52,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import bench_table, cpp_producer, cpu_meter
 from bench.figures import percentile as percentile  # timer_bench.py imports it from here
 from bench.figures import produce_figures
+from bench.sdk_sends import timed_sends
 from broker.remoting.client import RemotingClient
 from broker.remoting.codes import RequestCode, ResponseCode
 from cli.cluster import LocalCluster, route_master
 from client.config import ProducerConfig
-from client.errors import MQClientError
 from client.message import Message
 from client.producer import AsyncProducer
 
@@ -117,28 +117,11 @@ async def produce_with_sdk(namesrv: str, count: int, in_flight: int,
     """Our producer (client.producer.AsyncProducer, its defaults: concurrent sends to one queue coalesced into
     batch requests, each with its own result): ``in_flight`` tasks awaiting ``send`` in a loop."""
     config = ProducerConfig(group="bench-sdk-producer", inflight_sends_max=in_flight, compress_body_over_bytes=0)
-    latencies: list[float] = []
-    errors = 0
-    remaining = count
     async with AsyncProducer(namesrv, config) as producer:
         await producer.send(Message(TOPIC, BODY, tags="bench"))  # routes and connections before the clock starts
-
-        async def worker() -> None:
-            nonlocal remaining, errors
-            while remaining > 0:
-                remaining -= 1
-                started = time.perf_counter()
-                try:
-                    await producer.send(Message(TOPIC, BODY, tags="bench"))
-                except MQClientError:
-                    errors += 1
-                    continue
-                latencies.append(time.perf_counter() - started)
-
         before = cpu_meter.sample(processes)
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(in_flight)))
-        seconds = time.perf_counter() - started
+        latencies, errors, seconds = await timed_sends(producer, lambda: Message(TOPIC, BODY, tags="bench"), count,
+                                                       in_flight)
         after = cpu_meter.sample(processes)
         coalescer = producer._coalescer
         batches = {} if coalescer is None else {"batches": coalescer.batches, "batched_sends": coalescer.batched_sends}

@@ -33,10 +33,10 @@ from typing import Any, Final
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.figures import percentile, produce_figures
+from bench.sdk_sends import timed_sends
 from cli.cluster import LocalCluster
 from client.admin import AsyncAdmin
 from client.config import ClientConfig, ConsumerConfig, ProducerConfig
-from client.errors import MQClientError
 from client.message import Message
 from client.producer import AsyncProducer
 from client.pull_consumer import AsyncPullConsumer
@@ -101,27 +101,10 @@ async def produce_4x(namesrv: str, count: int, in_flight: int, size: int) -> dic
     config = ProducerConfig(group="bench-grpc-4x-producer", inflight_sends_max=max(in_flight, 1),
                             compress_body_over_bytes=0)
     body = os.urandom(size)
-    latencies: list[float] = []
-    errors = 0
-    remaining = count
     async with AsyncProducer(namesrv, config) as producer:
         await producer.send(Message(TOPIC_4X, body, tags="bench"))  # routes and connections, out of the clock
-
-        async def worker() -> None:
-            nonlocal remaining, errors
-            while remaining > 0:
-                remaining -= 1
-                started = time.perf_counter()
-                try:
-                    await producer.send(Message(TOPIC_4X, body, tags="bench"))
-                except MQClientError:
-                    errors += 1
-                    continue
-                latencies.append(time.perf_counter() - started)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(in_flight)))
-        seconds = time.perf_counter() - started
+        latencies, errors, seconds = await timed_sends(producer, lambda: Message(TOPIC_4X, body, tags="bench"),
+                                                       count, in_flight)
     return {"protocol": "4.x", "client": "raftmq", "mode": "produce", "in_flight": in_flight,
             **produce_figures(latencies, errors, seconds, size)}
 
