@@ -37,7 +37,6 @@ import json
 import os
 import re
 import time
-import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +48,7 @@ from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import RequestContext
 from commitlog.consume_queue import CQ_UNIT
 from commitlog.key_index import ENTRY
+from commitlog.message import crc32  # ISA-L's CRC-32: zlib's values, several times faster
 
 #: raftmq's own request codes (RocketMQ 4.x uses none above 1000)
 REPLICA_FILES_STATUS: Final = 7801
@@ -194,7 +194,7 @@ class ReadResult:
 
     def fields(self) -> dict[str, str]:
         return {"offset": str(self.offset), "readableEnd": str(self.readable_end),
-                "crc32": str(zlib.crc32(self.data))}
+                "crc32": str(crc32(self.data))}
 
 
 def parse_read_response(fields: Mapping[str, str], body: bytes) -> ReadResult:
@@ -203,7 +203,7 @@ def parse_read_response(fields: Mapping[str, str], body: bytes) -> ReadResult:
         offset, readable_end, crc = int(fields["offset"]), int(fields["readableEnd"]), int(fields["crc32"])
     except (KeyError, ValueError) as exc:
         raise ReplicaFilesError(f"a read response without its fields: {exc}") from None
-    if zlib.crc32(body) != crc:
+    if crc32(body) != crc:
         raise ReplicaFilesError(f"CRC mismatch on {len(body)} bytes from offset {offset}")
     return ReadResult(offset, body, readable_end)
 

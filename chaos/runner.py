@@ -42,7 +42,7 @@ from chaos.replicas import compare_replicas
 from chaos.report import fault_figures, plot_timeline
 from chaos.scenarios import SCENARIOS, Scenario
 from chaos.toxiproxy_control import ToxiproxyHandle, ensure_toxiproxy
-from chaos.workload import Recorder, Workload, WorkloadConfig
+from chaos.workload import BURST_GRACE_SECONDS, Recorder, Workload, WorkloadConfig
 from cli.cluster import ClusterError, ClusterInfo, is_alive
 from client.admin import AsyncAdmin
 
@@ -248,7 +248,9 @@ async def _drive(options: RunOptions, scenario: Scenario, cluster: ChaosCluster,
             await faults.heal_everything()
         print(f"  healed; cooling down {options.cooldown_seconds:g} s", file=out, flush=True)
         await asyncio.sleep(options.cooldown_seconds)
-        await workload.stop_producers(config.send_timeout_seconds * config.send_attempts_max + 5)
+        # a burst not done by now goes on for up to BURST_GRACE_SECONDS: the wait covers it
+        burst_grace = BURST_GRACE_SECONDS if config.burst_messages else 0.0
+        await workload.stop_producers(config.send_timeout_seconds * config.send_attempts_max + 5 + burst_grace)
         print("  draining consumers", file=out, flush=True)
         progress.drained = await workload.drain(options.drain_timeout_seconds)
         await workload.stop()

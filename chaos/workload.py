@@ -74,6 +74,8 @@ ANY_READS: Final = "any"
 BACKOFF_SECONDS: Final = 0.1
 #: a cancelled send is recorded with this code (the outcome is unknown)
 CANCELLED_CODE: Final = -1
+#: how long a burst goes on past the end of the run when it is not done by then (a slow machine)
+BURST_GRACE_SECONDS: Final = 60.0
 QUERY_NOT_FOUND: Final = 22
 
 
@@ -317,7 +319,15 @@ class ProducerWorker:
         key = f"{self.name}-burst"
         sequence = 0
         filler = b"x" * max(0, config.body_bytes - 32)  # not random: the burst is about ids, not bytes
-        while sequence < config.burst_messages and not stop.is_set():
+        loop = asyncio.get_running_loop()
+        stopped_at: float | None = None
+        while sequence < config.burst_messages:
+            # the burst is whole even when a slow machine has not sent it by the end of the run: it goes on
+            # up to BURST_GRACE_SECONDS past the stop (checks count on every one of its messages)
+            if stop.is_set():
+                stopped_at = loop.time() if stopped_at is None else stopped_at
+                if loop.time() - stopped_at > BURST_GRACE_SECONDS:
+                    break
             count = min(config.burst_batch, config.burst_messages - sequence)
             messages = [Message(config.topic, f"{key}#{sequence + n}#".encode() + filler, sharding_key=key)
                         for n in range(count)]
