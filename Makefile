@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-at demo lint typecheck unit bench bench-packages chaos chaos-nats clean system-packages grpc-v2 audit-cluster
+.PHONY: test test-at demo lint typecheck unit bench bench-packages chaos chaos-nats chaos-grpc clean system-packages grpc-v2 audit-cluster
 
 $(STAMP): pyproject.toml setup.py commitlog/_native.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,8 +28,17 @@ SDK5_STAMP := $(VENV)/rocketmq5/requirements.sha256
 $(SDK5_STAMP): $(STAMP) tests/interop/sdk5-requirements.txt
 	$(BIN)/python -m tests.interop.sdk5
 
-unit: $(STAMP) system-packages $(SDK5_STAMP)
-	$(BIN)/pytest
+# the stock RocketMQ 5.x Node.js SDK (npm ci into tests/interop/sdk5_node/node_modules, ignored by git), for the
+# gRPC interop tests: installed when missing or when its package-lock.json changed, so no network once installed
+NODE_SDK5_STAMP := tests/interop/sdk5_node/node_modules/.raftmq-package-lock.sha256
+
+$(NODE_SDK5_STAMP): $(STAMP) tests/interop/sdk5_node/package-lock.json
+	$(BIN)/python -m tests.interop.sdk5_nodejs
+
+# two workers (pytest-xdist), a test file each at a time: most tests wait on processes (elections, polls), so
+# the suite takes about 60% of its serial time on two cores; `.venv/bin/pytest` alone runs serially
+unit: $(STAMP) system-packages $(SDK5_STAMP) $(NODE_SDK5_STAMP)
+	$(BIN)/pytest -n 2 --dist loadfile
 
 # regenerate broker/v2/protocol/ from broker/v2/proto/ (the generated modules are committed)
 grpc-v2: $(STAMP)
@@ -84,5 +93,11 @@ chaos-nats: $(STAMP) system-packages bench-packages
 	@$(BIN)/raftmq chaos run --scenario power-loss --system nats --duration $(CHAOS_DURATION) --seed $(CHAOS_SEED) \
 		--report chaos-report/power-loss-nats; test $$? -ne 2
 
+# a chaos run whose workload uses the 5.x gRPC protocol for part of its producers and consumers (chaos/grpc_workload.py)
+CHAOS_GRPC_SCENARIO ?= mixed
+chaos-grpc: $(STAMP) system-packages
+	RAFTMQ_CHAOS_GRPC=1 RAFTMQ_CHAOS_GRPC_SCENARIO=$(CHAOS_GRPC_SCENARIO) RAFTMQ_CHAOS_GRPC_SECONDS=$(CHAOS_DURATION) \
+		$(BIN)/pytest tests/chaos/test_grpc_workload.py -k any_scenario -s
+
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache tests/interop/sdk5_node/node_modules

@@ -3,12 +3,14 @@
     python bench/failover_bench.py [--kills 10] [--rate 50] [--clients cpp,ours] [--front haproxy|none]
                                    [--route-to leader|followers] [--cpp-send-timeout-ms 3000]
 
-A local three-member group with its front (cli.front: HAProxy routing to the leader, registered as brokerId 0).
+A local three-member group with its front (cli.front: HAProxy, registered as brokerId 0, by default sending
+clients to the followers, which forward to the leader and hold a request through an election).
 For each client, a producer sends sync at ``--rate`` messages/s while the bench kills the leader ``--kills``
 times (SIGKILL; the member is restarted and back in the group before the next kill). The figure of one kill
 is the time without an ack: the longest time between two acknowledged sends from the last one before the
 kill until SETTLE_SECONDS after the first one after it (so a second stall, as clients reconnect, counts too).
-Printed: p50 and max over the kills, per client, and the sends that failed meanwhile.
+Printed: p50 and max over the kills, per client, the sends that failed meanwhile, and what reading the topic
+back found: acknowledged messages missing or stored twice.
 
 - ``cpp``: the stock C++ client 1.2.3 (PyPI ``rocketmq``), in a process of its own
   (bench/cpp_failover_producer.py); it knows only the route's brokerId 0 address, the front;
@@ -56,12 +58,15 @@ class Acks:
 
     times: list[float] = field(default_factory=list)
     errors: int = 0
+    #: the bodies of the acknowledged sends
+    bodies: set[bytes] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, at: float, ok: bool) -> None:
+    def add(self, at: float, ok: bool, body: bytes = b"") -> None:
         with self.lock:
             if ok:
                 self.times.append(at)
+                self.bodies.add(body)
             else:
                 self.errors += 1
 
@@ -99,7 +104,7 @@ class CppProducer:
             for line in complete.splitlines():
                 event = json.loads(line)
                 if event["event"] in ("ack", "error"):
-                    self.acks.add(float(event["at"]), event["event"] == "ack")
+                    self.acks.add(float(event["at"]), event["event"] == "ack", str(event["body"]).encode())
         return self.acks
 
     def stop(self) -> None:
@@ -130,12 +135,13 @@ class OwnProducer:
             index = 0
             next_send = time.monotonic()
             while not self._stop.is_set():
+                body = f"ours|{index}".encode()
                 try:
-                    producer.send(Message(topic, f"ours|{index}".encode(), keys=(f"key-{index}",)))
+                    producer.send(Message(topic, body, keys=(f"key-{index}",)))
                 except MQClientError:
                     self.acks.add(time.monotonic(), False)
                 else:
-                    self.acks.add(time.monotonic(), True)
+                    self.acks.add(time.monotonic(), True, body)
                 index += 1
                 next_send = max(next_send + period, time.monotonic() - period)
                 self._stop.wait(max(0.0, next_send - time.monotonic()))  # pacing the sends
@@ -146,6 +152,24 @@ class OwnProducer:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(60)
+
+
+def stored_bodies(namesrv: str, topic: str) -> list[bytes]:
+    """Every message body of ``topic``, read queue by queue from offset 0."""
+    from client import ConsumerConfig, PullConsumer
+    from client.message import PullStatus
+
+    bodies: list[bytes] = []
+    with PullConsumer(namesrv, ConsumerConfig(group=f"{topic}_readers")) as reader:
+        for queue in reader.fetch_subscribe_queues(topic):
+            offset = 0
+            while True:
+                result = reader.pull(queue, "*", offset, 32)
+                if result.status is not PullStatus.FOUND:
+                    break
+                bodies.extend(message.body for message in result.messages)
+                offset = result.next_begin_offset
+    return bodies
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_seconds: float = STEP_DEADLINE_SECONDS) -> None:
@@ -209,8 +233,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=50.0, help="sends per second of each producer")
     parser.add_argument("--clients", default="cpp,ours", help="comma-separated: cpp, ours")
     parser.add_argument("--front", choices=("haproxy", "none"), default="haproxy")
-    parser.add_argument("--route-to", choices=ROUTES, default="leader",
-                        help="where the front sends new connections (cli.front.haproxy_config; followers: an experiment)")
+    parser.add_argument("--route-to", choices=ROUTES, default="followers",
+                        help="where the front sends new connections (cli.front.haproxy_config)")
     parser.add_argument("--cpp-send-timeout-ms", type=int, default=3000,
                         help="the C++ producer's send timeout (its default: 3000); a send in flight when the leader "
                              "dies fails only when it runs out")
@@ -220,6 +244,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="failover-bench-") as temporary:
         directory = arguments.data_dir or Path(temporary)
         figures: dict[str, tuple[list[float], int]] = {}
+        #: per client: acknowledged, not stored, stored more than once
+        audits: dict[str, tuple[int, int, int]] = {}
         with LocalCluster.start(directory / "group", nodes=3, overrides={"store": dict(STORE)},
                                 front=arguments.front, front_route_to=arguments.route_to) as cluster:
             print(f"group up: namesrv={cluster.namesrv} front={cluster.info.front or '-'}", flush=True)
@@ -233,13 +259,22 @@ def main() -> None:
                     gaps = measure(cluster, producer, arguments.kills, name)
                 finally:
                     producer.stop()
-                figures[name] = (gaps, producer.poll().snapshot()[1])
+                acks = producer.poll()
+                figures[name] = (gaps, acks.snapshot()[1])
+                stored = stored_bodies(cluster.namesrv, topic)
+                counts: dict[bytes, int] = {}
+                for body in stored:
+                    counts[body] = counts.get(body, 0) + 1
+                audits[name] = (len(acks.bodies), len(acks.bodies - set(counts)),
+                                sum(1 for body in acks.bodies if counts.get(body, 0) > 1))
         print()
         print(f"time without an ack over {arguments.kills} leader SIGKILLs, {arguments.rate:g} sync sends/s, "
               f"front={arguments.front} (to the {arguments.route_to}), C++ send timeout {arguments.cpp_send_timeout_ms} ms")
         for name, (gaps, errors) in figures.items():
+            acknowledged, lost, duplicated = audits[name]
             print(f"  {name:5s} p50 {statistics.median(gaps):.2f} s  max {max(gaps):.2f} s  "
                   f"(failed sends: {errors}; each: {', '.join(f'{gap:.2f}' for gap in gaps)})")
+            print(f"        acknowledged {acknowledged}, read back: {lost} missing, {duplicated} stored twice")
 
 
 if __name__ == "__main__":

@@ -17,9 +17,11 @@ Figures (MB/s count the bytes of all three replicas' commit logs, page cache war
 The network path (``--no-network`` leaves it out), in the same run over the same replicas: each replica is
 served by a process of its own through the member API (:mod:`broker.replica_files`: a remoting server, the
 store opened as a member opens it) and ``verify`` reads them as a live group's cut
-(:mod:`spark_analytics.remote`): ``network_byte_equality`` and ``network_full_check``, with
-``network_vs_local_*`` the ratios to the local figures (``_warm``: to the local steady rate, as the network
-run comes after the local one in the same JVM).
+(:mod:`spark_analytics.remote`): ``network_byte_equality`` (each member hashes its own blocks, as ``verify``
+does; only digests travel), ``network_byte_equality_read`` (the executors read every byte over the network
+and hash it: ``member_digests=false``) and ``network_full_check``, with ``network_vs_local_*`` the ratios to
+the local figures (``_warm``: to the local steady rate, as the network run comes after the local one in the
+same JVM).
 
 Replica n0 is written through ``MessageStore.append`` (1 KB messages, 8 queues, batches of 128); n1 and n2
 are copies of its files, byte-identical by construction, as writing the same appends would make them.
@@ -164,11 +166,18 @@ def network_figures(spark: Any, root: Path, segment_bytes: int, block_bytes: int
             integrity = check_integrity(spark, source, tables=tables)
             derived = check_derived_state(spark, source, equality.common_start, equality.common_end, tables)
         figures.update(_rate("network_full_check", started, total_mb))
-        figures["network_checks_ok"] = equality.ok and integrity.ok and derived.ok
+        # the executors reading every byte instead (the path before members hashed their own blocks)
+        check_byte_equality(spark, source, block_bytes, member_digests=False)  # untimed, as above
+        started = time.perf_counter()
+        read_equality = check_byte_equality(spark, source, block_bytes, member_digests=False)
+        figures.update(_rate("network_byte_equality_read", started, total_mb))
+        equality_ok = equality.ok and read_equality.ok
+        figures["network_checks_ok"] = equality_ok and integrity.ok and derived.ok
         figures["network_bytes_compared_per_replica"] = equality.bytes_compared_per_replica
-        for name in ("byte_equality", "full_check"):
+        for name, local_name in (("byte_equality", "byte_equality"), ("byte_equality_read", "byte_equality"),
+                                 ("full_check", "full_check")):
             figures[f"network_vs_local_{name}"] = round(figures[f"network_{name}_mb_per_s"]
-                                                        / local[f"{name}_mb_per_s"], 2)
+                                                        / local[f"{local_name}_mb_per_s"], 2)
         # the network run's JVM has compiled the checks' plans already: beside the local run as verify runs
         # it (first integrity run), the local steady rate (byte equality, second integrity run, derived state)
         warm_seconds = sum(local[f"{name}_seconds"] for name in ("byte_equality", "integrity_second_run",

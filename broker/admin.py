@@ -60,7 +60,7 @@ RESET_TO_LATEST: Final = -1
 RESET_WHILE_ONLINE_FIELD: Final = "resetWhileOnline"
 #: the extField of that refusal naming the live consumers (comma-separated client ids)
 ONLINE_CONSUMERS_FIELD: Final = "onlineConsumers"
-#: where a stored record's store timestamp starts, by born host kind (the store host is always IPv4)
+#: where a stored record's store timestamp starts, by born host kind (the store host comes after it)
 _STORE_TIMESTAMP_AT: Final = (56, 68)
 
 

@@ -17,6 +17,7 @@ One TOML file per node (``raftmq broker --config node.toml``)::
     peer_grpc_addresses = { n1 = "127.0.0.1:8082", n2 = "127.0.0.1:8083" }   # the others' grpc_address
     http_address = "127.0.0.1:9100"             # optional: GET /healthz, /readyz, /metrics (broker.http); off if unset
     front_address = "10.0.0.100:10911"          # optional: the group's load balancer; the leader registers it as id 0
+    follower_front_hosts = ["10.0.0.100"]       # optional: a front routing to followers connects from these (PROXY v2)
 
 ``advertised_address`` is the address that names this broker to clients: it is registered with the name
 servers (brokerAddr, haServerAddr), reported by admin requests, and handed out by the other members as
@@ -48,6 +49,7 @@ from typing import Any, Final
 
 from broker.acl.config import load_acl_file
 from broker.acl.permissions import AclConfigError
+from broker.front_moves import front_host_set
 from commitlog.config import ConfigError
 from dledger.addresses import WILDCARD_HOSTS
 from dledger.config import NodeConfig, parse_address, read_toml
@@ -126,6 +128,10 @@ class BrokerConfig:
     #: one forward may take (broker.forwarding)
     forward_in_flight_max: int = 1024
     forward_timeout_seconds: float = 3.0
+    #: the hosts (IP addresses) a front that routes clients to followers connects from. Their connections start
+    #: with a PROXY protocol v2 header naming the client (broker.remoting.proxy_protocol), and the leader moves
+    #: them to the followers when idle (broker.front_moves); empty: a front routing to the leader, or none
+    follower_front_hosts: tuple[str, ...] = ()
 
     #: the broker's event loop: "uvloop" (libuv's, less CPU per request; the stdlib's where uvloop cannot be
     #: imported) or "asyncio" (the stdlib's)
@@ -163,6 +169,10 @@ class BrokerConfig:
                 raise ConfigError("broker.front_address is the address clients are given: it must be one they "
                                   f"can connect to, not the wildcard {self.front_address!r}")
         _check_int(self, "forward_in_flight_max", 1, 1 << 20)
+        try:
+            front_host_set(self.follower_front_hosts)
+        except ValueError as exc:
+            raise ConfigError(f"broker.{exc}") from None
         forward_timeout = self.forward_timeout_seconds
         if (not isinstance(forward_timeout, int | float) or isinstance(forward_timeout, bool)
                 or not (math.isfinite(forward_timeout) and 0 < forward_timeout <= 600)):
@@ -222,7 +232,7 @@ class BrokerConfig:
             raise ConfigError("broker.advertised_address must be 'host:port' (leave it out to advertise "
                               "listen_address)")
         arguments = dict(values)
-        for name in ("namesrv", "delay_levels_seconds"):
+        for name in ("namesrv", "delay_levels_seconds", "follower_front_hosts"):
             if name in arguments:
                 value = arguments[name]
                 if isinstance(value, str):

@@ -21,11 +21,12 @@ from typing import Any, Final
 
 from broker.context import BrokerContext
 from broker.offsets import OffsetCommitter
+from broker.relay import DepartedConnection, RelayedClients, RelayedConnection, client_connection
 from broker.remoting.client import RemotingError, RequestTimeoutError
 from broker.remoting.codec import EncodeError
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand, make_response
-from broker.remoting.server import Connection, RequestContext
+from broker.remoting.server import Connection, Processor, RequestContext
 from broker.requests import RequestError, text
 from broker.topics import PERM_READ, PERM_WRITE, retry_topic
 
@@ -174,7 +175,19 @@ class ConsumerManager:
         return [entry.connection for entry in self.producers.get(group, {}).values() if not entry.connection.is_closed]
 
     def connection_closed(self, connection: Connection) -> None:
-        self._remove(lambda entry: entry.connection is connection)
+        """The clients of a closed connection go; of a member link, those behind it (broker.relay) too."""
+        self._remove(lambda entry: entry.connection is connection or (
+            isinstance(entry.connection, RelayedConnection) and entry.connection.link is connection))
+
+    def keep_registrations(self, connection: Connection) -> None:
+        """The clients of ``connection``, which is being moved to a follower (broker.front_moves), stay
+        registered under a :class:`~broker.relay.DepartedConnection` until they heartbeat again or expire."""
+        departed = DepartedConnection(connection.remote_address, connection.connection_id)
+        for table in (self.consumers, self.producers):
+            for clients in table.values():
+                for entry in clients.values():
+                    if entry.connection is connection:
+                        entry.connection = departed
 
     def expire(self, expiry_seconds: float) -> None:
         now = self.clock()
@@ -241,8 +254,10 @@ def _queue_json(queues: list[tuple[str, str, int]]) -> list[dict[str, object]]:
 
 class ClientProcessor:
     def __init__(self, broker: BrokerContext, consumers: ConsumerManager, locks: QueueLocks,
-                 offsets: OffsetCommitter | None = None) -> None:
+                 offsets: OffsetCommitter | None = None, relays: RelayedClients | None = None) -> None:
         self.broker = broker
+        #: the clients behind followers, as the leader registers them (broker.relay)
+        self.relays = relays if relays is not None else RelayedClients()
         self.offsets = offsets
         self.consumers = consumers
         self.locks = locks
@@ -323,10 +338,10 @@ class ClientProcessor:
         if not isinstance(producers, list) or not isinstance(consumers, list):
             raise RequestError(ResponseCode.SYSTEM_ERROR, "producerDataSet and consumerDataSet must be lists")
         language, version = request.language, request.version
+        connection = client_connection(self.relays, context)
         for producer in producers:
             if isinstance(producer, dict) and isinstance(producer.get("groupName"), str):
-                self.consumers.register_producer(producer["groupName"], client_id, context.connection, language,
-                                                 version)
+                self.consumers.register_producer(producer["groupName"], client_id, connection, language, version)
         for consumer in consumers:
             if not isinstance(consumer, dict) or not isinstance(consumer.get("groupName"), str):
                 raise RequestError(ResponseCode.SYSTEM_ERROR, "consumerDataSet entries need a groupName")
@@ -347,7 +362,7 @@ class ClientProcessor:
                 "consume_from_where": _enum_name(consumer.get("consumeFromWhere"), CONSUME_FROM_WHERE,
                                                  "CONSUME_FROM_LAST_OFFSET"),
             }
-            if self.consumers.register_consumer(group, client_id, context.connection, subscriptions, model, **details):
+            if self.consumers.register_consumer(group, client_id, connection, subscriptions, model, **details):
                 self._group_changed(group)
             if model == MESSAGE_MODEL_CLUSTERING and self.broker.member.is_leader:
                 self._spawn(self._ensure_retry_topic(group))
@@ -387,9 +402,12 @@ class ConsumerCallProcessor:
     answer within ``timeout_seconds``. Registered on its own route, so a slow consumer never holds up
     heartbeats."""
 
-    def __init__(self, consumers: ConsumerManager, timeout_seconds: float = CALL_CONSUMER_TIMEOUT_SECONDS) -> None:
+    def __init__(self, consumers: ConsumerManager, timeout_seconds: float = CALL_CONSUMER_TIMEOUT_SECONDS,
+                 elsewhere: Processor | None = None) -> None:
         self.consumers = consumers
         self.timeout_seconds = timeout_seconds
+        #: asked when the consumer is not connected here (a follower asks the leader, which knows them all)
+        self.elsewhere = elsewhere
 
     async def __call__(self, context: RequestContext) -> RemotingCommand | None:
         request = context.request
@@ -401,6 +419,10 @@ class ConsumerCallProcessor:
         except RequestError as error:
             return make_response(request, error.code, error.remark, error.ext_fields)
         entry = self.consumers.consumer(group, client_id)
+        if entry is None and self.elsewhere is not None and not context.forwarded_for:
+            answer = await self.elsewhere(context)
+            if answer is not None:
+                return answer
         if entry is None:
             return make_response(request, ResponseCode.SYSTEM_ERROR, f"The Consumer <{group}> <{client_id}> not online")
         passed = {key: fields[key] for key in _RUNNING_INFO_FIELDS if key in fields}

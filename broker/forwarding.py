@@ -38,13 +38,15 @@ import hmac
 import logging
 import secrets
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Final
 
 from broker.context import BrokerContext
+from broker.relay import CLIENT_GONE
 from broker.remoting.client import (
     RemotingClient,
     RemotingError,
+    RequestHandler,
     RequestTimeoutError,
     TooManyPendingRequestsError,
 )
@@ -81,6 +83,16 @@ def link_proof(secret: bytes, label: bytes, member: str, first: bytes, second: b
 
 class ForwardingError(Exception):
     """A forward that could not be made (no link, refused handshake, no answer in time)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NotForwarded:
+    """A request that could not be forwarded, and the answer a follower gives the client instead;
+    ``retry``: it did not reach a leader (none known, no link, the link broke), so trying again once a
+    leader is known is safe (a send that did reach the old leader carries its UNIQ_KEY: deduplicated)."""
+
+    refusal: RemotingCommand
+    retry: bool = False
 
 
 # ---------------------------------------------------------------------------------------- leader side
@@ -152,13 +164,17 @@ class ForwardLimits:
     timeout_seconds: float = 3.0
     connect_timeout_seconds: float = 1.0
     reconnect_after_seconds: float = 0.2
+    #: how long a request that found no leader to forward to is held for one (an election), checked every
+    #: ``hold_poll_seconds``; 0: answered at once
+    hold_seconds: float = 2.0
+    hold_poll_seconds: float = 0.02
 
 
 class Forwarder:
     """A follower's link to the leader: forwards a request and relays the answer (module docstring)."""
 
     def __init__(self, broker: BrokerContext, secret: bytes, limits: ForwardLimits | None = None,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, relay_handler: RequestHandler | None = None) -> None:
         self._broker = broker
         self._ssl_context = ssl_context
         self._secret = secret
@@ -170,21 +186,37 @@ class Forwarder:
         self._in_flight = 0
         #: (address, loop time) of the last link that could not be made
         self._failed_link: tuple[str, float] = ("", 0.0)
+        #: requests the leader sends over the link for this member's clients (broker.relay.ClientRelay)
+        self._relay_handler = relay_handler
+        #: connection id -> (connection, its client's last heartbeat served here)
+        self._heartbeats: dict[int, tuple[Connection, RemotingCommand]] = {}
+        self._background: set[asyncio.Task[None]] = set()
 
     @property
     def in_flight(self) -> int:
         return self._in_flight
 
+    @property
+    def limits(self) -> ForwardLimits:
+        return self._limits
+
     async def forward(self, context: RequestContext) -> RemotingCommand | None:
+        """The leader's answer to the client's request, or this member's refusal when it cannot be had."""
+        answer = await self.try_forward(context)
+        return answer if isinstance(answer, RemotingCommand) or answer is None else answer.refusal
+
+    async def try_forward(self, context: RequestContext) -> RemotingCommand | NotForwarded | None:
+        """The leader's answer (None for a oneway request), or :class:`NotForwarded` with the refusal to give
+        when there is no leader, no link to it, or no answer in time."""
         request = context.request
         if self._in_flight >= self._limits.in_flight_max:
-            return make_response(request, ResponseCode.SYSTEM_BUSY,
-                                 f"[OVERLOAD] {self._limits.in_flight_max} requests are being forwarded to the "
-                                 "leader, retry later")
+            return NotForwarded(make_response(
+                request, ResponseCode.SYSTEM_BUSY,
+                f"[OVERLOAD] {self._limits.in_flight_max} requests are being forwarded to the leader, retry later"))
         broker = self._broker
         leader = broker.leader_address()
         if leader is None or leader == broker.config.announced_address:
-            return self._not_leader(request, None)
+            return NotForwarded(self._not_leader(request, None), retry=True)
         self._in_flight += 1
         try:
             client = await self._link(leader)
@@ -194,14 +226,53 @@ class Forwarder:
                                         timeout_seconds=self._limits.timeout_seconds)
         except (RequestTimeoutError, TooManyPendingRequestsError) as error:
             # this request's trouble, not the link's: the others on it go on
-            return self._not_leader(request, f"forwarding to it failed: {error}")
+            return NotForwarded(self._not_leader(request, f"forwarding to it failed: {error}"))
         except (RemotingError, ForwardingError, OSError) as error:
             log.info("cannot forward %s to the leader %s: %s", request.code, leader, error)
             self._drop_link(leader)
-            return self._not_leader(request, f"forwarding to it failed: {error}")
+            return NotForwarded(self._not_leader(request, f"forwarding to it failed: {error}"), retry=True)
         finally:
             self._in_flight -= 1
         return None if answer is None else dataclasses.replace(answer, opaque=request.opaque)
+
+    # ------------------------------------------------------------------ this member's clients (broker.relay)
+
+    def heartbeat_served(self, connection: Connection, request: RemotingCommand) -> None:
+        """A client's heartbeat served here: sent again to each new leader this member links to."""
+        self._heartbeats[connection.connection_id] = (connection, request)
+
+    def client_unregistered(self, connection: Connection) -> None:
+        self._heartbeats.pop(connection.connection_id, None)
+
+    def connection_closed(self, connection: Connection) -> None:
+        """A connection of this member closed: if the leader knows its client through this member, it hears
+        at once that the client is gone (oneway, on the link as it is: none is made for it)."""
+        if self._heartbeats.pop(connection.connection_id, None) is None:
+            return
+        client = self._client
+        if client is None or client.is_closed:
+            return
+        self._spawn(self._oneway(client, CLIENT_GONE, {"client": connection.remote_address}))
+
+    async def _replay_heartbeats(self, client: RemotingClient) -> None:
+        for connection, request in list(self._heartbeats.values()):
+            if connection.is_closed or client.is_closed:
+                continue
+            fields = dict(request.ext_fields)
+            fields[FORWARDED_FOR_FIELD] = connection.remote_address
+            with contextlib.suppress(RemotingError, OSError):
+                await client.relay(dataclasses.replace(request, ext_fields=fields),
+                                   timeout_seconds=self._limits.timeout_seconds)
+
+    @staticmethod
+    async def _oneway(client: RemotingClient, code: int, fields: dict[str, str]) -> None:
+        with contextlib.suppress(RemotingError, OSError):
+            await client.oneway(code, fields, timeout_seconds=1.0)
+
+    def _spawn(self, coroutine: Coroutine[object, object, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _not_leader(self, request: RemotingCommand, detail: str | None) -> RemotingCommand:
         error = self._broker.not_leader()
@@ -224,7 +295,8 @@ class Forwarder:
             try:
                 host, port = parse_address(address, "leader address")
                 client = await RemotingClient.connect(host, port, ssl_context=self._ssl_context,
-                                                      connect_timeout_seconds=self._limits.connect_timeout_seconds)
+                                                      connect_timeout_seconds=self._limits.connect_timeout_seconds,
+                                                      request_handler=self._relay_handler)
             except (RemotingError, OSError, ValueError) as error:
                 self._failed_link = (address, loop.time())
                 raise ForwardingError(str(error)) from None
@@ -236,6 +308,8 @@ class Forwarder:
                 raise
             self._client, self._client_address = client, address
             log.info("member link to the leader at %s established", address)
+            if self._heartbeats:  # the new leader learns this member's clients now, not at their next heartbeat
+                self._spawn(self._replay_heartbeats(client))
             return client
 
     async def _handshake(self, client: RemotingClient) -> None:
@@ -267,6 +341,8 @@ class Forwarder:
             asyncio.get_running_loop().create_task(client.close(timeout_seconds=1.0))
 
     async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(RemotingError, OSError):
@@ -294,20 +370,82 @@ class LeaderOnly:
 
     async def __call__(self, context: RequestContext) -> RemotingCommand | None:
         if context.request.code in self._codes and not context.forwarded_for and not self._member.is_leader:
-            return await self._forwarder.forward(context)
+            return await self._forward(context)
         return await self._processor(context)
+
+    async def _forward(self, context: RequestContext) -> RemotingCommand | None:
+        """Forwarded; while there is no leader to forward to (an election), held for one up to the limits'
+        ``hold_seconds`` and then forwarded, or served here if this member was elected: the client's
+        connection stays open and its request is answered, instead of an error it must retry."""
+        limits = self._forwarder.limits
+        loop = asyncio.get_running_loop()
+        hold_until = loop.time() + limits.hold_seconds
+        while True:
+            answer = await self._forwarder.try_forward(context)
+            if not isinstance(answer, NotForwarded):
+                return answer
+            if not answer.retry or loop.time() >= hold_until:
+                return answer.refusal
+            await asyncio.sleep(limits.hold_poll_seconds)
+            if self._member.is_leader:
+                return await self._processor(context)
+
+
+#: a client's registrations: served where they arrive and forwarded to the leader (broker.relay)
+REGISTRATION_CODES: Final = frozenset({RequestCode.HEART_BEAT, RequestCode.UNREGISTER_CLIENT})
+#: questions about the group's clients: the leader's answer, this member's when the leader cannot be asked
+CLIENT_QUERY_CODES: Final = frozenset({
+    RequestCode.GET_CONSUMER_LIST_BY_GROUP, RequestCode.GET_CONSUMER_CONNECTION_LIST,
+    RequestCode.GET_PRODUCER_CONNECTION_LIST,
+})
+
+
+class ClientsAtTheLeader:
+    """Wraps the client processor of a follower so the leader knows every client of the group, whatever
+    member it reached (broker.relay): a registration is served here and forwarded (the client gets this
+    member's answer, so a heartbeat succeeds during an election); a question about the group's clients gets
+    the leader's answer (this member's when the leader cannot be asked). On the leader, and for requests a
+    member forwarded, the processor alone."""
+
+    def __init__(self, processor: Processor, broker: BrokerContext, forwarder: Forwarder) -> None:
+        self._processor = processor
+        self._member = broker.member
+        self._forwarder = forwarder
+
+    async def __call__(self, context: RequestContext) -> RemotingCommand | None:
+        code = context.request.code
+        if context.forwarded_for or self._member.is_leader:
+            return await self._processor(context)
+        if code in CLIENT_QUERY_CODES:
+            answer = await self._forwarder.try_forward(context)
+            return await self._processor(context) if isinstance(answer, NotForwarded) else answer
+        if code not in REGISTRATION_CODES:
+            return await self._processor(context)
+        local = await self._processor(context)
+        if local is None or local.code != ResponseCode.SUCCESS:
+            return local
+        if code == RequestCode.HEART_BEAT:
+            self._forwarder.heartbeat_served(context.connection, context.request)
+        else:
+            self._forwarder.client_unregistered(context.connection)
+        await self._forwarder.try_forward(context)
+        return local
 
 
 __all__ = [
+    "CLIENT_QUERY_CODES",
     "LEADER_ONLY_CODES",
     "MEMBER_LINK_CODES",
     "MEMBER_LINK_HELLO",
     "MEMBER_LINK_PROVE",
+    "REGISTRATION_CODES",
+    "ClientsAtTheLeader",
     "ForwardLimits",
     "Forwarder",
     "ForwardingError",
     "LeaderOnly",
     "MemberLinks",
+    "NotForwarded",
     "link_proof",
     "member_link_tls",
 ]

@@ -34,26 +34,29 @@ from broker.context import BrokerContext
 from broker.delay import DelayService
 from broker.forwarding import (
     MEMBER_LINK_CODES,
+    ClientsAtTheLeader,
     Forwarder,
     ForwardLimits,
     LeaderOnly,
     MemberLinks,
     member_link_tls,
 )
+from broker.front_moves import FrontMover, front_host_set
 from broker.http import HttpServer, probe_routes
 from broker.logs import add_log_arguments, configure_logging, set_log_context
 from broker.metrics import CONTENT_TYPE, new_registry, read_snapshot, render
 from broker.namesrv.model import TopicConfig as RouteTopicConfig
 from broker.offsets import OffsetCommitter
 from broker.pop import PopService, ReviveService
-from broker.probes import Probes, ProbeState, read_probe_state
+from broker.probes import Probes, ProbeState, raft_status, read_probe_state
 from broker.pull import PullProcessor, PullWaiters
 from broker.pull_rates import PullRates
 from broker.registration import Registrar
+from broker.relay import CLIENT_GONE, ClientGoneProcessor, ClientRelay, RelayedClients
 from broker.remoting import event_loop as event_loop_module
 from broker.remoting.codes import RequestCode
 from broker.remoting.command import RemotingCommand
-from broker.remoting.server import Connection, Processor, RemotingServer, ServerLimits
+from broker.remoting.server import Connection, Processor, RemotingServer, RequestContext, ServerLimits
 from broker.replica_files import REPLICA_FILES_CODES, ReplicaFilesProcessor
 from broker.retention import RetentionService
 from broker.runtime_stats import SAMPLE_PERIOD_SECONDS, RuntimeStats, member_totals
@@ -76,6 +79,8 @@ HOUSEKEEPING_SECONDS = 10.0
 PROPOSAL_THREADS = 64
 #: the route of TBW102: what clients use for topics that do not exist yet (RocketMQ's default 8 queues)
 AUTO_CREATE_QUEUE_NUMS = 8
+#: requests that are only for member links and prove it themselves (no client signature to check)
+_MEMBER_LINK_ONLY_CODES = frozenset((*MEMBER_LINK_CODES, CLIENT_GONE))
 
 
 class BrokerNode:
@@ -96,6 +101,7 @@ class BrokerNode:
         self.stopping = False
         #: a follower's link to the leader, for what only the leader may serve (broker.forwarding)
         self.forwarder: Forwarder | None = None
+        self.front_mover: FrontMover | None = None
 
     async def start(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
@@ -126,23 +132,34 @@ class BrokerNode:
         admission = Admission(AclAuthorizer(self.acl_rules))
 
         def authorize(request: RemotingCommand, connection: Connection) -> RemotingCommand | None:
-            # the member-link handshake proves the group's secret itself (it carries no client signature)
-            return None if request.code in MEMBER_LINK_CODES else admission(request, connection)
+            # member-link requests prove the group's secret themselves (they carry no client signature)
+            return None if request.code in _MEMBER_LINK_ONLY_CODES else admission(request, connection)
 
-        # any member takes the group's client traffic: what only the leader may serve is forwarded to it
+        def find_client(address: str) -> Connection | None:
+            for connection in self.server.connections if self.server is not None else ():
+                if connection.remote_address == address and not member_links.is_member_link(connection):
+                    return connection
+            return None
+
+        # any member takes the group's client traffic: what only the leader may serve is forwarded to it, and
+        # it learns of every client (broker.relay)
         member_links = MemberLinks(self.node.secret)
         forwarder = self.forwarder = Forwarder(
             broker, self.node.secret,
             ForwardLimits(in_flight_max=self.config.forward_in_flight_max,
                           timeout_seconds=self.config.forward_timeout_seconds),
-            ssl_context=member_link_tls(self.config.tls_cert_file) if self.config.tls_cert_file else None)
+            ssl_context=member_link_tls(self.config.tls_cert_file) if self.config.tls_cert_file else None,
+            relay_handler=ClientRelay(find_client))
+        relays = RelayedClients()
 
         def leader_only(processor: Processor) -> Processor:
             return LeaderOnly(processor, broker, forwarder)
 
+        front_hosts = front_host_set(self.config.follower_front_hosts)
         server = self.server = RemotingServer(host, port, limits, authorizer=authorize,
                                               ssl_context=self._tls_context(),
-                                              is_member_link=member_links.is_member_link)
+                                              is_member_link=member_links.is_member_link,
+                                              proxy_protocol_hosts=front_hosts)
         server.register(MEMBER_LINK_CODES, member_links, queue_max=64, workers=2, name="member-link")
         server.add_close_listener(member_links.connection_closed)
         if acl_config is not None:
@@ -161,10 +178,17 @@ class BrokerNode:
         server.register((RequestCode.HEART_BEAT, RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP,
                          RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ, RequestCode.GET_CONSUMER_CONNECTION_LIST,
                          RequestCode.GET_PRODUCER_CONNECTION_LIST),
-                        leader_only(ClientProcessor(broker, consumers, locks, offsets)), queue_max=10_000, workers=16,
-                        name="clients")
-        server.register(RequestCode.GET_CONSUMER_RUNNING_INFO, ConsumerCallProcessor(consumers), queue_max=256,
-                        workers=8, name="consumer-calls")
+                        ClientsAtTheLeader(leader_only(ClientProcessor(broker, consumers, locks, offsets, relays)),
+                                           broker, forwarder), queue_max=10_000, workers=16, name="clients")
+
+        async def ask_the_leader(context: RequestContext) -> RemotingCommand | None:
+            return None if member.is_leader else await forwarder.forward(context)
+
+        server.register(RequestCode.GET_CONSUMER_RUNNING_INFO,
+                        ConsumerCallProcessor(consumers, elsewhere=ask_the_leader), queue_max=256, workers=8,
+                        name="consumer-calls")
+        server.register(CLIENT_GONE, ClientGoneProcessor(relays, member_links.is_member_link, consumers.connection_closed),
+                        queue_max=1024, workers=1, name="client-gone")
         server.register(ADMIN_CODES, leader_only(AdminProcessor(broker, offsets, consumers, rates, stats,
                                                                   server.queue_depths)), queue_max=10_000,
                         workers=64, name="admin")
@@ -176,14 +200,23 @@ class BrokerNode:
                         queue_max=64, workers=4, name="replica-files")
         self.transactions = TransactionCheckService(broker, consumers)
         server.add_close_listener(consumers.connection_closed)
+        server.add_close_listener(relays.link_closed)
+        server.add_close_listener(forwarder.connection_closed)
+        # a leader behind a front that routes to followers hands its front connections back to them
+        self.front_mover = FrontMover(lambda: server.connections, bool(front_hosts),
+                                      member_links.is_member_link, lambda: member.is_leader,
+                                      lambda: bool(raft_status(member.raft).get("has_quorum", False)),
+                                      consumers.keep_registrations)
         member.on_applied = self._applied
         await server.start()
         if self.config.grpc_address:
             # a broken invariant in a gRPC handler stops the member as one in a remoting processor does
-            self.grpc = grpc_server(broker, sender, self.acl_rules, on_fatal=server._fail, pops=self.pops)
+            self.grpc = grpc_server(broker, sender, self.acl_rules, on_fatal=server._fail, pops=self.pops,
+                                    offsets=offsets, waiters=waiters)
             self.transactions.recover_orphaned = self.grpc.service.sessions.recover_transaction
             await self.grpc.start()
         offsets.start()
+        self.front_mover.start()
         self.registrar.start()
         self.delay.start()
         self.revive.start()
@@ -213,6 +246,8 @@ class BrokerNode:
     def _on_role_change(self, change: RoleChange) -> None:
         log.info("%s is now %s (term %d)", self.node.id, change.role, change.term)
         self.registrar.trigger()
+        if self.front_mover is not None:
+            self.front_mover.role_changed()
         self.delay.role_changed()
         self.revive.wake()
         self.timers.wake()
@@ -278,6 +313,8 @@ class BrokerNode:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.acl_watcher is not None:
             await self.acl_watcher.stop()
+        if self.front_mover is not None:
+            await self.front_mover.stop()
         await self.delay.stop()
         await self.revive.stop()
         await self.timers.stop()

@@ -23,7 +23,7 @@ from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import RequestContext
 from broker.requests import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, PullHeader, RequestError
 from broker.subscription_groups import check_consume_enabled
-from commitlog.message import java_string_hash
+from commitlog.message import body_at, java_string_hash
 from commitlog.store import GetResult, GetStatus
 
 log = logging.getLogger(__name__)
@@ -50,8 +50,7 @@ def first_damaged(records: list[bytes]) -> int | None:
     every pull (zlib in C, about a microsecond per KB): recovery validates only the tail past the
     checkpoint, so a byte flipped on disk deeper in a segment would otherwise be served as is."""
     for raw in records:
-        sys_flag = int.from_bytes(raw[36:40], "big")
-        head = 100 if sys_flag & 0x10 else 88  # IPv6 born host: 12 more bytes
+        head = body_at(int.from_bytes(raw[36:40], "big"))  # 12 more bytes per IPv6 host
         body_length = int.from_bytes(raw[head - 4 : head], "big", signed=True)
         if body_length < 0 or head + body_length > len(raw):
             return int.from_bytes(raw[28:36], "big", signed=True)

@@ -8,6 +8,12 @@ Two request codes on the broker's remoting server:
 * ``REPLICA_FILES_READ``: ``length`` bytes (at most :data:`RANGE_BYTES_MAX`) from ``offset`` of one
   named file, with the CRC-32 of those bytes in ``crc32``. Files are named by kind and offset, never by
   path (``kind`` = commitlog | consumequeue (with ``topic`` and ``queueId``) | index | state).
+* ``REPLICA_FILES_DIGESTS``: the digest (SHA-256) of every block of ``[offset, offset + length)`` of a
+  commit-log segment (at most :data:`DIGEST_RANGE_BYTES_MAX`), blocks cut at physical offsets that are
+  multiples of ``blockSize`` and at the ends of the range (:func:`block_bounds`). The member reads the bytes
+  from its segment file when asked and hashes them (nothing is cached or precomputed), so a byte-equality
+  audit compares every byte of every member while only digests travel; the auditor then reads the bytes of
+  blocks whose digests differ, to name the byte and the record.
 
 What a read may return, and why it is safe while the member appends:
 
@@ -53,10 +59,23 @@ from commitlog.message import crc32  # ISA-L's CRC-32: zlib's values, several ti
 #: raftmq's own request codes (RocketMQ 4.x uses none above 1000)
 REPLICA_FILES_STATUS: Final = 7801
 REPLICA_FILES_READ: Final = 7802
-REPLICA_FILES_CODES: Final = (REPLICA_FILES_STATUS, REPLICA_FILES_READ)
+REPLICA_FILES_DIGESTS: Final = 7803
+REPLICA_FILES_CODES: Final = (REPLICA_FILES_STATUS, REPLICA_FILES_READ, REPLICA_FILES_DIGESTS)
 
 #: the most bytes one read returns (a frame is at most 16 MiB; locked reads hold apply off for this long)
 RANGE_BYTES_MAX: Final = 4 << 20
+#: the most bytes one digest request hashes (a worker thread of the member reads and hashes them at once)
+DIGEST_RANGE_BYTES_MAX: Final = 64 << 20
+#: bounds of a digest block (the smallest bounds the digests one answer holds: 16,384 of 32 bytes)
+DIGEST_BLOCK_BYTES_MIN: Final = 4096
+DIGEST_BLOCK_BYTES_MAX: Final = 1 << 30
+#: the digests a member computes (hashlib names)
+DIGEST_NAMES: Final = ("sha256",)
+#: bytes read from a segment at a time while hashing (one buffer per request being served)
+DIGEST_READ_BYTES: Final = 4 << 20
+#: digest requests one member hashes at once (each keeps a core busy: an audit must not take them all);
+#: the others wait in the processor's queue
+DIGESTS_AT_ONCE_MAX: Final = 2
 #: files one listing names at most (a larger store is listed as an error, not truncated silently)
 FILES_LISTED_MAX: Final = 200_000
 #: the longest an audit key may be valid for
@@ -156,6 +175,18 @@ class FileName:
         return fields
 
 
+def _number_field(fields: Mapping[str, str], name: str, default: str | None = None) -> int:
+    text = fields.get(name, default)
+    if text is None or not text.isdigit() or len(text) > 19:
+        raise ReplicaFilesError(f"field {name} must be a non-negative integer, got {text!r}")
+    return int(text)
+
+
+def _file_field(fields: Mapping[str, str]) -> FileName:
+    return FileName(fields.get("kind", ""), fields.get("name", ""), fields.get("topic", ""),
+                    _number_field(fields, "queueId", "0"))
+
+
 @dataclass(frozen=True, slots=True)
 class ReadRequest:
     file: FileName
@@ -170,15 +201,7 @@ class ReadRequest:
 
     @classmethod
     def parse(cls, fields: Mapping[str, str]) -> ReadRequest:
-        def number(name: str, default: str | None = None) -> int:
-            text = fields.get(name, default)
-            if text is None or not text.isdigit() or len(text) > 19:
-                raise ReplicaFilesError(f"field {name} must be a non-negative integer, got {text!r}")
-            return int(text)
-
-        file = FileName(fields.get("kind", ""), fields.get("name", ""), fields.get("topic", ""),
-                        number("queueId", "0"))
-        return cls(file, number("offset"), number("length"))
+        return cls(_file_field(fields), _number_field(fields, "offset"), _number_field(fields, "length"))
 
     def fields(self) -> dict[str, str]:
         return {**self.file.fields(), "offset": str(self.offset), "length": str(self.length)}
@@ -195,6 +218,88 @@ class ReadResult:
     def fields(self) -> dict[str, str]:
         return {"offset": str(self.offset), "readableEnd": str(self.readable_end),
                 "crc32": str(crc32(self.data))}
+
+
+def block_bounds(segment_start: int, low: int, high: int, block_size: int) -> list[tuple[int, int]]:
+    """The blocks of ``[low, high)`` (offsets in a segment starting at physical offset ``segment_start``):
+    cut where the physical offset is a multiple of ``block_size``, and at ``low`` and ``high``."""
+    bounds = []
+    position = low
+    while position < high:
+        end = min(high, (segment_start + position) // block_size * block_size + block_size - segment_start)
+        bounds.append((position, end))
+        position = end
+    return bounds
+
+
+@dataclass(frozen=True, slots=True)
+class DigestRequest:
+    """The digests of the blocks of ``[offset, offset + length)`` of a commit-log segment."""
+
+    file: FileName
+    offset: int
+    length: int
+    block_size: int
+    digest: str = DIGEST_NAMES[0]
+
+    def __post_init__(self) -> None:
+        if self.file.kind != KIND_COMMIT_LOG:
+            raise ReplicaFilesError(f"digests are served for commit-log segments only, not {self.file.kind}")
+        if self.offset < 0:
+            raise ReplicaFilesError(f"offset must not be negative, got {self.offset}")
+        if not 0 <= self.length <= DIGEST_RANGE_BYTES_MAX:
+            raise ReplicaFilesError(f"length must be in 0..{DIGEST_RANGE_BYTES_MAX}, got {self.length}")
+        if not DIGEST_BLOCK_BYTES_MIN <= self.block_size <= DIGEST_BLOCK_BYTES_MAX:
+            raise ReplicaFilesError(f"blockSize must be in {DIGEST_BLOCK_BYTES_MIN}..{DIGEST_BLOCK_BYTES_MAX}, "
+                                    f"got {self.block_size}")
+        if self.digest not in DIGEST_NAMES:
+            raise ReplicaFilesError(f"digest must be one of {', '.join(DIGEST_NAMES)}, got {self.digest!r}")
+
+    @classmethod
+    def parse(cls, fields: Mapping[str, str]) -> DigestRequest:
+        return cls(_file_field(fields), _number_field(fields, "offset"), _number_field(fields, "length"),
+                   _number_field(fields, "blockSize"), fields.get("digest", ""))
+
+    def fields(self) -> dict[str, str]:
+        return {**self.file.fields(), "offset": str(self.offset), "length": str(self.length),
+                "blockSize": str(self.block_size), "digest": self.digest}
+
+
+@dataclass(frozen=True, slots=True)
+class DigestResult:
+    """The digests of the blocks of ``[offset, offset + hashed_bytes)`` (:func:`block_bounds`), in order;
+    ``hashed_bytes`` is shorter than asked when the servable bytes (``readable_end``) end first."""
+
+    offset: int
+    hashed_bytes: int
+    readable_end: int
+    digests: tuple[bytes, ...]
+
+    def body(self) -> bytes:
+        return b"".join(self.digests)
+
+    def fields(self) -> dict[str, str]:
+        return {"offset": str(self.offset), "hashedBytes": str(self.hashed_bytes),
+                "readableEnd": str(self.readable_end), "crc32": str(crc32(self.body()))}
+
+
+def parse_digest_response(request: DigestRequest, fields: Mapping[str, str], body: bytes) -> DigestResult:
+    """The client's side: the digests, their count and CRC checked against the request."""
+    try:
+        offset, hashed, readable_end = int(fields["offset"]), int(fields["hashedBytes"]), int(fields["readableEnd"])
+        crc = int(fields["crc32"])
+    except (KeyError, ValueError) as exc:
+        raise ReplicaFilesError(f"a digest response without its fields: {exc}") from None
+    if crc32(body) != crc:
+        raise ReplicaFilesError(f"CRC mismatch on the digests from offset {offset}")
+    if offset != request.offset or not 0 <= hashed <= request.length:
+        raise ReplicaFilesError(f"digests of [{offset}, +{hashed}) for a request of [{request.offset}, "
+                                f"+{request.length})")
+    size = hashlib.new(request.digest).digest_size
+    count = len(block_bounds(int(request.file.name), offset, offset + hashed, request.block_size))
+    if len(body) != count * size:
+        raise ReplicaFilesError(f"{len(body)} bytes of digests for {count} blocks of {size} bytes")
+    return DigestResult(offset, hashed, readable_end, tuple(body[i : i + size] for i in range(0, len(body), size)))
 
 
 def parse_read_response(fields: Mapping[str, str], body: bytes) -> ReadResult:
@@ -274,17 +379,36 @@ class StoreView:
         except FileNotFoundError:
             raise ReplicaFilesError(f"no file {file.relative_path()} (deleted by retention?)") from None
         try:
-            size = os.fstat(handle).st_size
             if file.kind == KIND_COMMIT_LOG:
-                with store._lock:
-                    applied_end = int(store.commit_log.end_offset)
-                readable_end = max(0, min(size, applied_end - int(file.name)))
-                return _pread(handle, request, readable_end)
+                return _pread(handle, request, self._segment_readable_end(handle, file))
             with store._lock:  # units and entries are written under it: none is read half written
-                return _pread(handle, request, min(size, self._used_bytes(file)))
+                return _pread(handle, request, min(os.fstat(handle).st_size, self._used_bytes(file)))
         finally:
             os.close(handle)
 
+    def digests(self, request: DigestRequest) -> DigestResult:
+        """Read the segment's bytes of the request's range (below the applied end) from the file now and
+        hash each block: never a stored or cached digest, so the answer vouches for the bytes on disk."""
+        file = request.file
+        try:
+            handle = os.open(self.root / file.relative_path(), os.O_RDONLY)
+        except FileNotFoundError:
+            raise ReplicaFilesError(f"no file {file.relative_path()} (deleted by retention?)") from None
+        try:
+            readable_end = self._segment_readable_end(handle, file)
+            end = max(request.offset, min(readable_end, request.offset + request.length))
+            digests = _hash_blocks(handle, block_bounds(int(file.name), request.offset, end, request.block_size),
+                                   request.digest)
+        finally:
+            os.close(handle)
+        return DigestResult(request.offset, end - request.offset, readable_end, digests)
+
+    def _segment_readable_end(self, handle: int, file: FileName) -> int:
+        """Where a segment's servable bytes end: its applied bytes (committed, never changed again)."""
+        size = os.fstat(handle).st_size
+        with self.store._lock:
+            applied_end = int(self.store.commit_log.end_offset)
+        return max(0, min(size, applied_end - int(file.name)))
 
     def _used_bytes(self, file: FileName) -> int:
         """Where the written part of a consume-queue or key-index file ends (they are preallocated, mostly
@@ -306,6 +430,35 @@ def _pread(handle: int, request: ReadRequest, readable_end: int) -> ReadResult:
     end = min(readable_end, request.offset + request.length)
     data = os.pread(handle, end - request.offset, request.offset) if end > request.offset else b""
     return ReadResult(request.offset, data, readable_end)
+
+
+def _hash_blocks(handle: int, bounds: list[tuple[int, int]], digest_name: str) -> tuple[bytes, ...]:
+    """The digest of each block ``[start, end)`` of the file (``bounds`` back to back), read through one
+    bounded buffer (reads and hashlib release the GIL: other requests and the event loop go on)."""
+    if not bounds:
+        return ()
+    range_end = bounds[-1][1]
+    buffer = bytearray(min(DIGEST_READ_BYTES, range_end - bounds[0][0]))
+    digests = []
+    hasher = hashlib.new(digest_name)
+    block = 0
+    position = bounds[0][0]
+    with memoryview(buffer) as view:
+        while position < range_end:
+            got = os.preadv(handle, [view[: min(len(buffer), range_end - position)]], position)
+            if got == 0:
+                raise ReplicaFilesError(f"the file ended at {position}, before its applied end")
+            used = 0
+            while used < got:
+                take = min(got - used, bounds[block][1] - position - used)
+                hasher.update(view[used : used + take])
+                used += take
+                if position + used == bounds[block][1]:
+                    digests.append(hasher.digest())
+                    hasher = hashlib.new(digest_name)
+                    block += 1
+            position += got
+    return tuple(digests)
 
 
 def _names(directory: Path) -> list[str]:
@@ -342,6 +495,7 @@ class ReplicaFilesProcessor:
         self.secret = secret
         self.acl_enabled = acl_enabled
         self.clock = clock
+        self._hashing = asyncio.Semaphore(DIGESTS_AT_ONCE_MAX)
 
     async def __call__(self, context: RequestContext) -> RemotingCommand | None:
         request = context.request
@@ -358,6 +512,11 @@ class ReplicaFilesProcessor:
                 read = ReadRequest.parse(request.ext_fields)
                 result = await loop.run_in_executor(None, self.view.read, read)
                 return make_response(request, ResponseCode.SUCCESS, ext_fields=result.fields(), body=result.data)
+            if request.code == REPLICA_FILES_DIGESTS:
+                asked = DigestRequest.parse(request.ext_fields)
+                async with self._hashing:
+                    digests = await loop.run_in_executor(None, self.view.digests, asked)
+                return make_response(request, ResponseCode.SUCCESS, ext_fields=digests.fields(), body=digests.body())
         except ReplicaFilesError as exc:
             return make_response(request, ResponseCode.QUERY_NOT_FOUND, str(exc))
         return make_response(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, "not a replica-files request")

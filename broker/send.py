@@ -29,6 +29,7 @@ from commitlog.message import (
     TRANSACTION_TYPE_MASK,
     MessageInput,
     encode_host,
+    encode_peer,
 )
 from commitlog.store import AppendResult, AppendStatus
 from dledger.timers import schedule
@@ -275,6 +276,6 @@ def _born_host(remote_address: str) -> bytes:
     """The encoded born host of a connection's peer (cached: every send of a connection asks)."""
     host, _, port = remote_address.rpartition(":")
     try:
-        return encode_host(host.strip("[]"), int(port))
+        return encode_peer(host, int(port))
     except ValueError:
         return encode_host("127.0.0.1", 0)

@@ -44,7 +44,7 @@ from commitlog.message import (
     MessageInput,
     StoredMessage,
     decode_record,
-    encode_host,
+    encode_peer,
     encode_record,
 )
 from dledger.command import Command, Messages, TimerProgress, TransactionAction, TransactionOp
@@ -88,11 +88,11 @@ def committed_message(half: StoredMessage, now_ms: int) -> MessageInput:
 
 def own_born_host(broker: BrokerContext) -> bytes:
     """The born host of the messages this broker makes itself (a committed half's final message, a
-    discarded half): its listen address when that is an IPv4 literal, else the group's store host (a
-    host name has no bytes, and these records carry an IPv4 born host)."""
+    discarded half): its listen address when that is an IP literal, else the group's store host (a host
+    name has no bytes)."""
     host, _, port = broker.config.listen_address.rpartition(":")
     try:
-        return encode_host(host, int(port))
+        return encode_peer(host, int(port))
     except ValueError:
         return broker.node.store_config.store_host_bytes
 

@@ -18,6 +18,10 @@ What counts as a violation (each breaks a promise of shared/DESIGN.md, "Failure 
 - ``reused_id``: one UNIQ_KEY given to two different messages (another producer, sharding key or
   sequence). Every other check folds a message's attempts by UNIQ_KEY, so a reused id would hide the
   loss of one of its messages; a client's ids must not repeat, whatever the date or the send rate.
+- ``acked_redelivered``: a 5.x consumer's acknowledgement (AckMessage, pop through Raft) was answered OK, and
+  a receive of its group sent after that answer got the message again. An ack the leader answered is committed:
+  no leader, old or new, may hand the message out again (a receive already on its way when the ack was
+  answered may still carry it: only receives sent after the answer count).
 - ``wedged``: while the leader's disk was full (a ``disk-full-leader`` fault: that member's disk alone, the
   other members healthy), no send was acknowledged for longer than ``WEDGE_BOUND_SECONDS``, or the full
   member went on leading that long. A full disk on the leader makes it step down or stop, never wedge the
@@ -27,6 +31,12 @@ A transactional message whose half was acknowledged and whose local transaction 
 as an acknowledged send: ``lost`` and ``stored_twice`` apply to it (each group receives it, from one
 position). Its ack names the half's position, so ``ack_mismatch`` and ``key_order`` leave it out, as they
 leave out delayed messages.
+
+5.x operations (chaos.grpc_workload) are checked the same way: a 5.x producer's acknowledged send must reach
+every group, 4.x and 5.x alike, at one position, in its sharding key's order (it sends each key as a FIFO
+message group), and a 5.x consumer group (pop) must receive every acknowledged message. Its ack names no queue
+(SendResultEntry carries only the queue offset), so ``ack_mismatch`` compares the offset alone for it;
+``queue_order`` leaves pop deliveries out (pop hands out what is visible, redeliveries included).
 
 Not violations, but counted: the same position delivered again to a group (``redeliveries``: consumer
 sessions restart from the committed offset), messages that were never acknowledged but are stored
@@ -55,6 +65,7 @@ from chaos.history import (
     Event,
     FaultEvent,
     History,
+    PopAckEvent,
     SendEvent,
     encode_event,
     event_time,
@@ -82,7 +93,7 @@ FULL_DISK_LEADER_FAULT: Final = "disk-full-leader"
 WEDGE_BOUND_SECONDS: Final = 9.0
 
 VIOLATION_KINDS: Final = ("lost", "stored_twice", "queue_order", "key_order", "ack_mismatch", "position_conflict",
-                          "phantom", "rolled_back_consumed", "reused_id", "wedged")
+                          "phantom", "rolled_back_consumed", "reused_id", "acked_redelivered", "wedged")
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,10 +389,13 @@ def check_stored_twice(history: History, messages: dict[str, SentMessage] | None
 
 
 def check_queue_order(history: History) -> list[Violation]:
-    """Within each (group, session, queue), delivered queue offsets strictly increase."""
+    """Within each (group, session, queue), delivered queue offsets strictly increase (4.x pulls; pop
+    deliveries aside)."""
     last: dict[tuple[str, int, int], DeliveryEvent] = {}
     violations = []
     for delivery in history.deliveries:
+        if delivery.pop:
+            continue
         key = (delivery.group, delivery.session, delivery.queue)
         previous = last.get(key)
         if previous is not None and delivery.queue_offset <= previous.queue_offset:
@@ -444,7 +458,10 @@ def check_ack_positions(history: History, messages: dict[str, SentMessage] | Non
             continue
         ack = message.ack
         acked_at = (ack.queue, ack.queue_offset)
-        elsewhere = sorted(position for position in positions if position != acked_at)
+        if ack.queue is None:  # a 5.x ack names the queue offset only
+            elsewhere = sorted(position for position in positions if position[1] != ack.queue_offset)
+        else:
+            elsewhere = sorted(position for position in positions if position != acked_at)
         if elsewhere and len(positions) == 1:  # several positions are stored_twice's to report
             queue, offset = elsewhere[0]
             deliveries = positions[elsewhere[0]]
@@ -518,6 +535,35 @@ def check_reused_ids(history: History) -> list[Violation]:
             which = ", ".join(f"{send.producer} {send.sharding_key}#{send.sequence}" for send in firsts[:4])
             violations.append(Violation("reused_id", f"one UNIQ_KEY named {len(messages)} messages: {which}",
                                         (uniq_key,), None, None, firsts[0].send_time, firsts[-1].end_time))
+    return violations
+
+
+def check_acked_redelivered(history: History) -> list[Violation]:
+    """5.x deliveries to a group of a stored message (a UNIQ_KEY at one position: a message stored twice is
+    stored_twice's to report) whose acknowledgement that group's consumer had already been answered OK when the
+    receive was sent (one violation per message and group, at its first such delivery)."""
+    first_ack: dict[tuple[str, str, int, int], PopAckEvent] = {}
+    for pop_ack in history.pop_acks:
+        if pop_ack.acked:
+            key = (pop_ack.group, pop_ack.uniq_key, pop_ack.queue, pop_ack.queue_offset)
+            earlier = first_ack.get(key)
+            if earlier is None or pop_ack.end_time < earlier.end_time:
+                first_ack[key] = pop_ack
+    reported: set[tuple[str, str, int, int]] = set()
+    violations = []
+    for delivery in sorted(history.deliveries, key=event_time):
+        key = (delivery.group, delivery.uniq_key, delivery.queue, delivery.queue_offset)
+        acked = first_ack.get(key)
+        if (acked is None or key in reported or delivery.requested is None
+                or delivery.requested <= acked.end_time):
+            continue
+        reported.add(key)
+        violations.append(Violation(
+            "acked_redelivered", f"acknowledged by {delivery.group} at {acked.end_time:.3f} s (queue {acked.queue} "
+            f"offset {acked.queue_offset}, by {acked.node or '?'}), delivered again by {delivery.node or '?'} to a "
+            f"receive sent at {delivery.requested:.3f} s (attempt {delivery.attempt}, queue {delivery.queue} offset "
+            f"{delivery.queue_offset})", (delivery.uniq_key,), delivery.group, delivery.queue, acked.send_time,
+            delivery.time))
     return violations
 
 
@@ -702,6 +748,7 @@ def check(history: History) -> CheckResult:
         *check_phantoms(history),
         *check_rolled_back(history, messages),
         *check_reused_ids(history),
+        *check_acked_redelivered(history),
         *check_full_disk_leaders(full_disks),
     ]
     delivered = {delivery.uniq_key for delivery in history.deliveries}
@@ -734,6 +781,7 @@ def history_slice(violation: Violation, history: History, limit: int = SLICE_EVE
     start, end = violation.start - SLICE_MARGIN_SECONDS, violation.end + SLICE_MARGIN_SECONDS
     own: list[Event] = [send for send in history.sends if send.uniq_key in keys]
     own += [delivery for delivery in history.deliveries if delivery.uniq_key in keys]
+    own += [pop_ack for pop_ack in history.pop_acks if pop_ack.uniq_key in keys]
     context: list[Event] = [fault for fault in history.faults if fault.start <= end and fault.end >= start]
     context += [leader for leader in history.leaders if start <= leader.time <= end]
     context += [session for session in history.sessions

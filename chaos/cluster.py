@@ -32,6 +32,11 @@ the proxy's. That is what it registers with the name server and what the other m
 proxied, and neither are the runner's own probes (the leader monitor asks each member directly, so it
 sees the truth while a client link is cut). The group's ``store_host`` (inside every message id) is the
 first member's proxy too.
+
+Each member also serves RocketMQ 5.x clients on a ``grpc_address`` of its own (``[broker] grpc_address``; the
+others' in ``peer_grpc_addresses``, to name the leader and forward writes), as a plain LocalCluster's members
+do. Those links are not proxied (the address a member serves gRPC on is also the one its routes name): a
+client-link fault leaves a run's 5.x clients (chaos.grpc_workload) alone; Raft faults reach them as any other.
 """
 
 from __future__ import annotations
@@ -213,13 +218,15 @@ def _start_proxied(data_dir: Path, nodes: int, toxiproxy: ToxiproxyHandle, overr
         raise ClusterError(f"{data_dir} already holds a cluster; use an empty directory")
     data_dir.mkdir(parents=True, exist_ok=True)
     pairs = nodes * (nodes - 1) // 2
-    # other ports: the name server's, then each member's broker and catch-up ports, then its client proxy's
-    proxy_ports, other_ports, raft_ports = assign_ports(free_ports(pairs + 1 + 4 * nodes), nodes)
+    # other ports: the name server's, then each member's broker and catch-up ports, then its client proxy's,
+    # then its gRPC server's (5.x clients: not proxied, they reach each member directly)
+    proxy_ports, other_ports, raft_ports = assign_ports(free_ports(pairs + 1 + 5 * nodes), nodes)
     secret_path = data_dir / "group.secret"
     secret_path.write_text(secrets.token_hex(24) + "\n")
     secret_path.chmod(0o600)
     namesrv = f"{HOST}:{other_ports[0]}"
-    client_proxy_ports = other_ports[1 + 2 * nodes:]
+    client_proxy_ports = other_ports[1 + 2 * nodes:1 + 3 * nodes]
+    grpc_ports = other_ports[1 + 3 * nodes:]
     infos = []
     for index in range(nodes):
         node_dir = data_dir / f"n{index}"
@@ -227,7 +234,8 @@ def _start_proxied(data_dir: Path, nodes: int, toxiproxy: ToxiproxyHandle, overr
         broker_port, catchup_port = other_ports[1 + 2 * index: 3 + 2 * index]
         infos.append(NodeInfo(f"n{index}", f"{HOST}:{broker_port}", f"{HOST}:{raft_ports[index]}",
                               f"{HOST}:{catchup_port}", str(node_dir / "node.toml"), str(node_dir / "broker.log"),
-                              advertised_address=f"{HOST}:{client_proxy_ports[index]}"))
+                              advertised_address=f"{HOST}:{client_proxy_ports[index]}",
+                              grpc_address=f"{HOST}:{grpc_ports[index]}"))
     run_id = f"{os.getpid()}-{secrets.token_hex(3)}"
     links = [RaftLink(f"{PROXY_PREFIX}-{run_id}-{dialer.id}-{acceptor.id}", dialer.id, acceptor.id,
                       f"{HOST}:{port}", acceptor.raft_address)

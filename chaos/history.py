@@ -11,7 +11,10 @@ Events, each line ``{"type": <name>, ...fields}``:
   decided from the seed and the message) and whether it first answered UNKNOW, leaving the decision to
   the broker's check-back; its ack names the half's position, not where consumers find it.
 - :class:`DeliveryEvent`: one message a consumer received: UNIQ_KEY, queue, queue offset, group, the
-  consumer session it belongs to, the node that served it.
+  consumer session it belongs to, the node that served it. A 5.x receive (pop through Raft, chaos.grpc_workload)
+  also names its delivery attempt and when the receive was sent.
+- :class:`PopAckEvent`: one acknowledgement of a 5.x receive (AckMessage): UNIQ_KEY, position, group, send and
+  end time, whether the leader took it (or the status code or error it answered).
 - :class:`SessionEvent`: a consumer session began on a queue at an offset (sessions restart after
   faults and on a schedule, from the group's committed offset).
 - :class:`OffsetCommitEvent`: a consumer offset commit the leader acknowledged.
@@ -107,6 +110,39 @@ class DeliveryEvent:
     queue_offset: int
     time: float
     node: str = ""
+    #: a 5.x receive (pop through Raft): its delivery attempt, 1 for the first; 0 for a 4.x pull. Pop hands
+    #: out what is visible, redeliveries included, so offsets need not increase within its session (one
+    #: receive call)
+    attempt: int = 0
+    #: a 5.x receive: when the ReceiveMessage that returned it was sent (``time`` is when it returned)
+    requested: float | None = None
+
+    @property
+    def pop(self) -> bool:
+        return self.attempt > 0
+
+
+@dataclass(frozen=True, slots=True)
+class PopAckEvent:
+    """One entry of an AckMessage of a 5.x consumer: ``acked`` when the leader answered it OK (committed through
+    Raft: the message must never be delivered to ``group`` again)."""
+
+    type_name: ClassVar[str] = "pop-ack"
+    group: str
+    uniq_key: str
+    queue: int
+    queue_offset: int
+    send_time: float
+    end_time: float
+    acked: bool
+    #: the entry's status code (apache.rocketmq.v2.Code) when it was answered and not OK, else None
+    code: int | None = None
+    error: str = ""
+    node: str = ""
+
+    @property
+    def time(self) -> float:
+        return self.end_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,12 +199,13 @@ class NoteEvent:
 
 
 Event: TypeAlias = (
-    RunStarted | SendEvent | DeliveryEvent | SessionEvent | OffsetCommitEvent | FaultEvent | LeaderEvent | NoteEvent
+    RunStarted | SendEvent | DeliveryEvent | PopAckEvent | SessionEvent | OffsetCommitEvent | FaultEvent | LeaderEvent
+    | NoteEvent
 )
 EVENT_TYPES: Final[dict[str, type[Any]]] = {
     kind.type_name: kind
-    for kind in (RunStarted, SendEvent, DeliveryEvent, SessionEvent, OffsetCommitEvent, FaultEvent, LeaderEvent,
-                 NoteEvent)
+    for kind in (RunStarted, SendEvent, DeliveryEvent, PopAckEvent, SessionEvent, OffsetCommitEvent, FaultEvent,
+                 LeaderEvent, NoteEvent)
 }
 
 
@@ -217,7 +254,7 @@ def _checked(kind: str, name: str, annotation: str, value: object) -> object:
     """The value converted to the field's type (JSON has no tuples; an int is a valid float)."""
     wanted: dict[str, tuple[type, ...]] = {
         "str": (str,), "int": (int,), "float": (int, float), "bool": (bool,),
-        "int | None": (int, type(None)), "str | None": (str, type(None)),
+        "int | None": (int, type(None)), "str | None": (str, type(None)), "float | None": (int, float, type(None)),
     }
     if annotation == "tuple[str, ...]":
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
@@ -229,7 +266,7 @@ def _checked(kind: str, name: str, annotation: str, value: object) -> object:
     is_bool = isinstance(value, bool)
     if not isinstance(value, types) or (is_bool and bool not in types):
         raise HistoryError(f"{kind}.{name} must be {annotation}, got {value!r}")
-    if annotation == "float" and isinstance(value, int | float):
+    if annotation in ("float", "float | None") and isinstance(value, int | float) and not is_bool:
         return float(value)
     return value
 
@@ -241,6 +278,7 @@ class History:
     run: RunStarted | None = None
     sends: list[SendEvent] = field(default_factory=list)
     deliveries: list[DeliveryEvent] = field(default_factory=list)
+    pop_acks: list[PopAckEvent] = field(default_factory=list)
     sessions: list[SessionEvent] = field(default_factory=list)
     commits: list[OffsetCommitEvent] = field(default_factory=list)
     faults: list[FaultEvent] = field(default_factory=list)
@@ -264,6 +302,8 @@ class History:
                 self.sends.append(event)
             case DeliveryEvent():
                 self.deliveries.append(event)
+            case PopAckEvent():
+                self.pop_acks.append(event)
             case SessionEvent():
                 self.sessions.append(event)
             case OffsetCommitEvent():
@@ -277,7 +317,7 @@ class History:
 
     def events(self) -> list[Event]:
         """Every event, ordered by time (the header first; ties keep recording order by type)."""
-        body: list[Event] = [*self.sends, *self.deliveries, *self.sessions, *self.commits, *self.faults,
+        body: list[Event] = [*self.sends, *self.deliveries, *self.pop_acks, *self.sessions, *self.commits, *self.faults,
                              *self.leaders, *self.notes]
         body.sort(key=event_time)
         return ([self.run] if self.run is not None else []) + body

@@ -30,6 +30,14 @@ committed offset, so some messages are delivered again). One group reads from th
 from any member (followers serve committed data; it moves on after every empty long poll, so a member
 that lags cannot hold it). A pull that fails moves to another member; an "offset moved" answer is
 recorded and never adopted (it would hide a loss).
+
+5.x clients (:mod:`chaos.grpc_workload`, on the members' gRPC servers): the last ``grpc_producers`` of the
+producers speak 5.x (FIFO sends, one message group per sharding key), and each group of ``grpc_groups`` is a
+5.x consumer group of ``grpc_consumers_per_group`` SimpleConsumers (pop through Raft). The drain waits until
+each 5.x group has *acknowledged* every acknowledged message, not only received it, or at least sent an ack
+that got no answer (its outcome is unknown: committed, the message never comes back; if not, it comes back
+after its invisible time and is acknowledged again). An ack the leader refused does not count: the message
+must come back.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ from typing import Final
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from chaos.connections import Connections, Unreachable
+from chaos.grpc_workload import GrpcProducerWorker, PopConsumer
 from chaos.history import (
     TRANSACTION_COMMIT,
     TRANSACTION_ROLLBACK,
@@ -58,6 +67,7 @@ from chaos.history import (
     HistoryWriter,
     NoteEvent,
     OffsetCommitEvent,
+    PopAckEvent,
     SendEvent,
     SessionEvent,
 )
@@ -110,6 +120,16 @@ class WorkloadConfig:
     #: messages the first producer sends at the start in batches of ``burst_batch`` (0: none)
     burst_messages: int = 0
     burst_batch: int = 256
+    #: the last this many of ``producers`` speak 5.x (gRPC) instead of 4.x (chaos.grpc_workload)
+    grpc_producers: int = 0
+    #: 5.x consumer groups (pop through Raft), besides ``groups``; each every message of the topic
+    grpc_groups: tuple[str, ...] = ()
+    grpc_consumers_per_group: int = 2
+    grpc_invisible_seconds: float = 5.0
+    grpc_receive_batch: int = 16
+    grpc_long_poll_ms: int = 1000
+    #: deliveries a 5.x consumer leaves unacknowledged (they come back after the invisible time)
+    grpc_unacked_fraction: float = 0.05
 
     def validate(self) -> WorkloadConfig:
         checks = [
@@ -134,6 +154,15 @@ class WorkloadConfig:
              "id_clock_month_offset_ms must be within the shortest month"),
             (0 <= self.burst_messages <= 1_000_000 and 1 <= self.burst_batch <= 1024,
              "burst_messages must be 0..1000000 and burst_batch 1..1024"),
+            (0 <= self.grpc_producers <= self.producers - (1 if self.burst_messages else 0),
+             "grpc_producers must be 0..producers (the first producer sends the burst over 4.x)"),
+            (len(set(self.grpc_groups)) == len(self.grpc_groups) and all(self.grpc_groups)
+             and not set(self.grpc_groups) & {name for name, _ in self.groups},
+             "grpc_groups must be distinct names, none of them a 4.x group's"),
+            (1 <= self.grpc_consumers_per_group <= 16, "grpc_consumers_per_group must be 1..16"),
+            (1 <= self.grpc_invisible_seconds <= 300 and 1 <= self.grpc_receive_batch <= 32
+             and 0 <= self.grpc_long_poll_ms <= 20_000 and 0 <= self.grpc_unacked_fraction < 1,
+             "grpc invisible seconds 1..300, receive batch 1..32, long poll 0..20000 ms, unacked fraction [0, 1)"),
         ]
         for holds, message in checks:
             if not holds:
@@ -142,12 +171,18 @@ class WorkloadConfig:
 
     @property
     def group_names(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.groups)
+        """Every consumer group of the run: the 4.x ones, then the 5.x ones."""
+        return tuple(name for name, _ in self.groups) + self.grpc_groups
+
+    @property
+    def uses_grpc(self) -> bool:
+        return bool(self.grpc_producers or self.grpc_groups)
 
 
 class Recorder:
     """Timestamps (seconds since the run started), keeps and appends every event; keeps what the drain
-    needs to know without scanning the history (acknowledged keys, keys received per group)."""
+    needs to know without scanning the history (acknowledged keys, keys received per group, and per 5.x
+    group the keys it acknowledged)."""
 
     def __init__(self, writer: HistoryWriter | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -156,6 +191,11 @@ class Recorder:
         self._writer = writer
         self.acked: set[str] = set()
         self.received: dict[str, set[str]] = defaultdict(set)
+        #: the 5.x groups (their consumers acknowledge what they receive), what each acknowledged, and what
+        #: each sent an ack for that got no answer (it may have been committed)
+        self.pop_groups: set[str] = set()
+        self.pop_acked: dict[str, set[str]] = defaultdict(set)
+        self.pop_unanswered: dict[str, set[str]] = defaultdict(set)
 
     def now(self) -> float:
         return round(self._clock() - self.started, 6)
@@ -166,11 +206,19 @@ class Recorder:
             self.acked.add(event.uniq_key)
         elif isinstance(event, DeliveryEvent):
             self.received[event.group].add(event.uniq_key)
+        elif isinstance(event, PopAckEvent):
+            if event.acked:
+                self.pop_acked[event.group].add(event.uniq_key)
+            elif event.code is None:
+                self.pop_unanswered[event.group].add(event.uniq_key)
         if self._writer is not None:
             self._writer.write(event)
 
     def missing(self, group: str) -> int:
-        """Acknowledged messages ``group`` has not received yet."""
+        """Acknowledged messages ``group`` has not received yet (a 5.x group: not acknowledged yet, nor given
+        an ack whose outcome is unknown)."""
+        if group in self.pop_groups:
+            return len(self.acked - self.pop_acked[group] - self.pop_unanswered[group])
         return len(self.acked - self.received[group])
 
 
@@ -367,7 +415,7 @@ def id_clock(month_offset_ms: int | None) -> Callable[[], int] | None:
 
 
 @dataclass
-class _Shared:
+class SharedConsumers:
     """What the consumers of one run share: session numbers and the drain flag."""
 
     sessions: itertools.count[int] = field(default_factory=itertools.count)
@@ -378,7 +426,7 @@ class QueueConsumer:
     """One group's reader of one queue."""
 
     def __init__(self, group: str, mode: str, queue: int, members: list[str], namesrv: str, config: WorkloadConfig,
-                 recorder: Recorder, rng: random.Random, shared: _Shared) -> None:
+                 recorder: Recorder, rng: random.Random, shared: SharedConsumers) -> None:
         self.group = group
         self.mode = mode
         self.queue = queue
@@ -555,19 +603,31 @@ class Workload:
     """Every producer and consumer of a run. ``start``, then ``stop_producers``, ``drain``, ``stop``."""
 
     def __init__(self, namesrv: str, members: list[str], config: WorkloadConfig, recorder: Recorder,
-                 rng: random.Random) -> None:
+                 rng: random.Random, grpc_members: list[str] | None = None) -> None:
+        """``members``: the brokers' client addresses; ``grpc_members``: their gRPC addresses (needed when the
+        configuration has 5.x clients)."""
         self.namesrv = namesrv
         self.members = members
         self.config = config.validate()
         self.recorder = recorder
+        if config.uses_grpc and not grpc_members:
+            raise ValueError("workload: 5.x clients need the members' gRPC addresses")
         transaction_salt = rng.getrandbits(64)
-        self.producers = [ProducerWorker(index, namesrv, config, recorder, random.Random(rng.getrandbits(64)),
-                                         transaction_salt)
-                          for index in range(config.producers)]
-        self._shared = _Shared()
+        first_grpc = config.producers - config.grpc_producers
+        # one draw per producer whatever its protocol: a run without 5.x clients draws as it always did
+        self.producers: list[ProducerWorker | GrpcProducerWorker] = [
+            ProducerWorker(index, namesrv, config, recorder, random.Random(rng.getrandbits(64)), transaction_salt)
+            if index < first_grpc else
+            GrpcProducerWorker(index, list(grpc_members or ()), config, recorder, random.Random(rng.getrandbits(64)))
+            for index in range(config.producers)]
+        self._shared = SharedConsumers()
         self.consumers = [QueueConsumer(group, mode, queue, members, namesrv, config, recorder,
                                         random.Random(rng.getrandbits(64)), self._shared)
                           for group, mode in config.groups for queue in range(config.queues)]
+        recorder.pop_groups.update(config.grpc_groups)
+        self.pop_consumers = [PopConsumer(group, index, list(grpc_members or ()), config, recorder,
+                                          random.Random(rng.getrandbits(64)), self._shared)
+                              for group in config.grpc_groups for index in range(config.grpc_consumers_per_group)]
         self._stop_producing = asyncio.Event()
         self._release_producers = asyncio.Event()
         self._producer_tasks: list[asyncio.Task[None]] = []
@@ -578,6 +638,8 @@ class Workload:
         loop = asyncio.get_running_loop()
         self._consumer_tasks = [loop.create_task(consumer.run(), name=f"consume {consumer.group} {consumer.queue}")
                                 for consumer in self.consumers]
+        self._consumer_tasks += [loop.create_task(consumer.run(), name=f"consume {consumer.name} (5.x)")
+                                 for consumer in self.pop_consumers]
         self._producer_tasks = [loop.create_task(producer.run(self._stop_producing, self._release_producers),
                                                  name=f"produce {producer.name}")
                                 for producer in self.producers]

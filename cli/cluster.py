@@ -33,6 +33,7 @@ from broker.acl.signature import sign_fields
 from broker.config import BrokerConfig
 from broker.remoting.client import RemotingClient, RemotingError
 from broker.remoting.codes import RequestCode, ResponseCode
+from cli.front import FOLLOWER_ROUTE_SOURCE, ROUTES
 from dledger.addresses import split_host_port
 from dledger.config import NodeConfig
 
@@ -425,11 +426,12 @@ class LocalCluster:
     @classmethod
     def start(cls, data_dir: Path, nodes: int = 3, base_port: int | None = None,
               overrides: dict[str, dict[str, Any]] | None = None,
-              timeout_seconds: float = START_TIMEOUT_SECONDS, front: str = "none", front_route_to: str = "leader", log_format: str = "text",
-              log_max_bytes: int = LOG_MAX_BYTES, log_backups: int = LOG_BACKUPS, groups: int = 1) -> LocalCluster:
+              timeout_seconds: float = START_TIMEOUT_SECONDS, front: str = "none", front_route_to: str = "followers",
+              log_format: str = "text", log_max_bytes: int = LOG_MAX_BYTES, log_backups: int = LOG_BACKUPS,
+              groups: int = 1) -> LocalCluster:
         """Start a name server and ``groups`` broker groups of ``nodes`` members each (and, with
-        ``front="haproxy"``, HAProxy in front of each group: cli.front); wait until every group's leader serves
-        routes (through its front, when there is one)."""
+        ``front="haproxy"``, HAProxy in front of each group, sending clients to ``front_route_to``: cli.front);
+        wait until every group's leader serves routes (through its front, when there is one)."""
         if not 1 <= nodes <= 9:
             raise ClusterError("a cluster has 1 to 9 nodes")
         if not 1 <= groups <= GROUPS_MAX:
@@ -444,6 +446,8 @@ class LocalCluster:
         data_dir.mkdir(parents=True, exist_ok=True)
         if front not in ("haproxy", "none"):
             raise ClusterError(f"the front must be haproxy or none, got {front!r}")
+        if front_route_to not in ROUTES:
+            raise ClusterError(f"the front routes to one of {', '.join(ROUTES)}, got {front_route_to!r}")
         # the name server, then per group: broker, Raft and catch-up ports per member, then each member's gRPC
         # port, then each member's HTTP port, then the front's (one group: 2 + 5 * nodes, as always)
         group_port_count = 1 + 5 * nodes
@@ -487,7 +491,10 @@ class LocalCluster:
             store_host = members[0].broker_address
             if group.front:  # the group's address: what the leader registers, and the stored store host
                 store_host = group.front
-                node_overrides["broker"] = {**node_overrides.get("broker", {}), "front_address": group.front}
+                front_settings: dict[str, object] = {"front_address": group.front}
+                if front_route_to == "followers":  # the leader hands the front's connections to the followers
+                    front_settings["follower_front_hosts"] = [FOLLOWER_ROUTE_SOURCE]
+                node_overrides["broker"] = {**node_overrides.get("broker", {}), **front_settings}
             for index, node in enumerate(members):
                 peers = [peer for peer in members if peer is not node]
                 Path(node.config).write_text(node_toml(node, peers, namesrv, index + 1, store_host, group.secret_file,

@@ -12,7 +12,7 @@ import click
 
 from broker.logs import LOG_FORMATS
 from cli.cluster import GROUPS_MAX, LOG_MAX_BYTES, ClusterError, LocalCluster, check_overrides, parse_setting
-from cli.front import FRONT_KINDS, FrontUnavailableError, resolve_front
+from cli.front import FRONT_KINDS, ROUTES, FrontUnavailableError, resolve_front
 
 DEFAULT_DATA_DIR = Path("./raftmq-data")
 SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP, "CONT": signal.SIGCONT, "TERM": signal.SIGTERM}
@@ -62,16 +62,19 @@ def cluster() -> None:
               help="A node-file setting for every member (repeatable): a key of [store], [raft], [group_commit] "
                    "or [broker], e.g. store.segment_size_bytes=134217728 or store.flush_policy=sync.")
 @click.option("--front", type=click.Choice(FRONT_KINDS), default="auto", show_default=True,
-              help="A front in front of the group: HAProxy routing to the leader, registered as the group's "
-                   "brokerId 0 address, so stock clients ride through a leader change (auto: HAProxy when "
-                   "installed; none: clients are given the leader's own address).")
+              help="A front in front of each group: HAProxy, registered as the group's brokerId 0 address, so "
+                   "stock clients ride through a leader change (auto: HAProxy when installed; none: clients are "
+                   "given the leader's own address).")
+@click.option("--front-route", type=click.Choice(ROUTES), default="followers", show_default=True,
+              help="Where the front sends clients: to the followers, which forward to the leader and hold a "
+                   "request through an election (a leader's death cuts no client connection), or to the leader.")
 @click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
               help="The members' and name server's log lines: plain text or one JSON object per line. Their logs "
                    "rotate by size either way (DATA_DIR/<node>/broker.log, .1, .2, ...).")
 @click.option("--log-max-bytes", type=click.IntRange(min=1024), default=LOG_MAX_BYTES, show_default=True,
               help="Rotate a member's or the name server's log at this size.")
 def up(data_dir: Path, nodes: int, groups: int, base_port: int | None, overrides: dict[str, dict[str, Any]],
-       front: str, log_format: str, log_max_bytes: int) -> None:
+       front: str, front_route: str, log_format: str, log_max_bytes: int) -> None:
     """Start a name server and the members of each broker group in the background; wait for every group's leader.
 
     Prints `namesrv=HOST:PORT` (what 4.x clients need), then `grpc=HOST:PORT` (an endpoint for RocketMQ 5.x
@@ -93,8 +96,8 @@ def up(data_dir: Path, nodes: int, groups: int, base_port: int | None, overrides
         raise click.UsageError(str(exc)) from None
     try:
         started = LocalCluster.start(data_dir, nodes=nodes, base_port=base_port, overrides=overrides,
-                                     front=front_kind, log_format=log_format, log_max_bytes=log_max_bytes,
-                                     groups=groups)
+                                     front=front_kind, front_route_to=front_route, log_format=log_format,
+                                     log_max_bytes=log_max_bytes, groups=groups)
     except ClusterError as exc:
         _fail(exc)
     click.echo(f"namesrv={started.namesrv}")

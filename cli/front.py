@@ -1,18 +1,24 @@
 """A group's front: a real HAProxy in front of every member, so clients that know one address per group (stock
 RocketMQ clients send only to brokerId 0 and re-read routes every 30 s) ride through a leader change.
 
-TCP mode; the backends are every member's remoting address, each checked with ``GET /readyz?role=leader`` on
-its HTTP port (``[broker] http_address``: 200 only on the leader that takes writes), often, one result enough
-to change its state. A member marked down has its sessions shut, so clients reconnect through the front to
-the next leader at once; a connection refused (a member that died since its last check) goes to another
-member and marks the refusing one down at once. A member that is not the leader forwards what only the
-leader may serve (broker.forwarding), so a connection that reaches a follower anyway (a leader that stepped
-down since its last check) is still served. The leader registers the front's address as the group's
-brokerId 0 (``[broker] front_address``).
+TCP mode; the backends are every member's remoting address, each checked on its HTTP port
+(``[broker] http_address``) often, one result enough to change its state. Two routes (``route_to``):
 
-Why not also send clients to followers while no member passes the leader check (they would forward): the
-members keep client registrations (heartbeats: consumer groups for rebalancing, producers for transaction
-check-backs) where they arrive, and such a connection would stay on its follower after the election.
+- ``followers`` (what ``cluster up`` does): a new connection goes to a member that passes
+  ``GET /readyz?role=follower`` (else to the leader). The follower forwards what only the leader may serve and
+  the client's registrations (broker.forwarding, broker.relay), and holds a request through an election. A
+  SIGKILLed leader then cuts no client connection: a stock C++ client's send in flight is answered by the next
+  leader, where a cut connection would leave it waiting out its 3 s send timeout. A member that is elected
+  hands the front's connections back to the followers as each goes idle (broker.front_moves); it tells them
+  by their source host, :data:`FOLLOWER_ROUTE_SOURCE` (``[broker] follower_front_hosts``), and each starts with
+  a PROXY protocol v2 header naming the client (its born host, its address for ACL white lists).
+- ``leader``: each connection goes to the member that passes ``GET /readyz?role=leader`` (200 only on the leader
+  that takes writes). A member marked down has its sessions shut, so clients reconnect through the front to
+  the next leader; a request in flight when the leader died is lost with its connection.
+
+A connection refused (a member that died since its last check) goes to another member and marks the refusing
+one down at once. The leader registers the front's address as the group's brokerId 0 (``[broker]
+front_address``).
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ from typing import Final
 FRONT_KINDS: Final = ("auto", "haproxy", "none")
 #: where a front sends new connections (:func:`haproxy_config`)
 ROUTES: Final = ("leader", "followers")
+#: the host a front routing to followers connects to them from (a loopback address of its own, so members
+#: tell its connections from others': ``[broker] follower_front_hosts``)
+FOLLOWER_ROUTE_SOURCE: Final = "127.0.0.2"
 #: how often each member's readiness is checked; one failed (or one passed) check changes its state
 CHECK_INTERVAL_MS: Final = 250
 #: the longest one check may take
@@ -78,15 +87,15 @@ def _split(address: str) -> tuple[str, str]:
     return host, port
 
 
-def haproxy_config(front_address: str, members: Sequence[FrontMember], route_to: str = "leader") -> str:
+def haproxy_config(front_address: str, members: Sequence[FrontMember], route_to: str = "leader",
+                   follower_source: str = FOLLOWER_ROUTE_SOURCE) -> str:
     """The HAProxy configuration of a front listening on ``front_address`` (see the module docstring).
 
-    ``route_to="followers"`` (an experiment, not what ``cluster up`` does): new connections go to a member that
-    passes ``GET /readyz?role=follower`` while one does, and it forwards what only the leader may serve; a
-    follower that becomes the leader keeps its sessions. A client's connection then outlives a leader kill,
-    so a stock C++ client's send in flight is answered (an error, retried) instead of waiting for its timeout.
-    Not the default: members keep client registrations where they arrive (heartbeats: consumer groups for
-    rebalancing, producers for transaction check-backs), and the leader-only services look at the leader's."""
+    ``route_to="followers"``: new connections go to a member that passes ``GET /readyz?role=follower`` while
+    one does (else to the leader), connecting from ``follower_source``, the host the members know as such a
+    front's (``[broker] follower_front_hosts``: the leader moves those connections to the followers when
+    idle, broker.front_moves). A follower forwards what only the leader may serve and the client's
+    registrations (broker.forwarding, broker.relay); a client's connection then outlives a leader kill."""
     if route_to not in ROUTES:
         raise ValueError(f"route_to must be one of {', '.join(ROUTES)}, got {route_to!r}")
     lines = [
@@ -107,13 +116,14 @@ def haproxy_config(front_address: str, members: Sequence[FrontMember], route_to:
         *(["    use_backend followers if { nbsrv(followers) gt 0 }"] if route_to == "followers" else []),
         "    default_backend leader",
     ]
-    backends = [("leader", "leader", " on-marked-down shutdown-sessions")]
-    if route_to == "followers":
-        backends.append(("followers", "follower", ""))
-    for backend, role, on_down in backends:
+    backends = [("leader", "leader", " on-marked-down shutdown-sessions", "")]
+    if route_to == "followers":  # the members believe a PROXY header from this source only
+        backends.append(("followers", "follower", " send-proxy-v2", follower_source))
+    for backend, role, on_down, source in backends:
         lines += [
             "",
             f"backend {backend}",
+            *([f"    source {source}"] if source else []),
             "    option httpchk",
             f"    http-check send meth GET uri /readyz?role={role}",
             "    http-check expect status 200",
@@ -147,6 +157,7 @@ def start_haproxy(config_path: Path, log_path: Path, cwd: Path) -> subprocess.Po
 
 
 __all__ = [
+    "FOLLOWER_ROUTE_SOURCE",
     "FRONT_KINDS",
     "ROUTES",
     "FrontMember",

@@ -8,8 +8,9 @@
  * through its cache and cached_tag_code, topics through its topic cache: only the per-message loop is
  * here (about a fifth of the leader's CPU when it was Python).
  *
- * Layouts (big-endian, as struct in commitlog/records.py):
- *   head v4 ">iIIiiqqiq8sq8siqi" (88 bytes), v6 ">iIIiiqqiq20sq8siqi" (100 bytes),
+ * Layouts (big-endian, as commitlog.message.RECORD_HEADS):
+ *   head ">iIIiiqqiq{born}sq{store}siqi" with an 8-byte (IPv4 + port) or 20-byte (IPv6 + port) born host
+ *   (per message) and store host (per batch): 88, 100 or 112 bytes, sysFlag 0x10 / 0x20 set for IPv6 hosts,
  *   then body, topic segment (length byte + bytes), properties length ">h", properties;
  *   meta ">IHBiqiH" (25 bytes); key hash ">I".
  */
@@ -26,8 +27,10 @@
 #define HAS_UNIQ_KEY 0x1
 #define BORN_HOST_V6 0x2
 #define META_BYTES 25
-#define HEAD_V4_BYTES 88
-#define HEAD_V6_BYTES 100
+#define HOST_V4_BYTES 8
+#define HOST_V6_BYTES 20
+/* a record's bytes besides its two hosts, body, topic segment and properties */
+#define RECORD_FIXED_BYTES 74
 #define TOPICS_MAX 65535
 #define KEYS_PER_RECORD_MAX 65535
 
@@ -242,7 +245,7 @@ static Py_ssize_t topic_index(Topics *topics, PyObject *topic_entry, PyObject *t
 /* Fills *record from message; 1: taken, 0: defer, -1: an error. */
 static int read_message(PyObject *message, Record *record, Topics *topics, Hashes *hashes, PyObject *topic_entry,
                         PyObject *tag_cache, PyObject *tag_code_of, PyObject *crc32, int64_t body_max,
-                        int64_t segment_max) {
+                        int64_t segment_max, Py_ssize_t store_host_length) {
     PyObject *topic, *born_host, *body, *properties, *prefix;
     Py_ssize_t index, segment_length;
     const char *values[3];
@@ -288,11 +291,12 @@ static int read_message(PyObject *message, Record *record, Topics *topics, Hashe
         || record->sys_flag & SPECIAL_TRANSACTION_BIT) {
         return 0;
     }
-    if (record->born_host_length != 8 && record->born_host_length != 20) {
+    if (record->born_host_length != HOST_V4_BYTES && record->born_host_length != HOST_V6_BYTES) {
         return 0;
     }
     segment_length = PyBytes_GET_SIZE(PyList_GET_ITEM(topics->segments, index));
-    size = 82 + (int64_t)record->born_host_length + record->body_length + segment_length + record->properties_length;
+    size = RECORD_FIXED_BYTES + (int64_t)store_host_length + (int64_t)record->born_host_length + record->body_length
+           + segment_length + record->properties_length;
     if (size > segment_max || size > INT32_MAX) {
         return 0;
     }
@@ -301,8 +305,11 @@ static int read_message(PyObject *message, Record *record, Topics *topics, Hashe
         return 0; /* a property named twice: the Python builder says what happens */
     }
     record->sys_flag &= ~(int64_t)(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6);
+    if (store_host_length == HOST_V6_BYTES) {
+        record->sys_flag |= SYSFLAG_STOREHOST_V6;
+    }
     record->flags = 0;
-    if (record->born_host_length == 20) {
+    if (record->born_host_length == HOST_V6_BYTES) {
         record->sys_flag |= SYSFLAG_BORNHOST_V6;
         record->flags = BORN_HOST_V6;
     }
@@ -348,7 +355,8 @@ static int read_message(PyObject *message, Record *record, Topics *topics, Hashe
     return 1;
 }
 
-static void write_record(char *at, const Record *record, PyObject *segment, int64_t stamp, const char *store_host) {
+static void write_record(char *at, const Record *record, PyObject *segment, int64_t stamp, const char *store_host,
+                         Py_ssize_t store_host_length) {
     put_u32(at, record->size);
     put_u32(at + 4, MESSAGE_MAGIC);
     put_u32(at + 8, record->body_crc);
@@ -360,11 +368,12 @@ static void write_record(char *at, const Record *record, PyObject *segment, int6
     memcpy(at + 48, record->born_host, (size_t)record->born_host_length);
     at += 48 + record->born_host_length;
     put_u64(at, (uint64_t)stamp);
-    memcpy(at + 8, store_host, 8);
-    put_u32(at + 16, (uint32_t)record->reconsume_times);
-    put_u64(at + 20, (uint64_t)record->prepared_offset);
-    put_u32(at + 28, (uint32_t)record->body_length);
-    at += 32;
+    memcpy(at + 8, store_host, (size_t)store_host_length);
+    at += 8 + store_host_length;
+    put_u32(at, (uint32_t)record->reconsume_times);
+    put_u64(at + 4, (uint64_t)record->prepared_offset);
+    put_u32(at + 12, (uint32_t)record->body_length);
+    at += 16;
     memcpy(at, record->body, (size_t)record->body_length);
     at += record->body_length;
     memcpy(at, PyBytes_AS_STRING(segment), (size_t)PyBytes_GET_SIZE(segment));
@@ -409,7 +418,9 @@ static PyObject *build_records(PyObject *module, PyObject *const *args, Py_ssize
     tag_cache = args[6];
     tag_code_of = args[7];
     crc32 = args[8];
-    if (!PyBytes_CheckExact(store_host) || PyBytes_GET_SIZE(store_host) != 8 || !PyDict_CheckExact(tag_cache)
+    if (!PyBytes_CheckExact(store_host)
+        || (PyBytes_GET_SIZE(store_host) != HOST_V4_BYTES && PyBytes_GET_SIZE(store_host) != HOST_V6_BYTES)
+        || !PyDict_CheckExact(tag_cache)
         || exact_int(args[1], INT64_MIN, INT64_MAX, &stamp) != 1
         || exact_int(args[3], 0, INT64_MAX, &body_max) != 1 || exact_int(args[4], INT64_MIN, INT64_MAX, &segment_max) != 1) {
         if (PyErr_Occurred()) {
@@ -440,7 +451,8 @@ static PyObject *build_records(PyObject *module, PyObject *const *args, Py_ssize
     }
     for (position = 0; position < count; position++) {
         int taken = read_message(PySequence_Fast_GET_ITEM(sequence, position), &items[position], &topics, &hashes,
-                                 topic_entry, tag_cache, tag_code_of, crc32, body_max, segment_max);
+                                 topic_entry, tag_cache, tag_code_of, crc32, body_max, segment_max,
+                                 PyBytes_GET_SIZE(store_host));
         if (taken < 0) {
             goto done;
         }
@@ -461,7 +473,7 @@ static PyObject *build_records(PyObject *module, PyObject *const *args, Py_ssize
     for (position = 0; position < count; position++) {
         const Record *record = &items[position];
         write_record(at, record, PyList_GET_ITEM(topics.segments, record->topic_index), stamp,
-                     PyBytes_AS_STRING(store_host));
+                     PyBytes_AS_STRING(store_host), PyBytes_GET_SIZE(store_host));
         at += record->size;
         write_meta(PyBytes_AS_STRING(metas) + position * META_BYTES, record);
     }

@@ -44,6 +44,14 @@ def segment_name(start_offset: int) -> str:
     return f"{start_offset:020d}"
 
 
+def _made(pending: Future[MappedFile]) -> MappedFile | None:
+    """The segment a background allocation made, or None when it failed (waits for it to end)."""
+    try:
+        return pending.result()
+    except Exception:  # its error is the one making it again would give now, if any still holds
+        return None
+
+
 class CommitLog:
     """Segments of one replica's commit log. Not thread-safe: the apply thread owns writes."""
 
@@ -129,7 +137,9 @@ class CommitLog:
             invariant(not self.starts or start == self.starts[-1] + self.segment_size_bytes,
                       "segments are created in order")
             pending = self._allocating.pop(start, None)
-            segment = pending.result() if pending is not None else self._create(start)
+            made = _made(pending) if pending is not None else None
+            # a background attempt that failed (the disk was full then) is made again now: space may be back
+            segment = made if made is not None else self._create(start)
             segment.on_remap = self._note_mapped
             previous = self.segments[self.starts[-1]] if self.starts else None
             self.segments[start] = segment

@@ -7,11 +7,15 @@ Layout (all big-endian), as RocketMQ 4.x's CommitLog writes it and PULL returns 
     storeTimestamp i64 | storeHost (same) | reconsumeTimes i32 | preparedTransactionOffset i64 |
     bodyLen i32 + body | topicLen i8 + topic | propertiesLen i16 + properties
 
+sysFlag says which hosts are IPv6 (``SYSFLAG_BORNHOST_V6``, ``SYSFLAG_STOREHOST_V6``): each adds 12 bytes, so
+the store timestamp moves with the born host only, and everything after the store host with both.
+
 A segment ends with a filler record: ``totalSize i32 | BLANK_MAGIC i32`` followed by unspecified bytes.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import struct
 from dataclasses import dataclass
@@ -54,6 +58,13 @@ HEAD_A: Final = struct.Struct(">iIIiiqqiq")  # totalSize..bornTimestamp
 HEAD_B_V4: Final = struct.Struct(">8sq8siq")  # bornHost, storeTimestamp, storeHost, reconsume, prepOffset
 invariant(HEAD_A.size == 48, "head A must be 48 bytes")
 invariant(HEAD_B_V4.size == 36, "head B must be 36 bytes")
+#: a record's fixed head up to and including bodyLen, as one struct, by [born host IPv6][store host IPv6]
+#: (88, 100, 100 and 112 bytes): totalSize..bornTimestamp, bornHost, storeTimestamp, storeHost, reconsumeTimes,
+#: preparedTransactionOffset, bodyLen
+RECORD_HEADS: Final = tuple(tuple(struct.Struct(f">iIIiiqqiq{born}sq{store}siqi") for store in (8, 20))
+                            for born in (8, 20))
+invariant([head.size for heads in RECORD_HEADS for head in heads] == [88, 100, 100, 112],
+          "record heads are 88, 100, 100 and 112 bytes")
 FILLER: Final = struct.Struct(">iI")
 invariant(FILLER.size == FILLER_HEADER_BYTES, "filler header must be 8 bytes")
 INT32: Final = struct.Struct(">i")
@@ -69,6 +80,21 @@ POS_PHYSICAL_OFFSET: Final = 28
 POS_SYS_FLAG: Final = 36
 POS_BORN_TIMESTAMP: Final = 40
 POS_BORN_HOST: Final = 48
+#: where the body starts (and bodyLen ends) with IPv4 born and store hosts; each IPv6 host adds HOST_V6_EXTRA_BYTES
+BODY_AT_V4: Final = 88
+HOST_V4_BYTES: Final = 8
+HOST_V6_BYTES: Final = 20
+HOST_V6_EXTRA_BYTES: Final = HOST_V6_BYTES - HOST_V4_BYTES
+#: a record's bytes besides its two hosts, body, topic segment (length byte and topic) and properties: head A,
+#: storeTimestamp, reconsumeTimes, preparedTransactionOffset, bodyLen and propertiesLen (74)
+RECORD_FIXED_BYTES: Final = HEAD_A.size + 8 + 4 + 8 + 4 + 2
+
+
+def body_at(sys_flag: int) -> int:
+    """Where the body of a record with ``sys_flag`` starts: 88 bytes of head with IPv4 hosts, 12 more per
+    IPv6 host (bodyLen is the 4 bytes before it)."""
+    return (BODY_AT_V4 + (HOST_V6_EXTRA_BYTES if sys_flag & SYSFLAG_BORNHOST_V6 else 0)
+            + (HOST_V6_EXTRA_BYTES if sys_flag & SYSFLAG_STOREHOST_V6 else 0))
 
 
 class MessageInput(NamedTuple):
@@ -77,7 +103,8 @@ class MessageInput(NamedTuple):
     message on every replica, and a frozen dataclass costs several times more to construct.)
 
     ``properties`` is the encoded ``key\\x01value\\x02`` string exactly as the producer sent it (plus what
-    the broker added). ``born_host`` is 8 bytes (IPv4 + port) or 20 bytes (IPv6 + port).
+    the broker added). ``born_host`` is 8 bytes (IPv4 + port) or 20 bytes (IPv6 + port), as is the store
+    host the store adds.
     """
 
     topic: str
@@ -158,9 +185,11 @@ def decode_properties(raw: bytes) -> dict[str, str]:
     return result
 
 
-def record_size(body_len: int, topic_len: int, properties_len: int, born_v6: bool = False) -> int:
-    """Total size of a stored record with an IPv4 store host."""
-    return 48 + (20 if born_v6 else 8) + 28 + 4 + body_len + 1 + topic_len + 2 + properties_len
+def record_size(body_len: int, topic_len: int, properties_len: int, born_v6: bool = False,
+                store_v6: bool = False) -> int:
+    """Total size of a stored record (IPv4 hosts unless said otherwise)."""
+    return (RECORD_FIXED_BYTES + (HOST_V6_BYTES if born_v6 else HOST_V4_BYTES)
+            + (HOST_V6_BYTES if store_v6 else HOST_V4_BYTES) + body_len + 1 + topic_len + properties_len)
 
 
 _I32: Final = 2**31
@@ -213,15 +242,20 @@ def encode_record(
     store_host: bytes,
     topic_bytes: bytes | None = None,
 ) -> bytes:
-    """Encode one stored record. The input must have passed :func:`validate_input`."""
+    """Encode one stored record. The input must have passed :func:`validate_input`; ``store_host`` is 8 bytes
+    (IPv4 + port) or 20 (IPv6 + port), and the sysFlag bits of both hosts follow their widths."""
     topic = topic_bytes if topic_bytes is not None else message.topic.encode()
     body = message.body
     props = message.properties
-    born_v6 = len(message.born_host) == 20
+    born_v6 = len(message.born_host) == HOST_V6_BYTES
+    store_v6 = len(store_host) == HOST_V6_BYTES
+    invariant(len(store_host) in (HOST_V4_BYTES, HOST_V6_BYTES), "a store host is 8 or 20 bytes")
     sys_flag = message.sys_flag & ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
     if born_v6:
         sys_flag |= SYSFLAG_BORNHOST_V6
-    total = record_size(len(body), len(topic), len(props), born_v6)
+    if store_v6:
+        sys_flag |= SYSFLAG_STOREHOST_V6
+    total = record_size(len(body), len(topic), len(props), born_v6, store_v6)
     head = HEAD_A.pack(
         total,
         MESSAGE_MAGIC,
@@ -234,7 +268,7 @@ def encode_record(
         message.born_timestamp,
     )
     tail = struct.pack(
-        f">{len(message.born_host)}sq8siqi",
+        f">{len(message.born_host)}sq{len(store_host)}siqi",
         message.born_host,
         message.store_timestamp,
         store_host,
@@ -326,6 +360,63 @@ def encode_host(ip: str, port: int) -> bytes:
     return bytes(int(p) for p in parts) + port.to_bytes(4, "big")
 
 
+def encode_address(address: str) -> bytes:
+    """``ip:port`` (an IPv4 literal, as :func:`encode_host` takes it) or ``[ipv6]:port`` as a record stores it:
+    8 bytes (IPv4 + port) or 20 (IPv6 + port). ValueError says what is wrong: a host name has no bytes to
+    store, an IPv6 address needs its brackets, a scope id (``%eth0``) does not fit in the record."""
+    if address.startswith("["):
+        host, bracket, port_text = address[1:].partition("]:")
+        if not bracket:
+            raise ValueError(f"an IPv6 address is written [address]:port, got {address!r}")
+    else:
+        host, _, port_text = address.rpartition(":")
+        if ":" in host:
+            raise ValueError(f"an IPv6 address needs brackets: [address]:port, got {address!r}")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"no port number after the host in {address!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port out of range: {port}")
+    if not address.startswith("["):
+        if not host.replace(".", "").isdigit():
+            raise ValueError(f"{host!r} is not an IP address (a host name has no bytes to store)")
+        return encode_host(host, port)
+    if "%" in host:
+        raise ValueError(f"an IPv6 scope id does not fit in a record: {host!r}")
+    try:
+        ip = ipaddress.IPv6Address(host)
+    except ValueError:
+        raise ValueError(f"not an IPv6 address: {host!r}") from None
+    if ip.ipv4_mapped is not None:
+        raise ValueError(f"{host!r} is an IPv4-mapped address: write it as IPv4 ({ip.ipv4_mapped}:{port})")
+    return ip.packed + port.to_bytes(4, "big")
+
+
+def encode_peer(host: str, port: int) -> bytes:
+    """A connection's peer as a record's born host: 8 bytes for IPv4 (an IPv4-mapped IPv6 address too, as
+    a dual-stack socket reports an IPv4 client), 20 for IPv6 (its scope id dropped). ValueError for what is
+    not an IP address or a port."""
+    try:
+        ip = ipaddress.ip_address(host.strip("[]").partition("%")[0])
+    except ValueError:
+        raise ValueError(f"not an IP address: {host!r}") from None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port out of range: {port}")
+    return ip.packed + port.to_bytes(4, "big")
+
+
+def format_address(raw: bytes) -> str:
+    """The canonical ``ip:port`` / ``[ipv6]:port`` of 8 or 20 stored host bytes (IPv6 compressed, lower
+    case): :func:`encode_address` of it gives ``raw`` back."""
+    host, port = decode_host(raw)
+    if len(raw) == HOST_V6_BYTES:
+        return f"[{ipaddress.IPv6Address(raw[:16]).compressed}]:{port}"
+    return f"{host}:{port}"
+
+
 def decode_host(raw: bytes) -> tuple[str, int]:
     if len(raw) == 8:
         return ".".join(str(b) for b in raw[:4]), int.from_bytes(raw[4:], "big")
@@ -336,12 +427,14 @@ def decode_host(raw: bytes) -> tuple[str, int]:
 
 
 def encode_message_id(store_host: bytes, physical_offset: int) -> str:
-    """RocketMQ's store-based message id: hex(storeHost + physical offset), upper case."""
+    """RocketMQ's store-based message id: hex(storeHost + physical offset), upper case: 32 characters for
+    an IPv4 store host, 56 for an IPv6 one (MessageDecoder.createMessageId)."""
     return (store_host + physical_offset.to_bytes(8, "big", signed=True)).hex().upper()
 
 
 def decode_message_id(msg_id: str) -> tuple[bytes, int]:
-    """(store host bytes, physical offset) from a store-based message id; ValueError if malformed."""
+    """(store host bytes, physical offset) from a store-based message id, 32 hex characters (IPv4 store host)
+    or 56 (IPv6) as MessageDecoder.decodeMessageId reads it; ValueError if malformed."""
     if len(msg_id) not in (32, 56):
         raise ValueError(f"message id must be 32 or 56 hex characters, got {len(msg_id)}")
     raw = bytes.fromhex(msg_id)

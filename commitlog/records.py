@@ -25,9 +25,15 @@ import numpy.typing as npt
 
 from commitlog.errors import invariant
 from commitlog.message import (
+    BODY_AT_V4,
     FILLER_HEADER_BYTES,
+    HOST_V4_BYTES,
+    HOST_V6_BYTES,
+    HOST_V6_EXTRA_BYTES,
     MESSAGE_MAGIC,
     PROPERTIES_BYTES_MAX,
+    RECORD_FIXED_BYTES,
+    RECORD_HEADS,
     SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6,
     TRANSACTION_COMMIT_TYPE,
@@ -56,17 +62,16 @@ HASH: Final = struct.Struct(">I")
 HASH_DTYPE: Final = np.dtype(">u4")
 #: meta flags
 HAS_UNIQ_KEY: Final = 0x1  # the record's first key-index hash is its UNIQ_KEY's
-BORN_HOST_V6: Final = 0x2  # the record's head is the 100-byte IPv6 form
+BORN_HOST_V6: Final = 0x2  # the record's born host is IPv6 (12 bytes more of head; the store host is the batch's)
 FLAGS_KNOWN: Final = HAS_UNIQ_KEY | BORN_HOST_V6
 #: the queue offset and physical offset of a record, adjacent at QUEUE_OFFSET_AT
 OFFSETS: Final = struct.Struct(">qq")
 QUEUE_OFFSET_AT: Final = 20
-#: where the store timestamp sits for an IPv4 / IPv6 born host
+#: where the store timestamp sits for an IPv4 / IPv6 born host (it comes before the store host, so that
+#: one does not move it)
 STORE_TIMESTAMP_AT: Final = (56, 68)
 _I64: Final = struct.Struct(">q")
 _SIZE_MAGIC: Final = struct.Struct(">iI")
-_HEAD_V4: Final = struct.Struct(">iIIiiqqiq8sq8siqi")
-_HEAD_V6: Final = struct.Struct(">iIIiiqqiq20sq8siqi")
 _INT16: Final = struct.Struct(">h")
 _BODY_LENGTH: Final = struct.Struct(">i")
 #: bounds the topic and tag-code caches of a builder
@@ -91,7 +96,8 @@ class PreparedRecords(NamedTuple):
 
     #: the store timestamp every record carries
     stamp: int
-    #: the store host every record carries (8 bytes: IPv4 + port)
+    #: the store host every record carries: 8 bytes (IPv4 + port) or 20 (IPv6 + port, sysFlag 0x20 in each
+    #: record), the same for the whole batch
     store_host: bytes
     topics: tuple[str, ...]
     #: one packed :data:`META` per record, in order (:func:`meta_list` for tuples, :data:`META_DTYPE` as columns)
@@ -167,9 +173,17 @@ def scatter(data: npt.NDArray[np.uint8], at: npt.NDArray[np.int64], rows: npt.ND
     data[at[:, None] + np.arange(rows.shape[1])] = rows
 
 
-def uniq_key_of(records: bytes | bytearray | memoryview, start: int, flags: int) -> bytes | None:
-    """The UNIQ_KEY of the record at ``start`` (None when it has none): read from its properties."""
-    head = 100 if flags & BORN_HOST_V6 else 88
+def body_at_in_batch(flags: int, store_host: bytes) -> int:
+    """Where the body of a record of a batch starts, from its meta ``flags`` and the batch's store host."""
+    return (BODY_AT_V4 + (HOST_V6_EXTRA_BYTES if flags & BORN_HOST_V6 else 0)
+            + (HOST_V6_EXTRA_BYTES if len(store_host) == HOST_V6_BYTES else 0))
+
+
+def uniq_key_of(batch: PreparedRecords, start: int, flags: int) -> bytes | None:
+    """The UNIQ_KEY of the record of ``batch`` at ``start`` with meta ``flags`` (None when it has none): read
+    from its properties."""
+    records = batch.records
+    head = body_at_in_batch(flags, batch.store_host)
     (body_length,) = _BODY_LENGTH.unpack_from(records, start + head - 4)
     topic_at = start + head + body_length
     properties_at = topic_at + 1 + records[topic_at]
@@ -192,7 +206,7 @@ def check_layout(batch: PreparedRecords) -> str | None:
     layout = layout_of(batch)
     metas, sizes, starts = layout.metas, layout.sizes, layout.starts
     count = len(sizes)
-    size_bad = (sizes < 88) | (starts + sizes > end)
+    size_bad = (sizes < _smallest_record(batch)) | (starts + sizes > end)
     sized = int(np.argmax(size_bad)) if size_bad.any() else count  # records before this one lie within
     if sized:
         head = gather(np.frombuffer(records, np.uint8), starts[:sized], 8).view(">u4")
@@ -219,8 +233,9 @@ def _check_each(batch: PreparedRecords) -> str | None:
     topics = len(batch.topics)
     unpack = _SIZE_MAGIC.unpack_from
     end = len(records)
+    smallest = _smallest_record(batch)
     for size, topic_index, flags, _, _, _, key_count in META.iter_unpack(batch.metas):
-        if size < 88 or position + size > end:
+        if size < smallest or position + size > end:
             return f"record of {size} bytes at {position} runs past the {end} bytes of records"
         total, magic = unpack(records, position)
         if total != size or magic != MESSAGE_MAGIC:
@@ -232,6 +247,11 @@ def _check_each(batch: PreparedRecords) -> str | None:
     return _check_totals(batch, position, keys)
 
 
+def _smallest_record(batch: PreparedRecords) -> int:
+    """The least a record of ``batch`` can take: its head with an IPv4 born host (and the batch's store host)."""
+    return body_at_in_batch(0, batch.store_host)
+
+
 def _check_totals(batch: PreparedRecords, records_end: int, keys: int) -> str | None:
     """The checks of a batch as a whole, once its records checked out up to ``records_end``."""
     end = len(batch.records)
@@ -240,7 +260,7 @@ def _check_totals(batch: PreparedRecords, records_end: int, keys: int) -> str | 
     hash_count = len(batch.key_hashes) // HASH.size
     if keys != hash_count:
         return f"metas count {keys} key hashes, {hash_count} travel"
-    if len(batch.store_host) != 8:
+    if len(batch.store_host) not in (HOST_V4_BYTES, HOST_V6_BYTES):
         return f"store host of {len(batch.store_host)} bytes"
     return None
 
@@ -298,12 +318,18 @@ class RecordBuilder:
         key_hashes: list[int] = []
         parts: list[bytes] = []
         store_host = self.store_host
+        if len(store_host) not in (HOST_V4_BYTES, HOST_V6_BYTES):
+            return None  # not a store host: the plain path's store uses its own
+        store_v6 = len(store_host) == HOST_V6_BYTES
+        fixed_size = RECORD_FIXED_BYTES + len(store_host)  # all but the born host, body, topic and properties
+        store_flag = SYSFLAG_STOREHOST_V6 if store_v6 else 0
         body_max = self.body_size_max_bytes
         segment_max = self.segment_size_bytes - FILLER_HEADER_BYTES
         findall = _DISPATCH_PROPERTY.findall
         crc32 = _crc32
         tag_codes = self._tag_codes
-        pack_v4 = _HEAD_V4.pack
+        pack_v4 = RECORD_HEADS[False][store_v6].pack
+        pack_v6 = RECORD_HEADS[True][store_v6].pack
         pack_length = _INT16.pack
         special_transaction = _SPECIAL_TRANSACTION_BIT
         try:
@@ -322,23 +348,23 @@ class RecordBuilder:
                 if (body_length > body_max or properties_length > PROPERTIES_BYTES_MAX
                         or sys_flag & special_transaction or not 0 <= queue_id < 2**31):
                     return None
-                size = 82 + len(born_host) + body_length + len(topic_segment) + properties_length
+                size = fixed_size + len(born_host) + body_length + len(topic_segment) + properties_length
                 if size > segment_max:
                     return None
                 found = findall(properties)
                 fields = dict(found)
                 if len(fields) != len(found):
                     return None  # a property named twice: the plain path decides which counts
-                sys_flag &= ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
-                if len(born_host) == 8:
+                sys_flag = sys_flag & ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6) | store_flag
+                if len(born_host) == HOST_V4_BYTES:
                     parts.append(pack_v4(size, MESSAGE_MAGIC, crc32(body) & 0x7FFFFFFF, queue_id, flag, 0, 0, sys_flag,
                                          born_timestamp, born_host, stamp, store_host, reconsume_times,
                                          prepared_offset, body_length))
                     flags = 0
-                elif len(born_host) == 20:
-                    parts.append(_HEAD_V6.pack(size, MESSAGE_MAGIC, crc32(body) & 0x7FFFFFFF, queue_id, flag, 0, 0,
-                                               sys_flag | SYSFLAG_BORNHOST_V6, born_timestamp, born_host, stamp,
-                                               store_host, reconsume_times, prepared_offset, body_length))
+                elif len(born_host) == HOST_V6_BYTES:
+                    parts.append(pack_v6(size, MESSAGE_MAGIC, crc32(body) & 0x7FFFFFFF, queue_id, flag, 0, 0,
+                                         sys_flag | SYSFLAG_BORNHOST_V6, born_timestamp, born_host, stamp,
+                                         store_host, reconsume_times, prepared_offset, body_length))
                     flags = BORN_HOST_V6
                 else:
                     return None

@@ -51,6 +51,8 @@ from commitlog.message import (
     PROPERTIES_BYTES_MAX,
     PROPERTY_KEYS,
     PROPERTY_UNIQ_KEY,
+    RECORD_FIXED_BYTES,
+    RECORD_HEADS,
     SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6,
     TOPIC_PATTERN,
@@ -213,11 +215,7 @@ class GetResult:
     queue_offsets: list[int] = field(default_factory=list)
 
 
-# the fixed head of a record up to bodyLen, for an IPv4 and an IPv6 born host (store host is IPv4)
-_HEAD_V4 = struct.Struct(">iIIiiqqiq8sq8siqi")
-_HEAD_V6 = struct.Struct(">iIIiiqqiq20sq8siqi")
 _INT16 = struct.Struct(">h")
-invariant(_HEAD_V4.size == 88 and _HEAD_V6.size == 100, "record heads are 88 / 100 bytes")
 invariant(UNIT_BYTES == CQ_UNIT.size == 20, "consume-queue units are 20 bytes")
 
 
@@ -651,6 +649,7 @@ class MessageStore:
         segment_size = self.config.segment_size_bytes
         body_max = self.config.body_size_max_bytes
         store_host = self.store_host
+        fixed_size = RECORD_FIXED_BYTES + len(store_host)  # all but the born host, body, topic and properties
         position = self.commit_log.end_offset
         new_offsets: dict[tuple[str, int], int] = {}
         results: list[AppendResult] = []
@@ -673,7 +672,7 @@ class MessageStore:
                 reason = validate_input(message, body_max) or "invalid message"
                 results.append(AppendResult(AppendStatus.REJECTED, reason=reason))
                 continue
-            size = 82 + born_length + len(body) + len(topic_segment) + len(properties)
+            size = fixed_size + born_length + len(body) + len(topic_segment) + len(properties)
             if size + FILLER_HEADER_BYTES > segment_size:
                 results.append(AppendResult(AppendStatus.REJECTED, reason=f"record of {size} bytes exceeds a segment"))
                 continue
@@ -1511,10 +1510,13 @@ def _encode(message: MessageInput, topic_segment: bytes, size: int, queue_offset
     properties = message.properties
     born_host = message.born_host
     sys_flag = message.sys_flag & ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
-    head = _HEAD_V4
-    if len(born_host) == 20:
+    born_v6 = len(born_host) == 20
+    store_v6 = len(store_host) == 20
+    if born_v6:
         sys_flag |= SYSFLAG_BORNHOST_V6
-        head = _HEAD_V6
+    if store_v6:
+        sys_flag |= SYSFLAG_STOREHOST_V6
+    head = RECORD_HEADS[born_v6][store_v6]
     return b"".join((
         head.pack(size, MESSAGE_MAGIC, body_crc32(body), message.queue_id, message.flag, queue_offset,
                   physical_offset, sys_flag, message.born_timestamp, born_host, store_timestamp,

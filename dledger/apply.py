@@ -407,7 +407,7 @@ class StateMachine:
         hashes = np.frombuffer(batch.key_hashes, HASH_DTYPE)[layout.key_starts[positions]]
 
         def uniq_key(position: int) -> bytes:
-            return uniq_key_of(batch.records, int(layout.starts[position]), int(metas["flags"][position])) or b""
+            return uniq_key_of(batch, int(layout.starts[position]), int(metas["flags"][position])) or b""
 
         def digest(position: int) -> bytes:
             return _record_digest(batch, int(layout.starts[position]))
@@ -515,7 +515,7 @@ class StateMachine:
             return starts[position]
 
         def uniq_key(position: int) -> bytes:
-            return uniq_key_of(batch.records, record_start(position), metas[position][2]) or b""
+            return uniq_key_of(batch, record_start(position), metas[position][2]) or b""
 
         def digest(position: int) -> bytes:
             return _record_digest(batch, record_start(position))

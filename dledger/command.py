@@ -37,6 +37,8 @@ Payloads (all big-endian; ``str`` is ``u16 length + UTF-8``, ``bytes`` is ``u32 
   size u32, topic index u16, flags u8, queue_id i32, tag code i64, reconsume_times i32, key count u16),
   ``hash_count u32`` then each key-index hash u32, then the records (the rest of the payload). Apply
   refuses (as a no-op) a payload whose metas do not match its records.
+* RECORDS_STORE_HOST_V6: RECORDS whose store host is IPv6 (20 bytes: address + port, in place of the 8),
+  for a group whose ``store_host`` is ``[IPv6]:port``. (A type of its own, so that RECORDS stays as it was.)
 * POP_RECEIVE, POP_ACK, POP_CHANGE_INVISIBLE, POP_REVIVE: pop consumption (``dledger.pop``, where the
   payloads are laid out). Each names a (group, topic, queue) and carries every time it needs, stamped by
   the leader with the group's time.
@@ -53,7 +55,7 @@ from typing import Final
 import lz4.block
 
 from commitlog.config import StoreConfig
-from commitlog.message import MessageInput, decode_host, encode_host
+from commitlog.message import HOST_V4_BYTES, HOST_V6_BYTES, MessageInput, encode_address, format_address
 from commitlog.records import HASH, META, PreparedRecords
 
 COMMAND_VERSION: Final = 1
@@ -98,6 +100,7 @@ class OpType(enum.IntEnum):
     POP_ACK = 13
     POP_CHANGE_INVISIBLE = 14
     POP_REVIVE = 15
+    RECORDS_STORE_HOST_V6 = 16
 
 
 class CommandError(ValueError):
@@ -203,18 +206,18 @@ class ByteConfig:
 
     @classmethod
     def of(cls, config: StoreConfig) -> ByteConfig:
-        """This member's own: the store host in its canonical spelling (``010.1.2.3`` is ``10.1.2.3``)."""
-        host, port = decode_host(config.store_host_bytes)
+        """This member's own: the store host in its canonical spelling (``010.1.2.3`` is ``10.1.2.3``,
+        ``[FD00:0::1]`` is ``[fd00::1]``), so members that spell one address differently agree."""
         values = {name: str(getattr(config, name)) for name in BYTE_SETTINGS}
-        values["store_host"] = f"{host}:{port}"
+        values["store_host"] = format_address(config.store_host_bytes)
         return cls(tuple(sorted(values.items())))
 
     @property
     def store_host_bytes(self) -> bytes | None:
-        """The store host as records carry it (None when there is none or it is not IPv4:port)."""
-        host, _, port = dict(self.settings).get("store_host", "").rpartition(":")
+        """The store host as records carry it (None when there is none or it is neither IPv4:port nor
+        [IPv6]:port)."""
         try:
-            return encode_host(host, int(port))
+            return encode_address(dict(self.settings).get("store_host", ""))
         except ValueError:
             return None
 
@@ -364,7 +367,7 @@ def _encode_operation(operation: Operation) -> tuple[OpType, bytes]:
             return OpType.BYTE_CONFIG, U16.pack(len(settings)) + b"".join(
                 _str(name) + _str(value) for name, value in settings)
         case PreparedRecords():
-            return OpType.RECORDS, _encode_records(operation)
+            return _records_kind(operation)[0], _encode_records(operation)
         case PopReceive():
             return OpType.POP_RECEIVE, _pop_key(operation) + POP_RECEIVE_FIXED.pack(
                 operation.start_offset, operation.scan_end, operation.invisible_until, operation.fifo,
@@ -387,11 +390,23 @@ def _pop_key(operation: PopOperation) -> bytes:
 
 
 _RECORDS_HEAD = struct.Struct(">Iq8sH")  # count, stamp, store host, topic count
+_RECORDS_HEAD_STORE_HOST_V6 = struct.Struct(">Iq20sH")  # the same with an IPv6 store host
+#: the operation type and head of a Records operation, by the width of its store host
+_RECORDS_HEADS: Final = {HOST_V4_BYTES: (OpType.RECORDS, _RECORDS_HEAD),
+                         HOST_V6_BYTES: (OpType.RECORDS_STORE_HOST_V6, _RECORDS_HEAD_STORE_HOST_V6)}
+
+
+def _records_kind(batch: PreparedRecords) -> tuple[OpType, struct.Struct]:
+    """RECORDS or RECORDS_STORE_HOST_V6 and its head; ValueError for a store host of neither width."""
+    known = _RECORDS_HEADS.get(len(batch.store_host))
+    if known is None:
+        raise ValueError(f"a store host is 8 or 20 bytes, got {len(batch.store_host)}")
+    return known
 
 
 def _records_head(batch: PreparedRecords) -> list[bytes]:
     """A Records operation's payload up to its records."""
-    head = [_RECORDS_HEAD.pack(batch.record_count, batch.stamp, batch.store_host, len(batch.topics))]
+    head = [_records_kind(batch)[1].pack(batch.record_count, batch.stamp, batch.store_host, len(batch.topics))]
     head += (_str(topic) for topic in batch.topics)
     head += (batch.metas, U32.pack(len(batch.key_hashes) // HASH.size), batch.key_hashes)
     return head
@@ -425,7 +440,7 @@ def encode_records_command(batch: PreparedRecords, compress: bool = True, prefix
     three times more, and prepending the prefix a fourth (~0.8 us per message on the leader)."""
     head = _records_head(batch)
     payload_length = sum(map(len, head)) + len(batch.records)
-    operation = [U32.pack(1), OP_HEAD.pack(OpType.RECORDS, payload_length), *head, batch.records]
+    operation = [U32.pack(1), OP_HEAD.pack(_records_kind(batch)[0], payload_length), *head, batch.records]
     if compress and sum(map(len, operation[:2])) + payload_length >= COMPRESS_MIN_BYTES:
         compressed = _compressed(b"".join(operation))
         if compressed is not None:
@@ -544,10 +559,10 @@ def _decode_messages(reader: _Reader) -> Messages:
     return Messages(tuple(messages))
 
 
-def _decode_records(reader: _Reader) -> PreparedRecords:
+def _decode_records(reader: _Reader, head: struct.Struct) -> PreparedRecords:
     """The metas, hashes and records stay packed slices (apply reads them as columns). Whether they agree
     with each other is for apply to check (``commitlog.records.check_layout``)."""
-    count, stamp, store_host, topic_count = _RECORDS_HEAD.unpack(reader.take(_RECORDS_HEAD.size))
+    count, stamp, store_host, topic_count = head.unpack(reader.take(head.size))
     topics = tuple(reader.string() for _ in range(topic_count))
     if count * META.size > reader.end - reader.position:
         raise CommandError(f"{count} record metas exceed the payload")
@@ -564,7 +579,9 @@ def _decode_operation(op_type: int, reader: _Reader) -> Operation:
     if op_type == OpType.MESSAGES:
         return _decode_messages(reader)
     if op_type == OpType.RECORDS:
-        return _decode_records(reader)
+        return _decode_records(reader, _RECORDS_HEAD)
+    if op_type == OpType.RECORDS_STORE_HOST_V6:
+        return _decode_records(reader, _RECORDS_HEAD_STORE_HOST_V6)
     if op_type == OpType.CONSUMER_OFFSETS:
         (count,) = reader.unpack(U32)
         if count > reader.end:

@@ -3,6 +3,7 @@
 # else named, with a non-zero exit. Quick and silent when everything is there.
 #   fusermount3, libfuse3.so.3: powerfs, the FUSE file system of the power-loss chaos faults (chaos/powerfs.py)
 #   haproxy: the group's front (`raftmq cluster up --front`, cli/front.py) and the stock-client failover test
+#   node, npm: the stock RocketMQ 5.x Node.js SDK of the gRPC interop tests (tests/interop/sdk5_nodejs.py)
 # With the argument `bench` (make bench), also what the benchmarks measure raftmq against:
 #   nats-server: NATS JetStream, bench/broker_bench.py's reference (it skips NATS without it)
 # One line per need: the command or library that shows it is there, then the package that brings it.
@@ -20,6 +21,8 @@ need() {  # need KIND NAME PACKAGE: KIND is "command" or "library"
 need command fusermount3 fuse3
 need library libfuse3.so.3 libfuse3-3
 need command haproxy haproxy
+need command node nodejs
+need command npm npm
 if [ "${1:-}" = bench ]; then
     need command nats-server nats-server
 fi

@@ -33,7 +33,7 @@ from spark_analytics.equality import (
 )
 from spark_analytics.features import FEATURE_INVARIANTS, feature_records, feature_violations, is_retry_copy
 from spark_analytics.frames import explode_found, found, hidden, replica_lookup
-from spark_analytics.layout import Replica, list_replicas, segment_size_bytes
+from spark_analytics.layout import CUT_PREFIX, Replica, list_replicas, segment_size_bytes
 from spark_analytics.replicated_state import delay_progress, read_checkpoints
 from spark_analytics.results import (
     ByteDifference,
@@ -45,6 +45,7 @@ from spark_analytics.results import (
     SegmentComparison,
     Violation,
 )
+from spark_analytics.rounds import RoundCarry, message_key, recent_candidates
 from spark_analytics.sources import BLOCK_SIZE_BYTES_DEFAULT, BLOCKS_SOURCE, register_sources
 from spark_analytics.tables import ReplicaTables
 
@@ -83,11 +84,14 @@ INVARIANTS: Final = {
 
 def check_byte_equality(spark: SparkSession, cluster_dir: Path | str,
                         block_size_bytes: int = BLOCK_SIZE_BYTES_DEFAULT,
-                        differences_max: int = DIFFERENCES_MAX) -> ByteEqualityResult:
+                        differences_max: int = DIFFERENCES_MAX, member_digests: bool = True) -> ByteEqualityResult:
     """Compare the replicas' commit logs over ``[max of first offsets, min of data ends)``.
 
     A replica that ends earlier is behind, not different: the bytes past its end are not compared (its
     extent is in the result). Raises :class:`spark_analytics.layout.LayoutError` for an unreadable layout.
+    For a live group's cut, ``member_digests`` has each member hash its own blocks (only digests travel);
+    without it the executors read every byte over the network. Either way the driver reads the bytes of
+    differing blocks from the members to find the first differing byte.
     """
     register_sources(spark)
     replicas = list_replicas(Path(cluster_dir))
@@ -99,9 +103,11 @@ def check_byte_equality(spark: SparkSession, cluster_dir: Path | str,
         spark.read.format(BLOCKS_SOURCE)
         .option("block_size_bytes", str(block_size))
         .option("segment_size_bytes", str(segment_size))
+        .option("member_digests", str(member_digests).lower())
         .load(str(cluster_dir))
         .collect()
     )
+    hashed_by = "members" if member_digests and str(cluster_dir).startswith(CUT_PREFIX) else "executors"
     data_ends = {row["replica"]: row["data_end"] for row in rows if row["data_end"] is not None}
     extents = tuple(
         ReplicaExtent(replica.name, replica.min_offset, data_ends.get(replica.name, replica.min_offset),
@@ -167,6 +173,7 @@ def check_byte_equality(spark: SparkSession, cluster_dir: Path | str,
         differences=tuple(sorted((d for d in differences if d is not None),
                                  key=lambda d: (d.physical_offset, d.replica))),
         notes=notes,
+        hashed_by=hashed_by,
     )
 
 
@@ -209,21 +216,23 @@ def _first_difference(replicas: dict[str, Replica], segment_size: int, offset: i
 
 
 def check_integrity(spark: SparkSession, cluster_dir: Path | str, examples_max: int = EXAMPLES_MAX,
-                    tables: ReplicaTables | None = None) -> IntegrityResult:
+                    tables: ReplicaTables | None = None, carried: RoundCarry | None = None) -> IntegrityResult:
     """Check every replica's invariants (see :data:`INVARIANTS`), all replicas in the same Spark jobs.
     ``tables``: the replicas' files already cached (``verify`` shares them between checks); without
-    them they are read here, and released on return."""
+    them they are read here, and released on return. ``carried``: what the previous round of a continuous
+    audit read below where this one starts (:mod:`spark_analytics.rounds`): store timestamps and UNIQ_KEY
+    copies are then compared across the rounds' boundary too."""
     owned = tables is None
     if tables is None:
         tables = ReplicaTables(spark, cluster_dir)
     try:
-        return _check_integrity(tables, examples_max)
+        return _check_integrity(tables, examples_max, carried)
     finally:
         if owned:
             tables.close()
 
 
-def _check_integrity(tables: ReplicaTables, examples_max: int) -> IntegrityResult:
+def _check_integrity(tables: ReplicaTables, examples_max: int, carried: RoundCarry | None) -> IntegrityResult:
     replicas, records, units = tables.replicas, tables.records, tables.units
     summary = {row["replica"]: row for row in
                _record_summary(records).join(_unit_summary(units), "replica", "full_outer").collect()}
@@ -235,10 +244,13 @@ def _check_integrity(tables: ReplicaTables, examples_max: int) -> IntegrityResul
     notes = [f"{checkpoint.replica}: the checkpoint does not cover the whole commit log (or carries no "
              f"replicated state): scheduled messages are not checked against the timer progress"
              for checkpoint in checkpoints if checkpoint.replica not in progress]
+    notes.extend(carried.notes if carried is not None else ())
+    earlier_timestamps = carried.timestamps_below(min_offsets) if carried is not None else {}
+    earlier_copies = carried.recent_below(tables.spark, min_offsets) if carried is not None else None
     copies = sum(_summary_value(row, "retry_copies") for row in summary.values())
     features = feature_records(records).persist()
     try:
-        violations = (_violations(records, units, min_offsets)
+        violations = (_violations(records, units, min_offsets, earlier_timestamps, earlier_copies)
                       .unionByName(_key_index_violations(records, tables.entries, replica_lookup(min_offsets)))
                       .unionByName(feature_violations(features, records, replica_lookup(min_offsets), progress,
                                                       broadcast_copies=copies <= BROADCAST_ROWS_MAX)))
@@ -305,25 +317,30 @@ def _unit_summary(units: DataFrame) -> DataFrame:
     )
 
 
-def _violations(records: DataFrame, units: DataFrame, min_offsets: dict[str, int]) -> DataFrame:
+def _violations(records: DataFrame, units: DataFrame, min_offsets: dict[str, int],
+                earlier_timestamps: dict[str, int] | None = None, earlier_copies: DataFrame | None = None) -> DataFrame:
     """Every violation of every replica, in four passes: commit-log order, queue order, UNIQ_KEY groups,
-    and consume-queue units joined with records."""
-    return (_log_order_violations(records)
+    and consume-queue units joined with records. ``earlier_*``: what earlier rounds of a continuous audit
+    read below where this one starts (:class:`spark_analytics.rounds.RoundCarry`)."""
+    return (_log_order_violations(records, earlier_timestamps or {})
             .unionByName(_queue_order_violations(records, replica_lookup(min_offsets)))
-            .unionByName(_unique_key_violations(records))
+            .unionByName(_unique_key_violations(records, earlier_copies))
             .unionByName(_consume_queue_violations(records, units, replica_lookup(min_offsets))))
 
 
-def _log_order_violations(records: DataFrame) -> DataFrame:
-    """Readability, CRCs, physical offsets and store timestamps: one sort per replica in log order."""
+def _log_order_violations(records: DataFrame, earlier_timestamps: dict[str, int] | None = None) -> DataFrame:
+    """Readability, CRCs, physical offsets and store timestamps: one sort per replica in log order.
+    ``earlier_timestamps``: the largest store timestamp each replica holds below what is read here (an
+    earlier round's)."""
     col = F.col
     in_log_order = Window.partitionBy("replica").orderBy("physical_offset")
+    earlier = replica_lookup(earlier_timestamps or {})
     ordered = (
         records
         .withColumn("previous_end", F.lag(col("physical_offset") + col("total_size")).over(in_log_order))
         .withColumn("previous_kind", F.lag("kind").over(in_log_order))
-        .withColumn("previous_timestamp_max", F.max("store_timestamp").over(
-            in_log_order.rowsBetween(Window.unboundedPreceding, -1)))
+        .withColumn("previous_timestamp_max", F.greatest(F.max("store_timestamp").over(
+            in_log_order.rowsBetween(Window.unboundedPreceding, -1)), earlier(col("replica"))))
     )
     message = col("kind") == "message"
     previous_end = col("previous_end")
@@ -364,22 +381,32 @@ def _queue_order_violations(records: DataFrame, replica_min: Callable[[Column], 
     ])
 
 
-def _unique_key_violations(records: DataFrame) -> DataFrame:
+def _unique_key_violations(records: DataFrame, earlier_copies: DataFrame | None = None) -> DataFrame:
     """A copy is a violation when the copy before it (same topic, UNIQ_KEY, reconsume times and content) was
     stored within the window apply deduplicates over (``dledger.apply.UNIQ_KEY_WINDOW_MS``, by store
     timestamp, as apply compares them). A later copy is at-least-once delivery working as in RocketMQ: a
     producer's retry, or a consumer sending the same message back again after a rebalance, minutes later.
     Another content under the same UNIQ_KEY is another message (a key collision, which apply stores).
 
-    Content is the ``retry_content`` column (spark_analytics.tables)."""
+    Copies are grouped by :func:`spark_analytics.rounds.message_key` (a hash of topic, UNIQ_KEY, reconsume
+    times and content: the ``retry_content`` column of spark_analytics.tables). ``earlier_copies``: the newest
+    copy of each message an earlier round stored within the window below what is read here
+    (:data:`spark_analytics.rounds.RECENT_SCHEMA`): a copy here is compared with it too; it is never reported
+    itself (its round did)."""
     col = F.col
-    visible = records.where((col("kind") == "message") & ~hidden(col("sys_flag")) & col("uniq_key").isNotNull())
-    same_message = Window.partitionBy("replica", "topic", "uniq_key", "reconsume_times",
-                                      "retry_content").orderBy("physical_offset")
+    visible = (recent_candidates(records)
+               .select("replica", message_key().alias("message_key"), "physical_offset", "store_timestamp",
+                       "topic", "queue_id", "queue_offset", "uniq_key", F.lit(False).alias("earlier")))
+    if earlier_copies is not None:
+        visible = visible.unionByName(earlier_copies.select(
+            "replica", "message_key", "physical_offset", "store_timestamp", F.lit(None).cast("string").alias("topic"),
+            F.lit(None).cast("int").alias("queue_id"), F.lit(None).cast("bigint").alias("queue_offset"),
+            F.lit(None).cast("string").alias("uniq_key"), F.lit(True).alias("earlier")))
+    same_message = Window.partitionBy("replica", "message_key").orderBy("physical_offset")
     repeated = (visible.withColumn("previous_offset", F.lag("physical_offset").over(same_message))
                 .withColumn("previous_timestamp", F.lag("store_timestamp").over(same_message)))
     return explode_found(repeated, [
-        found("unique_keys", col("previous_offset").isNotNull()
+        found("unique_keys", ~col("earlier") & col("previous_offset").isNotNull()
               & (col("previous_timestamp") >= col("store_timestamp") - UNIQ_KEY_WINDOW_MS),
               F.format_string("UNIQ_KEY %s was already stored at physical offset %d, %d ms earlier",
                               col("uniq_key"), col("previous_offset"),

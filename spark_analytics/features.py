@@ -310,9 +310,9 @@ def retry_violations(messages: DataFrame, replica_min: ReplicaMin, broadcast_cop
     copies = messages.where(is_retry_copy()).select(
         "replica", "physical_offset", "topic", "queue_id", "queue_offset", "uniq_key", "reconsume_times",
         "retry_topic", "origin_message_id",
-        # a store-based id: store host (IPv4 + port, 16 hex digits) then the physical offset (16)
-        F.when(col("origin_message_id").rlike("^[0-9A-Fa-f]{32}$"),
-               F.conv(F.substring(col("origin_message_id"), 17, 16), 16, 10).cast("bigint")).alias("origin_offset"),
+        # a store-based id: store host (IPv4 + port, 16 hex digits; IPv6 + port, 40) then the physical offset (16)
+        F.when(col("origin_message_id").rlike("^([0-9A-Fa-f]{40}|[0-9A-Fa-f]{16})[0-9A-Fa-f]{16}$"),
+               F.conv(F.substring(col("origin_message_id"), -16, 16), 16, 10).cast("bigint")).alias("origin_offset"),
     )
     keyed = copies.where(col("uniq_key").isNotNull())
     others = (lookups if lookups is not None else messages).select("replica", col("uniq_key"), col("physical_offset").alias("other_offset"),

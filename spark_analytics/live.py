@@ -13,8 +13,10 @@ difference.
 
 The continuous audit repeats a round every period, each from where the last one ended: segments wholly
 below the previous cut are left out (read as if retention had removed them), so a round reads what is new
-plus the segment the previous cut fell in. After each round it prints one line and, with a metrics port,
-serves the figures as Prometheus text (stdlib HTTP server: no dependency on the broker's metrics).
+plus the segment the previous cut fell in. What a round read before where the next starts is handed on
+(:mod:`spark_analytics.rounds`): store-timestamp order and the UNIQ_KEY window are checked across rounds.
+After each round it prints one line and, with a metrics port, serves the figures as Prometheus text (stdlib
+HTTP server: no dependency on the broker's metrics).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from broker.namesrv.model import ClusterInfo
 from broker.remoting.codes import RequestCode, ResponseCode
@@ -40,6 +42,9 @@ from spark_analytics.remote import (
     RemoteError,
     take_cut,
 )
+
+if TYPE_CHECKING:
+    from spark_analytics.rounds import RoundCarry
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -119,12 +124,17 @@ class AuditRound:
     unreachable: tuple[str, ...]
     seconds: float
     members: int
+    #: what the next round needs of this one's records (None when the checks did not run)
+    carry: RoundCarry | None = None
 
 
 def audit_once(addresses: list[str], access: Access, report_path: Path, master: str | None = None,
                since: int = 0, output: TextIO | None = None,
-               status_timeout_seconds: float = STATUS_TIMEOUT_SECONDS) -> AuditRound:
+               status_timeout_seconds: float = STATUS_TIMEOUT_SECONDS,
+               carried: RoundCarry | None = None) -> AuditRound:
     """One round: take the cut, run the checks, write the report. Findings: differences and violations.
+    ``carried``: what the previous round handed on (:mod:`spark_analytics.rounds`), so store timestamps and
+    UNIQ_KEY copies are compared across the rounds' boundary; the result carries this round's.
 
     A member can go away during the job: its reads fail and the checks cannot finish (``verify`` exits 2).
     The members are then asked again; when fewer answer, the round is run again on a new cut without the
@@ -144,7 +154,9 @@ def audit_once(addresses: list[str], access: Access, report_path: Path, master: 
                               time.perf_counter() - started, 0)
         print(f"cut at {cut.cut} (the smallest applied end of {len(cut.answered)} members)"
               + (f", audited from segment of {since}" if since else ""), file=out)
-        code = verify(cut.encode(), master=master, report_path=report_path, output=out, live=live)
+        carries: list[RoundCarry] = []
+        code = verify(cut.encode(), master=master, report_path=report_path, output=out, live=live, carried=carried,
+                      on_carry=carries.append)
         if code != EXIT_USAGE or attempt == ATTEMPTS_MAX - 1:
             break
         again = take_cut(addresses, access, since, status_timeout_seconds)
@@ -159,7 +171,8 @@ def audit_once(addresses: list[str], access: Access, report_path: Path, master: 
         audited = int(report["byte_equality"]["bytes_compared_per_replica"])
         findings = count_findings(report)
     return AuditRound(code, cut.cut, since, time.time(), audited, findings, tuple(live["unreachable"]),
-                      time.perf_counter() - started, len(cut.answered))
+                      time.perf_counter() - started, len(cut.answered),
+                      carries[-1] if carries and code in (EXIT_OK, EXIT_FAILED) else None)
 
 
 def count_findings(report: dict[str, Any]) -> int:
@@ -265,15 +278,17 @@ def audit_continuously(addresses: list[str], access: Callable[[], Access], repor
     out = output if output is not None else sys.stdout
     metrics = metrics if metrics is not None else AuditMetrics()
     since = 0
+    carried: RoundCarry | None = None
     worst = EXIT_OK
     rounds = 0
     while rounds_max is None or rounds < rounds_max:
         started = time.monotonic()
         report = report_dir / "verify-report-live.json"
-        done = audit_once(addresses, access(), report, master, since, out, status_timeout_seconds)
+        done = audit_once(addresses, access(), report, master, since, out, status_timeout_seconds, carried)
         if done.exit_code in (EXIT_OK, EXIT_FAILED):
             report.replace(report_dir / f"verify-report-{done.cut}.json")
             since = done.cut  # the next round starts where this one ended
+            carried = done.carry  # and compares what it reads with what this one read before it
         metrics.record(done)
         print(round_line(done), file=out, flush=True)
         worst = max(worst, done.exit_code)

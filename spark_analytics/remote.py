@@ -34,18 +34,24 @@ from broker.remoting.codec import FrameDecoder, encode_frame
 from broker.remoting.codes import ResponseCode
 from broker.remoting.command import RemotingCommand, make_request
 from broker.replica_files import (
+    DIGEST_RANGE_BYTES_MAX,
     KIND_COMMIT_LOG,
     KIND_CONSUME_QUEUE,
     KIND_INDEX,
     KIND_STATE,
     RANGE_BYTES_MAX,
+    REPLICA_FILES_DIGESTS,
     REPLICA_FILES_READ,
     REPLICA_FILES_STATUS,
+    DigestRequest,
+    DigestResult,
     FileName,
     ReadRequest,
     ReadResult,
     ReplicaFilesError,
     audit_key,
+    block_bounds,
+    parse_digest_response,
     parse_read_response,
     sign_request,
 )
@@ -214,6 +220,37 @@ class MemberClient:
         except ReplicaFilesError as exc:
             raise RemoteError(f"{self.address}, {file.relative_path()}: {exc}") from None
 
+    def digests(self, request: DigestRequest) -> DigestResult:
+        response = self.request(REPLICA_FILES_DIGESTS, request.fields())
+        if response.code != ResponseCode.SUCCESS:
+            raise RemoteError(f"{self.address} refused to hash {request.file.relative_path()} at {request.offset}: "
+                              f"{response.remark} (code {response.code})")
+        try:
+            return parse_digest_response(request, response.ext_fields, response.body)
+        except ReplicaFilesError as exc:
+            raise RemoteError(f"{self.address}, {request.file.relative_path()}: {exc}") from None
+
+    def digest_span(self, file: FileName, start: int, end: int, block_size: int,
+                    digest: str) -> list[tuple[int, int, bytes]]:
+        """(local offset, bytes hashed, digest) of every block of ``[start, end)`` of a segment
+        (:func:`broker.replica_files.block_bounds`), hashed by the member in bounded requests that end on
+        block boundaries; fewer when the member's servable bytes end first."""
+        segment_start = int(file.name)
+        rows: list[tuple[int, int, bytes]] = []
+        position = start
+        while position < end:
+            bounds = block_bounds(segment_start, position, min(end, position + DIGEST_RANGE_BYTES_MAX), block_size)
+            if len(bounds) > 1 and bounds[-1][1] < end:
+                bounds.pop()  # a block cut by the request's bound would hash differently from the whole block
+            want = bounds[-1][1] - position
+            result = self.digests(DigestRequest(file, position, want, block_size, digest))
+            hashed = block_bounds(segment_start, position, position + result.hashed_bytes, block_size)
+            rows.extend((low, high - low, value) for (low, high), value in zip(hashed, result.digests, strict=True))
+            position += result.hashed_bytes
+            if result.hashed_bytes < want:
+                break
+        return rows
+
     def read_span(self, file: FileName, start: int, end: int | None) -> tuple[bytes, int]:
         """Bytes ``[start, end)`` (to the readable end when ``end`` is None) in bounded reads, and the
         readable end the first read reported."""
@@ -301,6 +338,21 @@ def read_path(path: str, low: int = 0, high: int | None = None) -> bytes:
     if file.kind == KIND_INDEX:
         return _index_image(member, file)
     return member.read_span(file, 0, None)[0]
+
+
+def digest_path(path: str, low: int, high: int, block_size: int, digest: str) -> list[tuple[int, int, bytes]]:
+    """(physical block offset, bytes hashed, digest) of a remote segment's bytes ``[low, high)`` below the
+    cut, each block hashed by the member that holds it (:meth:`MemberClient.digest_span`): the same rows
+    hashing :func:`read_path`'s bytes would give."""
+    remote = RemotePath.parse(path)
+    if remote.file.kind != KIND_COMMIT_LOG:
+        raise RemoteError(f"members hash commit-log segments only, not {path}")
+    start = int(remote.file.name)
+    end = min(high, max(0, remote.below - start))
+    if end <= low:
+        return []
+    rows = client(remote.address).digest_span(remote.file, low, end, block_size, digest)
+    return [(start + offset, size, value) for offset, size, value in rows]
 
 
 @contextlib.contextmanager

@@ -66,7 +66,9 @@ class ByteEqualityResult:
     """Byte equality of the replicas' commit logs over ``[common_start, common_end)``, the range every
     replica holds. ``odd_replicas`` were outvoted in at least one block; blocks where no replica group had
     a majority are counted in ``blocks_without_majority`` (then every replica differing from the first is
-    listed)."""
+    listed). ``hashed_by``: ``executors`` (the job read every byte and hashed it) or ``members`` (a live
+    group's members each hashed their own blocks, read from their files when asked; the job read the bytes
+    of differing blocks only, to find the first differing byte and its record)."""
 
     ok: bool
     replicas: tuple[str, ...]
@@ -84,6 +86,7 @@ class ByteEqualityResult:
     differing_segments: tuple[SegmentComparison, ...]
     differences: tuple[ByteDifference, ...]
     notes: tuple[str, ...] = ()
+    hashed_by: str = "executors"
 
 
 @dataclass(frozen=True, slots=True)

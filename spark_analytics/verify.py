@@ -18,10 +18,14 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from spark_analytics.layout import CUT_PREFIX, LayoutError, list_replicas
+
+if TYPE_CHECKING:
+    from spark_analytics.rounds import RoundCarry
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -34,7 +38,8 @@ REPORT_VERSION: Final = 3
 
 def verify(cluster_dir: Path | str, master: str | None = None, report_path: Path | str | None = None,
            output: TextIO | None = None, history_path: Path | str | None = None,
-           live: dict[str, Any] | None = None) -> int:
+           live: dict[str, Any] | None = None, carried: RoundCarry | None = None,
+           on_carry: Callable[[RoundCarry], None] | None = None) -> int:
     """Check the replicas under ``cluster_dir`` (byte equality, each replica's integrity and feature
     invariants, the derived state across replicas, and the client history at ``history_path`` if given)
     and write the report to ``report_path`` (default ``<cluster_dir>/verify-report.json``). A verdict per
@@ -43,7 +48,8 @@ def verify(cluster_dir: Path | str, master: str | None = None, report_path: Path
 
     ``cluster_dir`` may also be a live group's cut (:meth:`spark_analytics.remote.RemoteCut.encode`, see
     :mod:`spark_analytics.live`): then ``report_path`` is required and ``live`` (what the members said) goes
-    into the report as it is."""
+    into the report as it is. A round of a continuous audit gets what the previous round read below where
+    it starts (``carried``) and hands on its own to ``on_carry`` (:mod:`spark_analytics.rounds`)."""
     out = output if output is not None else sys.stdout
     directory = Path(cluster_dir)
     remote = str(cluster_dir).startswith(CUT_PREFIX)
@@ -94,8 +100,12 @@ def verify(cluster_dir: Path | str, master: str | None = None, report_path: Path
         seconds["byte_equality"] = round(time.perf_counter() - checked, 3)
         with ReplicaTables(spark, directory) as tables:
             checked = time.perf_counter()
-            integrity = check_integrity(spark, directory, tables=tables)
+            integrity = check_integrity(spark, directory, tables=tables, carried=carried)
             seconds["integrity"] = round(time.perf_counter() - checked, 3)
+            if on_carry is not None:
+                from spark_analytics.rounds import carry_forward
+
+                on_carry(carry_forward(spark, tables.records, tables.min_offsets, tables.segment_size, carried))
             checked = time.perf_counter()
             derived = check_derived_state(spark, directory, equality.common_start, equality.common_end, tables)
             seconds["derived_state"] = round(time.perf_counter() - checked, 3)
@@ -149,7 +159,8 @@ def _print_summary(report: dict[str, Any], report_file: Path, out: TextIO) -> No
     verdict = "ok" if equality["ok"] else f"FAILED (odd: {', '.join(equality['odd_replicas']) or 'no majority'})"
     print(f"byte equality: {verdict}: {equality['bytes_compared_per_replica']} bytes x "
           f"{len(equality['replicas'])} replicas, {equality['blocks_differing']} of {equality['blocks_compared']} "
-          f"blocks differ", file=out)
+          f"blocks differ" + (" (each member hashed its own blocks)" if equality["hashed_by"] == "members" else ""),
+          file=out)
     for difference in equality["differences"][:3]:
         where = difference["expected"] or {}
         print(f"  {difference['replica']} differs first at byte {difference['physical_offset']} "

@@ -151,7 +151,7 @@ def _set_exception_quietly(waiter: asyncio.Future[RemotingCommand], error: BaseE
 # ---------------------------------------------------------------------------------- frame connection
 
 
-def _format_address(address: object) -> tuple[str, int, str]:
+def format_address(address: object) -> tuple[str, int, str]:
     """(host, port, "host:port") from a socket address; IPv6 hosts are bracketed in the text form."""
     if isinstance(address, tuple) and len(address) >= 2:
         host, port = str(address[0]), int(address[1])
@@ -482,7 +482,7 @@ class FrameConnection(asyncio.Protocol):
         if not callable(getattr(transport, "write", None)) or not callable(getattr(transport, "pause_reading", None)):
             raise TypeError(f"a stream transport is required, got {type(transport).__name__}")
         self._transport = cast(asyncio.Transport, transport)
-        self._remote_host, self._remote_port, self._remote_address = _format_address(
+        self._remote_host, self._remote_port, self._remote_address = format_address(
             transport.get_extra_info("peername")
         )
 

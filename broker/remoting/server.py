@@ -42,10 +42,11 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Final, Protocol
 
-from broker.remoting.client import FrameConnection
+from broker.remoting.client import FrameConnection, format_address
 from broker.remoting.codes import ResponseCode, describe_request_code
 from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.limits import DEFAULT_LIMITS, CodecLimits
+from broker.remoting.proxy_protocol import ProxyHeaderError, parse_header
 from commitlog.errors import InvariantError
 
 logger = logging.getLogger(__name__)
@@ -239,10 +240,43 @@ class ServerConnection(FrameConnection):
         self._admitted = False
         self._last_activity = self._loop.time()
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._close_when_idle = False
+        #: the start of a PROXY v2 header while one is expected (a connection from a front: proxy_protocol)
+        self._proxy_header: bytearray | None = None
+        self._through_front = False
 
     @property
     def connection_id(self) -> int:
         return self._connection_id
+
+    @property
+    def is_idle(self) -> bool:
+        """Nothing in progress either way: no request of the peer queued, processed or partly received, no
+        request of ours waiting for an answer."""
+        return self._in_flight == 0 and self.pending_requests == 0 and self.buffered_bytes == 0
+
+    @property
+    def through_front(self) -> bool:
+        """The connection came from a front (a host of the server's ``proxy_protocol_hosts``); its remote
+        address is the client's the front named."""
+        return self._through_front
+
+    @property
+    def closing_when_idle(self) -> bool:
+        """:meth:`close_when_idle` was called."""
+        return self._close_when_idle
+
+    def close_when_idle(self) -> bool:
+        """Close (after writing what is buffered) at once if idle, else right after the answer that leaves it
+        idle: the peer gets its last answer and the close together, never a request cut off. Returns whether
+        it closed now."""
+        if self.is_closed:
+            return False
+        self._close_when_idle = True
+        if self.is_idle:
+            self.close()
+            return True
+        return False
 
     @property
     def in_flight(self) -> int:
@@ -267,11 +301,34 @@ class ServerConnection(FrameConnection):
             self._transport.abort()
             return
         self._admitted = True
+        if self._remote_host in self._server.proxy_protocol_hosts:
+            self._through_front = True
+            self._proxy_header = bytearray()
         self._transport.set_write_buffer_limits(
             high=self._limits.write_buffer_high_water_bytes, low=self._limits.write_buffer_low_water_bytes
         )
         self._touch()
         self._schedule_idle_check(self._limits.idle_timeout_seconds)
+
+    def data_received(self, data: bytes) -> None:
+        if self._proxy_header is None:
+            super().data_received(data)
+            return
+        self._proxy_header += data
+        try:
+            header = parse_header(self._proxy_header)
+        except ProxyHeaderError as error:
+            logger.warning("closing %r: %s", self, error)
+            self.abort()
+            return
+        if header is None:
+            return
+        rest = bytes(self._proxy_header[header.length:])
+        self._proxy_header = None
+        if header.client is not None:  # the client the front stands for: its address is the connection's
+            self._remote_host, self._remote_port, self._remote_address = format_address(header.client)
+        if rest:
+            super().data_received(rest)
 
     # ---------------------------------------------------------------------------- FrameConnection
 
@@ -308,6 +365,9 @@ class ServerConnection(FrameConnection):
     def request_finished(self) -> None:
         self._in_flight -= 1
         self._touch()
+        if self._close_when_idle and self.is_idle:
+            self.close()
+            return
         if self._in_flight < self._limits.in_flight_requests_max:
             self._resume_reading(PAUSED_FOR_IN_FLIGHT)
 
@@ -358,7 +418,8 @@ class RemotingServer:
 
     def __init__(self, host: str, port: int, limits: ServerLimits | None = None, *,
                  authorizer: Authorizer | None = None, ssl_context: ssl.SSLContext | None = None,
-                 is_member_link: MemberLinkCheck | None = None) -> None:
+                 is_member_link: MemberLinkCheck | None = None,
+                 proxy_protocol_hosts: frozenset[str] = frozenset()) -> None:
         if not isinstance(host, str) or not host:
             raise ValueError(f"host must be a non-empty string, got {host!r}")
         if type(port) is not int or not 0 <= port <= _PORT_MAX:
@@ -369,6 +430,8 @@ class RemotingServer:
         self._limits.validate()
         self._authorizer = authorizer
         self._is_member_link = is_member_link
+        #: peers whose connections start with a PROXY v2 header naming the client (a front's hosts)
+        self.proxy_protocol_hosts = proxy_protocol_hosts
         self._ssl_context = ssl_context
         self._routes: dict[int, _Route] = {}
         self._route_list: list[_Route] = []

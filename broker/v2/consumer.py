@@ -9,7 +9,7 @@ The mapping is the proxy's (``proxy/grpc/v2/consumer``, ``route/RouteActivity.qu
   too, starting with that one: the proxy keeps only the broker's name of it.
 - ReceiveMessage answers a stream: a status, then each message, then the delivery timestamp; with nothing to
   deliver within the long-polling time, only MESSAGE_NOT_FOUND. Tag filters as the 4.x pull path
-  (``broker.pull.tag_codes``); SQL filters are not supported. ``auto_renew`` (push consumers) gets
+  (:func:`tag_filter`); SQL92 filters answer NOT_IMPLEMENTED. ``auto_renew`` (push consumers) gets
   :data:`DEFAULT_INVISIBLE_MS` (the proxy's default invisible time), renewed by the leader until
   acknowledged (``broker.pop``).
 - A receipt handle names the Raft index that issued it (``dledger.pop.encode_handle``): after a failover,
@@ -20,16 +20,18 @@ The mapping is the proxy's (``proxy/grpc/v2/consumer``, ``route/RouteActivity.qu
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 import zlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Final
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from broker.pop import PoppedMessage, PopService
-from broker.pull import tag_codes
+from broker.pull import SUBSCRIBE_ALL
 from broker.requests import RequestError
 from broker.topics import PERM_READ
 from broker.v2.auth import Access, Authenticator
@@ -42,6 +44,7 @@ from broker.v2.messages import (
     PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_KEY,
     RESERVED_PROPERTIES,
+    has_control_character,
     topic_name,
 )
 from broker.v2.protocol.definition_pb2 import (
@@ -51,6 +54,7 @@ from broker.v2.protocol.definition_pb2 import (
     Digest,
     DigestType,
     Encoding,
+    FilterExpression,
     FilterType,
     Message,
     MessageQueue,
@@ -73,7 +77,7 @@ from broker.v2.protocol.service_pb2 import (
     ReceiveMessageResponse,
 )
 from broker.v2.status import StatusError, ok
-from commitlog.message import SYSFLAG_COMPRESSED, StoredMessage, decode_host
+from commitlog.message import SYSFLAG_COMPRESSED, StoredMessage, decode_host, java_string_hash
 from dledger.pop import POP_RECEIVE_BATCH_MAX, decode_handle, encode_handle
 
 #: the invisible time of a receive that names none (auto-renewing push consumers): the proxy's default
@@ -97,6 +101,41 @@ def group_name(resource: Resource) -> str:
     if not name or len(name) > GROUP_NAME_CHARS_MAX or any(not (char.isalnum() or char in "%|-_") for char in name):
         raise StatusError(Code.ILLEGAL_CONSUMER_GROUP, f"illegal consumer group {name[:60]!r}")
     return name
+
+
+@dataclass(frozen=True, slots=True)
+class TagFilter:
+    """The tags a filter expression such as ``"TagA || TagB"`` selects; ``tags`` None selects every message."""
+
+    tags: frozenset[str] | None
+
+    @property
+    def codes(self) -> frozenset[int] | None:
+        """The tags' hash codes, as the consume queue holds them (``broker.pull.tag_codes``)."""
+        return None if self.tags is None else frozenset(java_string_hash(tag) for tag in self.tags)
+
+    def accepts(self, tag: str | None) -> bool:
+        """Whether a message with this tag is selected: the exact check after the consume queue's hash match
+        (two tags can share a hash code), as RocketMQ's clients check again."""
+        return self.tags is None or (tag is not None and tag in self.tags)
+
+
+def tag_filter(expression: FilterExpression) -> TagFilter:
+    """The filter of a receive or pull. TAG (or no type) as the 4.x path reads it (``broker.pull.tag_codes``);
+    SQL92 is answered NOT_IMPLEMENTED: neither protocol's broker side evaluates SQL92 here (the 4.x pull
+    answers SUBSCRIPTION_PARSE_FAILED for it); any other type is ILLEGAL_FILTER_EXPRESSION."""
+    if expression.type == FilterType.SQL:
+        raise StatusError(Code.NOT_IMPLEMENTED, "SQL92 filter expressions are not supported by this broker: "
+                                                "filter by TAG")
+    if expression.type not in (FilterType.TAG, FilterType.FILTER_TYPE_UNSPECIFIED):
+        raise StatusError(Code.ILLEGAL_FILTER_EXPRESSION, f"unknown filter expression type {expression.type}")
+    text = expression.expression.strip()
+    if has_control_character(text):
+        raise StatusError(Code.ILLEGAL_FILTER_EXPRESSION, "a filter expression cannot contain control characters")
+    if not text or text == SUBSCRIBE_ALL:
+        return TagFilter(None)
+    tags = frozenset(tag.strip() for tag in text.split("||") if tag.strip())
+    return TagFilter(tags or None)
 
 
 def duration_ms(duration: Duration) -> int:
@@ -157,7 +196,9 @@ def v2_stored_message(stored: StoredMessage, topic: Resource) -> Message:
         system.tag = properties[PROPERTY_TAGS]
     system.keys.extend(key for key in properties.get(PROPERTY_KEYS, "").split(" ") if key)
     system.message_id = properties.get(PROPERTY_UNIQ_KEY) or stored.msg_id
-    system.body_digest.CopyFrom(Digest(type=DigestType.CRC32, checksum=f"{zlib.crc32(body) & 0xFFFFFFFF:08X}"))
+    # MD5 in upper-case hex, as the proxy sends it: the one digest every SDK checks alike (their CRC32 texts
+    # differ: the Node.js SDK compares decimal, the Python SDK zero-padded hex, and discards a mismatch)
+    system.body_digest.CopyFrom(Digest(type=DigestType.MD5, checksum=hashlib.md5(body).hexdigest().upper()))
     system.body_encoding = encoding  # type: ignore[assignment]
     group = properties.get(PROPERTY_SHARDING_KEY)
     deliver_text = properties.get(PROPERTY_TIMER_DELIVER_MS, "")
@@ -227,10 +268,7 @@ class ConsumerService:
             topic, group = topic_name(request.message_queue.topic), group_name(request.group)
             self.authenticator.check(metadata, peer_host, Access(subscribe_topics=(topic,), group=group),
                                      "ReceiveMessage")
-            expression = request.filter_expression
-            if expression.type not in (FilterType.TAG, FilterType.FILTER_TYPE_UNSPECIFIED):
-                raise StatusError(Code.NOT_IMPLEMENTED, "only TAG filter expressions are supported")
-            codes = tag_codes(expression.expression or "*")
+            codes = tag_filter(request.filter_expression).codes
             if request.batch_size <= 0:
                 raise StatusError(Code.BAD_REQUEST, f"batch size {request.batch_size} is not positive")
             if request.auto_renew or not request.HasField("invisible_duration"):

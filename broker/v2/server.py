@@ -5,10 +5,12 @@
   ReceiveMessage, AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue) is pop through Raft
   (``broker.v2.consumer``, ``broker.pop``): only the leader pops; a follower forwards acks and changes of
   invisibility like sends, and answers a receive with INTERNAL_SERVER_ERROR (retried by the SDKs).
-  Those not served yet (the offset RPCs) answer their response with status NOT_IMPLEMENTED (RecallMessage
-  and lite subscriptions: UNSUPPORTED); the gRPC call itself succeeds, as the proxy answers. An unexpected
-  exception answers INTERNAL_SERVER_ERROR and is logged; a broken invariant stops the member
-  (``on_fatal``), as in the remoting server.
+  The offset RPCs (PullMessage, UpdateOffset, GetOffset, QueryOffset: ``broker.v2.pull``) are served by
+  every member from its own store and replicated state, but UpdateOffset, a write, is forwarded to the
+  leader like sends. RecallMessage and lite subscriptions answer UNSUPPORTED (a server built without the
+  consumption or offset services answers their RPCs NOT_IMPLEMENTED); the gRPC call itself succeeds, as
+  the proxy answers. An unexpected exception answers INTERNAL_SERVER_ERROR and is logged; a broken
+  invariant stops the member (``on_fatal``), as in the remoting server.
 - Writes on a follower (SendMessage, EndTransaction) are forwarded once to the leader's gRPC address with
   the client's own headers (the leader checks them again) and the leader's answer is returned: a 5.x
   producer keeps the route it has (refreshed every 30 s) and never sees a change of leader. A call already
@@ -30,13 +32,16 @@ import grpc.aio
 
 from broker.acl.authorizer import AclRules
 from broker.context import BrokerContext
+from broker.offsets import OffsetCommitter
 from broker.pop import PopService
+from broker.pull import PullWaiters
 from broker.send import SendProcessor
 from broker.transactions import EndTransactionProcessor
 from broker.v2.auth import Authenticator
 from broker.v2.consumer import ConsumerService
 from broker.v2.protocol import service_pb2 as pb
 from broker.v2.protocol.definition_pb2 import Broker, Code, Status
+from broker.v2.pull import PullService
 from broker.v2.service import CallInfo, MessagingService, NotLeaderError, endpoints
 from broker.v2.status import StatusError
 from broker.v2.telemetry import TelemetrySession
@@ -98,10 +103,12 @@ class GrpcServer:
     def __init__(self, service: MessagingService, address: str, in_flight_requests_max: int,
                  request_bytes_max: int, client_expiry_seconds: float,
                  on_fatal: Callable[[BaseException], None] | None = None,
-                 consumer: ConsumerService | None = None) -> None:
+                 consumer: ConsumerService | None = None, puller: PullService | None = None) -> None:
         self.service = service
         #: the consumption RPCs (pop through Raft); None: answered as not served
         self.consumer = consumer
+        #: the offset RPCs (PullMessage, UpdateOffset, GetOffset, QueryOffset); None: answered as not served
+        self.puller = puller
         self.address = address
         self.in_flight_requests_max = in_flight_requests_max
         self.request_bytes_max = request_bytes_max
@@ -164,11 +171,24 @@ class GrpcServer:
                 response_serializer=pb.TelemetryCommand.SerializeToString),
         }
         not_yet = "is not served by this broker yet"
-        not_served: list[tuple[str, type[Any], type[Any]]] = [
-            ("UpdateOffset", pb.UpdateOffsetRequest, pb.UpdateOffsetResponse),
-            ("GetOffset", pb.GetOffsetRequest, pb.GetOffsetResponse),
-            ("QueryOffset", pb.QueryOffsetRequest, pb.QueryOffsetResponse),
-        ]
+        not_served: list[tuple[str, type[Any], type[Any]]] = []
+        streams: list[tuple[str, type[Any], type[Any]]] = []
+        puller = self.puller
+        if puller is None:
+            not_served += [
+                ("UpdateOffset", pb.UpdateOffsetRequest, pb.UpdateOffsetResponse),
+                ("GetOffset", pb.GetOffsetRequest, pb.GetOffsetResponse),
+                ("QueryOffset", pb.QueryOffsetRequest, pb.QueryOffsetResponse),
+            ]
+            streams.append(("PullMessage", pb.PullMessageRequest, pb.PullMessageResponse))
+        else:
+            handlers["UpdateOffset"] = self._unary(pb.UpdateOffsetRequest, pb.UpdateOffsetResponse,
+                                                   self._update_offset, "UpdateOffset")
+            handlers["GetOffset"] = self._unary(pb.GetOffsetRequest, pb.GetOffsetResponse, puller.get_offset)
+            handlers["QueryOffset"] = self._unary(pb.QueryOffsetRequest, pb.QueryOffsetResponse, puller.query_offset)
+            handlers["PullMessage"] = grpc.unary_stream_rpc_method_handler(
+                self._pull, request_deserializer=pb.PullMessageRequest.FromString,
+                response_serializer=pb.PullMessageResponse.SerializeToString)
         consumer = self.consumer
         if consumer is None:
             not_served += [
@@ -196,8 +216,6 @@ class GrpcServer:
         )
         for name, request, response in unsupported:
             handlers[name] = self._refuse_unary(request, response, Code.UNSUPPORTED, f"{name} is not supported")
-        streams: list[tuple[str, type[Any], type[Any]]] = [
-            ("PullMessage", pb.PullMessageRequest, pb.PullMessageResponse)]
         if consumer is None:
             streams.append(("ReceiveMessage", pb.ReceiveMessageRequest, pb.ReceiveMessageResponse))
         else:
@@ -299,6 +317,29 @@ class GrpcServer:
             log.exception("gRPC ReceiveMessage failed for %s", context.peer())
             yield with_status(pb.ReceiveMessageResponse, Code.INTERNAL_SERVER_ERROR, f"{type(error).__name__}: {error}")
 
+    # ------------------------------------------------------------------------------------ offsets
+
+    def _puller(self) -> PullService:
+        if self.puller is None:  # pragma: no cover - the handlers exist only with a pull service
+            raise RuntimeError("no pull service")
+        return self.puller
+
+    async def _update_offset(self, request: pb.UpdateOffsetRequest, call: CallInfo) -> pb.UpdateOffsetResponse:
+        self.service.require_leader()  # a follower forwards the call to the leader
+        return await self._puller().update_offset(request, call)
+
+    async def _pull(self, request: pb.PullMessageRequest, context: Context) -> AsyncIterator[pb.PullMessageResponse]:
+        """PullMessage, on any member (each serves reads of committed data; a follower never moves a consumer)."""
+        call = call_info(context)
+        try:
+            async for response in self._puller().pull(request, call, context.time_remaining()):
+                yield response
+        except InvariantError as error:
+            self._fail(error)
+        except Exception as error:
+            log.exception("gRPC PullMessage failed for %s", context.peer())
+            yield with_status(pb.PullMessageResponse, Code.INTERNAL_SERVER_ERROR, f"{type(error).__name__}: {error}")
+
     async def _telemetry(self, commands: AsyncIterator[pb.TelemetryCommand],
                          context: Context) -> AsyncIterator[pb.TelemetryCommand]:
         """A client's Telemetry stream: each Settings it sends is answered with the server's, and the server
@@ -395,15 +436,19 @@ def _serialize(message: Any) -> bytes:
 
 def grpc_server(broker: BrokerContext, sender: SendProcessor, acl_rules: AclRules | None,
                 on_fatal: Callable[[BaseException], None] | None = None,
-                pops: PopService | None = None) -> GrpcServer:
-    """The gRPC server of a member, on its ``grpc_address``; ``pops`` serves the consumption RPCs."""
+                pops: PopService | None = None, offsets: OffsetCommitter | None = None,
+                waiters: PullWaiters | None = None) -> GrpcServer:
+    """The gRPC server of a member, on its ``grpc_address``; ``pops`` serves the consumption RPCs, ``offsets``
+    and ``waiters`` (the member's, shared with the 4.x path) the offset RPCs."""
     config = broker.config
     authenticator = Authenticator(acl_rules)
     service = MessagingService(broker, sender, EndTransactionProcessor(broker), authenticator)
     consumer = ConsumerService(pops, authenticator) if pops is not None else None
+    puller = (PullService(broker, offsets, waiters, authenticator)
+              if offsets is not None and waiters is not None else None)
     return GrpcServer(service, config.grpc_address, config.grpc_in_flight_requests_max,
                       broker.store.config.body_size_max_bytes + REQUEST_HEADROOM_BYTES, config.client_expiry_seconds,
-                      on_fatal, consumer)
+                      on_fatal, consumer, puller)
 
 
 __all__ = ["GrpcServer", "grpc_server", "parse_peer"]

@@ -72,7 +72,7 @@ from broker.v2.protocol.service_pb2 import (
 from broker.v2.status import StatusError, ok
 from broker.v2.telemetry import TelemetrySessions
 from commitlog.errors import StoreError
-from commitlog.message import TRANSACTION_TYPE_MASK, encode_host
+from commitlog.message import TRANSACTION_TYPE_MASK, encode_host, encode_peer
 from commitlog.store import AppendStatus
 from dledger.config import parse_address
 from dledger.member import GroupMember
@@ -97,7 +97,7 @@ class CallInfo:
     @property
     def born_host(self) -> bytes:
         try:
-            return encode_host(self.peer_host, self.peer_port)
+            return encode_peer(self.peer_host, self.peer_port)
         except ValueError:
             return UNKNOWN_BORN_HOST
 

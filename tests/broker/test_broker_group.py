@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from broker.remoting.client import RemotingClient, RemotingError
 from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import DEFAULT_LANGUAGE, REMOTING_VERSION
+from broker.remoting.command import DEFAULT_LANGUAGE, REMOTING_VERSION, RemotingCommand, make_response
 from cli.cluster import LocalCluster, route_master
 from client.loop import EventLoopThread
 from client.running_info import loads_lenient
@@ -398,3 +398,63 @@ def test_a_stock_clients_repeated_uniq_key_loses_no_message(cluster: LocalCluste
         _, _, messages = wire.pull(node, "RepeatedKey", 0, 0)
         assert [m.body for m in messages] == [b"first", b"second", b"third"]
     assert int(runtime_table(address)["uniqKeyCollisions"]) == before + 2
+
+
+def test_clients_behind_followers_are_known_to_the_leader_and_reached_through_them(cluster: LocalCluster) -> None:
+    """broker.relay: consumers that reached different followers (as a front routing to followers sends them)
+    rebalance from one list, the group's; the leader reaches each over its follower (a group change
+    notified, GET_CONSUMER_RUNNING_INFO answered); a consumer whose connection closes leaves the list."""
+    first, second = followers(cluster)
+    master = leader(cluster)
+    group = "g-behind-followers"
+    asked: dict[str, list[int]] = {"c-first": [], "c-second": []}
+
+    def handler(client_id: str) -> Callable[[RemotingCommand], Awaitable[RemotingCommand | None]]:
+        async def handle(request: RemotingCommand) -> RemotingCommand | None:
+            asked[client_id].append(request.code)
+            if request.is_oneway:
+                return None
+            return make_response(request, ResponseCode.SUCCESS, None, None, f'{{"client":"{client_id}"}}'.encode())
+        return handle
+
+    def heartbeat(client_id: str) -> bytes:
+        return json.dumps({"clientID": client_id, "producerDataSet": [],
+                           "consumerDataSet": [{"groupName": group, "consumeType": 1, "messageModel": 1,
+                                                "consumeFromWhere": 4,
+                                                "subscriptionDataSet": [{"topic": "Basic", "subString": "*"}]}]}
+                          ).encode()
+
+    def consumer_ids(client: RemotingClient) -> list[str]:
+        response = loop.run(client.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group}))
+        return sorted(json.loads(response.body)["consumerIdList"]) if response.code == ResponseCode.SUCCESS else []
+
+    loop = EventLoopThread("behind-followers")
+    clients: list[RemotingClient] = []
+    try:
+        for address, client_id in ((first, "c-first"), (second, "c-second")):
+            host, _, port = address.rpartition(":")
+            client = loop.run(RemotingClient.connect(host, int(port), request_handler=handler(client_id)))
+            clients.append(client)
+            response = loop.run(client.request(RequestCode.HEART_BEAT, body=heartbeat(client_id)))
+            assert response.code == ResponseCode.SUCCESS
+        first_client, second_client = clients
+        # one list, whatever member is asked
+        wait_for(lambda: consumer_ids(first_client) == ["c-first", "c-second"], 20, "the group's list via a follower")
+        assert consumer_ids(second_client) == ["c-first", "c-second"]
+        code, _, body = wire.call(master, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group})
+        assert code == ResponseCode.SUCCESS and sorted(json.loads(body)["consumerIdList"]) == ["c-first", "c-second"]
+        # the second consumer's arrival reached the first over its follower's link
+        wait_for(lambda: RequestCode.NOTIFY_CONSUMER_IDS_CHANGED in asked["c-first"], 20,
+                 "the group change relayed to the first consumer")
+        # an admin's call to a consumer behind a follower, made at the leader and at the other follower
+        for address in (master, first):
+            code, _, body = wire.call(address, RequestCode.GET_CONSUMER_RUNNING_INFO,
+                                      {"consumerGroup": group, "clientId": "c-second", "jstackEnable": "false"})
+            assert (code, json.loads(body)) == (ResponseCode.SUCCESS, {"client": "c-second"})
+        # a consumer that goes is gone from the group's list at once, not at its registration's expiry
+        loop.run(second_client.close())
+        wait_for(lambda: consumer_ids(first_client) == ["c-first"], 20, "the closed consumer dropped by the leader")
+    finally:
+        for client in clients:
+            loop.run(client.close())
+        loop.stop()

@@ -132,6 +132,21 @@ def test_pulls_spot_a_damaged_record() -> None:
     assert first_damaged([good[1], bytes(damaged)]) == 0
 
 
+def test_pulls_spot_a_damaged_record_with_an_ipv6_store_host() -> None:
+    """The body starts 12 bytes later with an IPv6 store host (sysFlag 0x20), 24 with both hosts IPv6."""
+    from broker.pull import first_damaged
+    from commitlog.message import MessageInput, encode_address, encode_record
+
+    store_host = encode_address("[fd00::3]:10911")
+    good = [encode_record(MessageInput("T", 0, 0, 0, 1, born_host, 2, 0, 0, b"y" * 50, b"TAGS\x01a\x02"), 0, offset,
+                          store_host) for offset, born_host in ((0, encode_host("127.0.0.1", 1)), (300, bytes(20)))]
+    assert first_damaged(good) is None
+    for record in good:
+        damaged = bytearray(record)
+        damaged[-20] ^= 0x01  # the last body byte
+        assert first_damaged([bytes(damaged)]) == int.from_bytes(record[28:36], "big")
+
+
 @pytest.mark.parametrize("born_host", [encode_host("10.0.0.1", 5000), bytes(15) + b"\x01" + (5000).to_bytes(4, "big")])
 def test_store_timestamp_of_a_record_after_either_born_host(born_host: bytes) -> None:
     message = MessageInput("T", 0, 0, 0, 111, born_host, 1_700_000_000_123, 0, 0, b"body", b"")
@@ -147,3 +162,19 @@ def test_store_timestamp_of_a_record_after_either_born_host(born_host: bytes) ->
 def test_heartbeat_enums_by_name_or_ordinal(value: object, name: str) -> None:
     assert _enum_name(value, CONSUME_FROM_WHERE, "DEFAULT") == name
     assert _enum_name(1, CONSUME_TYPES, "DEFAULT") == "CONSUME_PASSIVELY"
+
+
+def test_a_clients_born_host_keeps_its_ip_family() -> None:
+    """broker.send: an IPv6 client's born host is its own 20 bytes (RocketMQ's 0x10 sysflag layout), an
+    IPv4-mapped one (a dual-stack socket's IPv4 client) is stored as IPv4, what is no IP address as
+    127.0.0.1:0."""
+    from broker.send import _born_host
+    from commitlog.message import encode_peer, format_address
+
+    assert format_address(_born_host("[2001:db8::5]:4242")) == "[2001:db8::5]:4242"
+    assert len(_born_host("[2001:db8::5]:4242")) == 20
+    assert _born_host("[::ffff:10.0.0.7]:99") == _born_host("10.0.0.7:99") == bytes((10, 0, 0, 7)) + (99).to_bytes(4, "big")
+    assert format_address(_born_host("[fe80::1%eth0]:7")) == "[fe80::1]:7"
+    assert format_address(_born_host("somewhere:7")) == "127.0.0.1:0"
+    with pytest.raises(ValueError, match="port"):
+        encode_peer("10.0.0.1", 70000)

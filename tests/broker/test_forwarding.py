@@ -222,8 +222,9 @@ def test_a_member_link_needs_the_groups_secret() -> None:
 
 
 def test_no_known_leader_or_an_unreachable_one_is_answered_as_before() -> None:
+    """... once the hold for an election is over (kept short here)."""
     async def scenario() -> None:
-        async with group(leader_known=False) as members:
+        async with group(leader_known=False, limits=ForwardLimits(hold_seconds=0.1)) as members:
             client = await client_of(members.follower)
             try:
                 answer = await client.request(RequestCode.SEND_MESSAGE, {})
@@ -285,6 +286,49 @@ def test_a_oneway_request_is_forwarded_oneway() -> None:
                 await client.oneway(RequestCode.SEND_MESSAGE, {"o": "1"})
                 await poll_until(lambda: len(members.leader_recorder.seen) == 1, "the oneway send at the leader")
                 assert members.leader_recorder.seen[0].request.flag & ONEWAY_FLAG
+            finally:
+                await client.close()
+
+    run(scenario())
+
+
+def test_a_request_that_finds_no_leader_is_held_until_one_is_known_then_forwarded() -> None:
+    """An election: the request is answered by the new leader, not refused (a stock client would retry it, or
+    wait out its send timeout); the client's connection stays as it was."""
+    async def scenario() -> None:
+        async with group(leader_known=False, limits=ForwardLimits(hold_seconds=30.0)) as members:
+            client = await client_of(members.follower)
+            try:
+                pending = asyncio.ensure_future(client.request(RequestCode.SEND_MESSAGE, {"n": "1"},
+                                                               timeout_seconds=30.0))
+                await poll_until(lambda: any(each.in_flight for each in members.follower.connections),
+                                 "the request held by the follower")
+                assert not pending.done()
+                members.follower_broker.leader = f"{LOOPBACK}:{members.leader.port}"  # elected
+                answer = await pending
+                assert (answer.code, answer.remark) == (ResponseCode.SUCCESS, "served")
+                assert [context.request.ext_fields["n"] for context in members.leader_recorder.seen] == ["1"]
+                assert members.follower_recorder.seen == []
+            finally:
+                await client.close()
+
+    run(scenario())
+
+
+def test_a_held_request_is_served_by_its_follower_when_that_follower_is_elected() -> None:
+    async def scenario() -> None:
+        async with group(leader_known=False, limits=ForwardLimits(hold_seconds=30.0)) as members:
+            client = await client_of(members.follower)
+            try:
+                pending = asyncio.ensure_future(client.request(RequestCode.SEND_MESSAGE, {"n": "2"},
+                                                               timeout_seconds=30.0))
+                await poll_until(lambda: any(each.in_flight for each in members.follower.connections),
+                                 "the request held by the follower")
+                members.follower_broker.member.is_leader = True
+                answer = await pending
+                assert (answer.code, answer.remark) == (ResponseCode.SUCCESS, "served")
+                assert [context.request.ext_fields["n"] for context in members.follower_recorder.seen] == ["2"]
+                assert members.leader_recorder.seen == []
             finally:
                 await client.close()
 

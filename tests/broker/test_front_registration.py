@@ -9,11 +9,14 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
+
 from broker.config import BrokerConfig, load_node_file
 from broker.namesrv import MASTER_ID, NameServer, NameServerConfig
 from broker.namesrv import TopicConfig as RouteTopicConfig
 from broker.registration import Registrar
 from broker.remoting import RemotingClient, RequestCode, ResponseCode
+from commitlog.config import ConfigError
 from tests.broker.helpers import LOOPBACK, NODE_FILE_HEAD, poll_until, run
 
 FRONT, LEADER, FOLLOWER = "127.0.0.1:30900", "127.0.0.1:10911", "127.0.0.1:10921"
@@ -74,3 +77,14 @@ def test_the_leader_registers_the_front_which_outlives_it_and_followers_register
             await name_server.stop()
 
     run(scenario())
+
+
+def test_follower_front_hosts_are_ip_addresses(tmp_path: Path) -> None:
+    """``[broker] follower_front_hosts``: where a front routing to followers connects from (broker.front_moves)."""
+    path = tmp_path / "node.toml"
+    path.write_text(NODE + 'follower_front_hosts = ["127.0.0.2", "::1"]\n')
+    assert load_node_file(path)[1].follower_front_hosts == ("127.0.0.2", "::1")
+    for bad in ('["front.example"]', '[2]', '"not-an-ip"'):
+        path.write_text(NODE + f"follower_front_hosts = {bad}\n")
+        with pytest.raises(ConfigError, match="follower_front_hosts"):
+            load_node_file(path)

@@ -20,7 +20,14 @@ from broker.pull import tag_codes
 from broker.topics import PERM_READ, PERM_WRITE
 from broker.v2.auth import Authenticator
 from broker.v2.consumer import ConsumerService, v2_message
-from broker.v2.protocol.definition_pb2 import Code, Encoding, FilterExpression, MessageQueue, Resource
+from broker.v2.protocol.definition_pb2 import (
+    Code,
+    DigestType,
+    Encoding,
+    FilterExpression,
+    MessageQueue,
+    Resource,
+)
 from broker.v2.protocol.service_pb2 import (
     AckMessageEntry,
     AckMessageRequest,
@@ -146,7 +153,8 @@ def test_a_4x_message_converts_for_a_5x_consumer(broker: FakeBroker) -> None:
     (popped,) = asyncio.run(service(broker).receive(GROUP, TOPIC, 0, 1, 30_000, None))
     converted = v2_message(popped, Resource(name=TOPIC), 30_000)
     assert converted.body == body and converted.system_properties.body_encoding == Encoding.IDENTITY
-    assert converted.system_properties.body_digest.checksum == f"{zlib.crc32(body):08X}"
+    assert converted.system_properties.body_digest.type == DigestType.MD5
+    assert converted.system_properties.body_digest.checksum == hashlib.md5(body).hexdigest().upper()
     assert converted.system_properties.tag == "TagA" and list(converted.system_properties.keys) == ["k1", "k2"]
     assert converted.system_properties.message_id == popped.message.property_map["UNIQ_KEY"]
     assert converted.system_properties.delivery_attempt == 1 and converted.system_properties.queue_offset == 0

@@ -4,14 +4,20 @@ serves (bounded, below the applied end, written parts only); spark_analytics.rem
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+import broker.replica_files
+import spark_analytics.remote
 from broker.acl.config import AclConfig
 from broker.acl.permissions import ADMIN_CODES
 from broker.acl.validator import AccessDeniedError, AccessValidator
@@ -19,6 +25,7 @@ from broker.remoting.codes import ResponseCode
 from broker.remoting.command import RemotingCommand, make_request
 from broker.remoting.server import RequestContext
 from broker.replica_files import (
+    DIGEST_RANGE_BYTES_MAX,
     FIELD_SIGNATURE,
     KIND_COMMIT_LOG,
     KIND_CONSUME_QUEUE,
@@ -26,8 +33,11 @@ from broker.replica_files import (
     KIND_STATE,
     RANGE_BYTES_MAX,
     REPLICA_FILES_CODES,
+    REPLICA_FILES_DIGESTS,
     REPLICA_FILES_READ,
     REPLICA_FILES_STATUS,
+    DigestRequest,
+    DigestResult,
     FileName,
     ReadRequest,
     ReadResult,
@@ -35,6 +45,8 @@ from broker.replica_files import (
     ReplicaFilesProcessor,
     StoreView,
     audit_key,
+    block_bounds,
+    parse_digest_response,
     parse_read_response,
     sign_request,
     signature_problem,
@@ -44,8 +56,16 @@ from commitlog.key_index import ENTRY, HEADER, HEADER_BYTES
 from commitlog.store import MessageStore
 from spark_analytics.index_file import read_index_file
 from spark_analytics.layout import list_replicas
-from spark_analytics.remote import Access, MemberState, RemoteCut, RemotePath, _index_image, _units_below
-from spark_analytics.sources import _entries_below
+from spark_analytics.remote import (
+    Access,
+    MemberClient,
+    MemberState,
+    RemoteCut,
+    RemotePath,
+    _index_image,
+    _units_below,
+)
+from spark_analytics.sources import DIGEST_NAME, _entries_below, block_digests
 from tests.acl.helpers import ADMIN, BASE_ACL, PRODUCER
 from tests.commitlog.helpers import message, small_config
 
@@ -145,6 +165,97 @@ def test_reads_end_at_the_applied_end_and_at_the_written_units_and_entries(store
     assert checkpoint.data == (store.root / "checkpoint").read_bytes()
     with pytest.raises(ReplicaFilesError, match="no file"):
         view.read(ReadRequest(FileName(KIND_COMMIT_LOG, f"{1 << 30:020d}"), 0, 10))
+
+
+@given(st.integers(0, 50), st.integers(0, 3000), st.integers(0, 3000), st.integers(1, 700))
+def test_members_cut_blocks_where_the_executors_cut_them(segment_number: int, low: int, length: int,
+                                                          block_size: int) -> None:
+    segment_start = segment_number * 1000
+    data = bytes(range(256)) * 24
+    bounds = block_bounds(segment_start, low, low + length, block_size)
+    with memoryview(data) as view:
+        hashed = list(block_digests(view[low:], segment_start + low, length, block_size))
+    assert [(segment_start + start, end - start) for start, end in bounds] == [(o, n) for o, n, _ in hashed]
+    assert all((segment_start + start) % block_size == 0 for start, _ in bounds[1:])
+
+
+@pytest.mark.parametrize("read_bytes", [1000, 4096, 4 << 20])
+def test_a_member_hashes_each_block_from_its_file_when_asked(store: MessageStore, read_bytes: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(broker.replica_files, "DIGEST_READ_BYTES", read_bytes)
+    view = StoreView(store)
+    end = store.max_physical_offset
+    assert end > 3 * 4096
+    segment = FileName(KIND_COMMIT_LOG, "0" * 20)
+    asked = DigestRequest(segment, 100, end, 4096)  # past the applied end: hashed up to it
+    result = view.digests(asked)
+    assert result.hashed_bytes == end - 100 and result.readable_end == end
+    committed = store.read_committed(0, end)
+    expected = tuple(hashlib.new(DIGEST_NAME, committed[low:high]).digest()
+                     for low, high in block_bounds(0, 100, end, 4096))
+    assert result.digests == expected and len(expected) == len(block_bounds(0, 100, end, 4096)) > 3
+    assert view.digests(DigestRequest(segment, end + 5, 100, 4096)) == DigestResult(end + 5, 0, end, ())
+    # nothing is cached: a byte changed in the file changes its block's digest, and only that one
+    path = store.root / segment.relative_path()
+    handle = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(handle, bytes([committed[5000] ^ 0xFF]), 5000)
+    finally:
+        os.close(handle)
+    again = view.digests(asked)
+    changed = [number for number, (old, new) in enumerate(zip(result.digests, again.digests, strict=True)) if old != new]
+    assert changed == [1]  # [100, 4096), [4096, 8192), ...
+
+
+def test_digests_are_asked_of_segments_in_bounded_blocks_and_checked() -> None:
+    segment = FileName(KIND_COMMIT_LOG, "0" * 20)
+    cases: list[tuple[Callable[[], object], str]] = [
+        (lambda: DigestRequest(FileName(KIND_INDEX, "0" * 20), 0, 10, 4096), "commit-log segments only"),
+        (lambda: DigestRequest(segment, 0, DIGEST_RANGE_BYTES_MAX + 1, 4096), "length must be"),
+        (lambda: DigestRequest(segment, 0, 10, 512), "blockSize must be"),
+        (lambda: DigestRequest(segment, 0, 10, 4096, "md5"), "digest must be"),
+        (lambda: DigestRequest.parse({"kind": "commitlog", "name": "0" * 20, "offset": "0", "length": "9"}),
+         "field blockSize"),
+    ]
+    for request, problem in cases:
+        with pytest.raises(ReplicaFilesError, match=problem):
+            request()
+    asked = DigestRequest(segment, 0, 10_000, 4096)
+    assert DigestRequest.parse(asked.fields()) == asked
+    digests = tuple(bytes([number]) * 32 for number in range(3))
+    answer = DigestResult(0, 10_000, 20_000, digests)
+    assert parse_digest_response(asked, answer.fields(), answer.body()) == answer
+    with pytest.raises(ReplicaFilesError, match="CRC mismatch"):
+        parse_digest_response(asked, answer.fields(), b"x" + answer.body()[1:])
+    short = DigestResult(0, 10_000, 20_000, digests[:2])
+    with pytest.raises(ReplicaFilesError, match="for 3 blocks"):
+        parse_digest_response(asked, short.fields(), short.body())
+
+
+class LocalMember(MemberClient):
+    """A client whose digest requests go straight to a member's StoreView (no socket)."""
+
+    def __init__(self, view: StoreView) -> None:
+        super().__init__("127.0.0.1:1", None)
+        self.view = view
+        self.asked: list[DigestRequest] = []
+
+    def digests(self, request: DigestRequest) -> DigestResult:
+        self.asked.append(request)
+        return self.view.digests(DigestRequest.parse(request.fields()))
+
+
+def test_the_auditor_asks_for_digests_in_requests_that_end_on_block_boundaries(
+        store: MessageStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spark_analytics.remote, "DIGEST_RANGE_BYTES_MAX", 10_000)
+    member = LocalMember(StoreView(store))
+    end = store.max_physical_offset
+    rows = member.digest_span(FileName(KIND_COMMIT_LOG, "0" * 20), 300, end + 5000, 4096, DIGEST_NAME)
+    with memoryview(store.read_committed(0, end)) as view:
+        assert rows == list(block_digests(view[300:], 300, end - 300, 4096))
+    assert len(member.asked) > 1
+    assert all(request.length <= 10_000 for request in member.asked)
+    assert all((asked.offset + asked.length) % 4096 == 0 for asked in member.asked[:-1])
 
 
 def test_units_at_or_past_the_cut_read_as_empty() -> None:
@@ -274,5 +385,10 @@ def test_the_processor_answers_signed_requests_only_unless_acl_checked_them(stor
     assert missing.code == ResponseCode.QUERY_NOT_FOUND and "no file" in (missing.remark or "")
     bad = call(access.sign({"kind": "commitlog", "name": "x", "offset": "0", "length": "1"}), REPLICA_FILES_READ)
     assert bad.code == ResponseCode.QUERY_NOT_FOUND and "20 digits" in (bad.remark or "")
+    asked = DigestRequest(FileName(KIND_COMMIT_LOG, "0" * 20), 0, 8192, 4096)
+    assert call(asked.fields(), REPLICA_FILES_DIGESTS).code == ResponseCode.NO_PERMISSION
+    hashed = call(access.sign(asked.fields()), REPLICA_FILES_DIGESTS)
+    assert parse_digest_response(asked, hashed.ext_fields, hashed.body).digests == tuple(
+        hashlib.new(DIGEST_NAME, store.read_committed(low, high - low)).digest() for low, high in ((0, 4096), (4096, 8192)))
     acl[0] = True  # the Admission check in front required an admin account already
     assert call({}).code == ResponseCode.SUCCESS

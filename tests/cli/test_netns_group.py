@@ -29,6 +29,7 @@ from typing import Final
 import pytest
 
 from cli.cluster import NodeInfo, node_toml
+from commitlog.message import decode_message_id, format_address
 from tests.support import small_store
 
 REPO: Final = Path(__file__).resolve().parents[2]
@@ -198,7 +199,7 @@ def test_a_group_across_namespaces_addressed_by_name_survives_its_leader(hosts: 
                               str(tmp_path / f"m{index}" / "node.toml"), str(tmp_path / f"member-{index}.log")))
     # the members name the name server by its IPv6 literal, bracketed; clients by its name
     namesrv_literal = f"[{hosts.ipv6(client)}]:{NAMESRV_PORT}"
-    store_host = f"{hosts.ipv4(MEMBERS + 10)}:{BROKER_PORT}"  # the group's stable address (IPv4 in records)
+    store_host = f"[{hosts.ipv6(MEMBERS + 10)}]:{BROKER_PORT}"  # the group's stable address, IPv6 in records
     for index, node in enumerate(nodes):
         Path(node.config).write_text(node_toml(node, [peer for peer in nodes if peer is not node], namesrv_literal,
                                                index + 1, store_host, str(secret), small_store()))
@@ -256,6 +257,10 @@ def test_a_group_across_namespaces_addressed_by_name_survives_its_leader(hosts: 
     assert consumed.returncode == 0, consumed.stdout + consumed.stderr
     assert sorted(json.loads(line)["body"] for line in consumed.stdout.splitlines()) == ["after the kill",
                                                                                          "before the kill"]
+    # the store host in the records and message ids is the group's IPv6 address (RocketMQ's 56-character id)
+    for line in consumed.stdout.splitlines():
+        stored_host, _ = decode_message_id(json.loads(line)["offsetMsgId"])
+        assert format_address(stored_host) == store_host
     # the killed member is gone from the report (it unregistered by losing its connection) or unreachable
     assert all(row["node"] != first_leader or not row["reachable"] for row in status())
 

@@ -59,3 +59,27 @@ def test_full_disk_is_a_clean_error_and_recoverable(tiny_filesystem: Path) -> No
     reopened = MessageStore(config)
     assert reopened.applied_raft_index == failed_index + 1
     reopened.close()
+
+
+def test_a_segment_whose_background_allocation_failed_on_a_full_disk_is_made_once_space_is_back(
+        tiny_filesystem: Path) -> None:
+    """The next segment is allocated in the background; when that attempt found the disk full, the append
+    that needs the segment after retention freed space makes it then, instead of repeating the old error."""
+    config = small_config(tiny_filesystem / "s", segment_size_bytes=256 * 1024, index_entry_capacity=4096,
+                          index_slot_count=256, consume_queue_units_per_file=1024)
+    store = MessageStore(config)
+    raft_index = 0
+    with pytest.raises(DiskFullError):
+        for raft_index in range(1, 1000):
+            store.append(raft_index, [message(raft_index, body=os.urandom(8000))])
+    end = store.max_physical_offset
+    # an append into the current segment starts the next one's allocation in the background: on a full disk
+    # it fails; wait until it has
+    small = store.append(raft_index, [message(raft_index, body=b"x")])
+    assert small.applied
+    for pending in list(store.commit_log._allocating.values()):
+        assert isinstance(pending.exception(timeout=30), DiskFullError)
+    store.delete_below(raft_index + 1, end - 3 * 256 * 1024)  # room for the next segment and its indexes
+    outcome = store.append(raft_index + 2, [message(raft_index + 2, body=os.urandom(8000))])  # the next segment
+    assert outcome.applied and outcome.results[0].physical_offset >= end
+    store.close()

@@ -5,10 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commitlog.message import TRANSACTION_COMMIT_TYPE, MessageInput, cached_tag_code, crc32
+from commitlog.message import (
+    SYSFLAG_STOREHOST_V6,
+    TRANSACTION_COMMIT_TYPE,
+    MessageInput,
+    cached_tag_code,
+    crc32,
+)
 from commitlog.records import RecordBuilder
 from tests.commitlog.helpers import message, small_config
 from tests.commitlog.test_records import STAMP, V6_HOST, varied
@@ -19,24 +26,44 @@ except ImportError:  # not built: the tests below say so
     _native = None  # type: ignore[assignment]
 
 CONFIG = small_config(Path("/nonexistent"))
+#: the store hosts a builder can have: IPv4 and IPv6 (each with both born host families in the batches)
+V4_STORE_HOST = CONFIG.store_host_bytes
+V6_STORE_HOST = small_config(Path("/nonexistent"), store_host="[fd00::7]:10911").store_host_bytes
+store_hosts = st.sampled_from([V4_STORE_HOST, V6_STORE_HOST])
 
 
-def builders() -> tuple[RecordBuilder, RecordBuilder]:
+def builders(store_host: bytes = V4_STORE_HOST) -> tuple[RecordBuilder, RecordBuilder]:
     """Two builders, so neither sees the other's topic and tag caches."""
-    return tuple(RecordBuilder(CONFIG.store_host_bytes, CONFIG.segment_size_bytes, CONFIG.body_size_max_bytes,
+    return tuple(RecordBuilder(store_host, CONFIG.segment_size_bytes, CONFIG.body_size_max_bytes,
                                ("TIMER_TOPIC",)) for _ in range(2))  # type: ignore[return-value]
 
 
-def test_the_c_builder_is_built_and_lays_out_plain_batches_itself() -> None:
+@pytest.mark.parametrize("store_host", [V4_STORE_HOST, V6_STORE_HOST], ids=["store-v4", "store-v6"])
+def test_the_c_builder_is_built_and_lays_out_plain_batches_itself(store_host: bytes) -> None:
     native = _native
     assert native is not None, "commitlog._native was not built (setup.py): the leader runs the Python builder"
-    c_builder, python_builder = builders()
+    c_builder, python_builder = builders(store_host)
     batch = varied(60)
     built = native.build_records(batch, STAMP, c_builder.store_host, c_builder.body_size_max_bytes,
                                  c_builder.segment_size_bytes - 8, c_builder._topic, c_builder._tag_codes,
                                  cached_tag_code, crc32)
     assert built is not NotImplemented  # taken by C, not handed over
     assert c_builder.build(batch, STAMP) == python_builder.build_python(batch, STAMP)
+    records = built[3]
+    sys_flag = int.from_bytes(records[36:40], "big")
+    assert bool(sys_flag & SYSFLAG_STOREHOST_V6) == (len(store_host) == 20)
+    assert store_host in records
+
+
+def test_a_store_host_of_neither_width_is_handed_to_python_which_refuses_it() -> None:
+    native = _native
+    assert native is not None
+    for store_host in (b"", V4_STORE_HOST[:4], V6_STORE_HOST + b"\x00"):
+        c_builder, python_builder = builders(store_host)
+        assert native.build_records([message(1)], STAMP, store_host, c_builder.body_size_max_bytes,
+                                    c_builder.segment_size_bytes - 8, c_builder._topic, c_builder._tag_codes,
+                                    cached_tag_code, crc32) is NotImplemented
+        assert c_builder.build([message(1)], STAMP) is None is python_builder.build_python([message(1)], STAMP)
 
 
 def test_what_it_is_not_sure_of_is_handed_to_python() -> None:
@@ -77,9 +104,9 @@ messages = st.builds(
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(messages, min_size=1, max_size=6), st.sampled_from([STAMP, 0, 2**63 - 1]))
-def test_c_and_python_builders_agree(batch: list[MessageInput], stamp: int) -> None:
-    c_builder, python_builder = builders()
+@given(st.lists(messages, min_size=1, max_size=6), st.sampled_from([STAMP, 0, 2**63 - 1]), store_hosts)
+def test_c_and_python_builders_agree(batch: list[MessageInput], stamp: int, store_host: bytes) -> None:
+    c_builder, python_builder = builders(store_host)
     assert c_builder.build(batch, stamp) == python_builder.build_python(batch, stamp)
     # and again, with both caches warm
     assert c_builder.build(batch, stamp) == python_builder.build_python(batch, stamp)
@@ -102,9 +129,10 @@ plain_messages = st.builds(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(plain_messages, min_size=1, max_size=8))
-def test_plain_batches_agree_and_c_takes_them_unless_a_property_is_named_twice(batch: list[MessageInput]) -> None:
-    c_builder, python_builder = builders()
+@given(st.lists(plain_messages, min_size=1, max_size=8), store_hosts)
+def test_plain_batches_agree_and_c_takes_them_unless_a_property_is_named_twice(batch: list[MessageInput],
+                                                                                 store_host: bytes) -> None:
+    c_builder, python_builder = builders(store_host)
     native = _native
     assert native is not None
     built = native.build_records(batch, STAMP, c_builder.store_host, c_builder.body_size_max_bytes,

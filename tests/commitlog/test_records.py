@@ -123,7 +123,7 @@ def test_uniq_key_of_reads_the_key_back(tmp_path: Path) -> None:
     start = 0
     keys = []
     for meta in meta_list(records):
-        keys.append(uniq_key_of(records.records, start, meta[2]))
+        keys.append(uniq_key_of(records, start, meta[2]))
         start += meta[0]
     assert keys == [b"C0A8000A9CB3" + f"{1:020X}".encode(), b"C0A8000A9CB3" + f"{2:020X}".encode(), None]
 

@@ -42,9 +42,14 @@ from tests.support import both_apply_paths  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.usefixtures("both_apply_paths")
 
-def machine(directory: Path) -> StateMachine:
+#: the group's store host, IPv4 (the default of small_config) or IPv6 (records 12 bytes longer, sysFlag 0x20)
+STORE_HOSTS = pytest.mark.parametrize("store_host", ["10.1.2.3:10911", "[fd00::3]:10911"], ids=["store-v4", "store-v6"])
+V6_BORN_HOST = bytes(range(16)) + (40123).to_bytes(4, "big")
+
+
+def machine(directory: Path, store_host: str = "10.1.2.3:10911") -> StateMachine:
     state = ReplicatedState()
-    store = MessageStore(small_config(directory), extension_provider=lambda: state.encode())
+    store = MessageStore(small_config(directory, store_host=store_host), extension_provider=lambda: state.encode())
     return StateMachine(store, state)
 
 
@@ -327,20 +332,22 @@ def test_incompressible_entries_stop_lz4_attempts_for_a_while_then_try_again() -
 # ---------------------------------------------------------------------------------------------- records
 
 
-def record_builder(directory: Path) -> RecordBuilder:
-    config = small_config(directory)
+def record_builder(directory: Path, store_host: str = "10.1.2.3:10911") -> RecordBuilder:
+    config = small_config(directory, store_host=store_host)
     return RecordBuilder(config.store_host_bytes, config.segment_size_bytes, config.body_size_max_bytes,
                          excluded_topics=(TIMER_TOPIC,))
 
 
-def test_records_apply_like_messages_on_leader_and_followers(tmp_path: Path) -> None:
+@STORE_HOSTS
+def test_records_apply_like_messages_on_leader_and_followers(tmp_path: Path, store_host: str) -> None:
     """The same batches as Messages commands, as Records decoded (a follower) and as the leader's own
     records: equal results, equal files; a stamp below the floor is raised alike."""
-    replicas = {name: machine(tmp_path / name) for name in ("messages", "follower", "leader")}
-    build = record_builder(tmp_path)
+    replicas = {name: machine(tmp_path / name, store_host) for name in ("messages", "follower", "leader")}
+    build = record_builder(tmp_path, store_host)
     stamps = [1_700_000_000_500, 1_700_000_000_400, 1_700_000_000_900, 1_700_000_000_900]
     for index, stamp in enumerate(stamps, start=1):
         batch = [message(index * 100 + j, queue_id=j % 3, keys=f"k{index} x{j}") for j in range(10)]
+        batch[5] = batch[5]._replace(born_host=V6_BORN_HOST)
         batch[4] = batch[1]  # a retry inside the command
         if index == 4:
             batch[7] = message(101)  # a retry of a message stored by the first command
@@ -357,6 +364,7 @@ def test_records_apply_like_messages_on_leader_and_followers(tmp_path: Path) -> 
     assert {replica.state.last_store_timestamp for replica in replicas.values()} == {stamps[2]}
     assert {replica.state.timer_progress.get(TIMER_PROGRESS_KEY) for replica in replicas.values()} == {
         stamps[0] // 1000 - 1}
+    assert len(mine.message_results[0][0].msg_id) == (56 if store_host.startswith("[") else 32)
     for replica in replicas.values():
         replica.store.close()
     assert (data_bytes(tmp_path / "messages") == data_bytes(tmp_path / "follower")
@@ -368,14 +376,15 @@ def test_records_apply_like_messages_on_leader_and_followers(tmp_path: Path) -> 
 COLLIDING_UNIQ_KEYS = ("522F02D3B9759D7422C46EDDF11D4CA4", "8D87076E8209C53D1D9D31AE50E6BE9E")
 
 
-def test_records_deduplicate_by_key_not_by_hash(tmp_path: Path) -> None:
+@STORE_HOSTS
+def test_records_deduplicate_by_key_not_by_hash(tmp_path: Path, store_host: str) -> None:
     """Equal hashes of distinct keys (a CRC collision) are distinct sends, in one command and across
-    commands; equal keys are one send."""
+    commands; equal keys are one send (the keys read from the records, past both hosts)."""
     first_key, second_key = COLLIDING_UNIQ_KEYS
     assert zlib.crc32(f"TopicTest#{first_key}".encode()) == zlib.crc32(f"TopicTest#{second_key}".encode())
-    build = record_builder(tmp_path)
-    one, two = message(1, UNIQ_KEY=first_key), message(2, UNIQ_KEY=second_key)
-    replicas = [machine(tmp_path / "plain"), machine(tmp_path / "records")]
+    build = record_builder(tmp_path, store_host)
+    one, two = message(1, UNIQ_KEY=first_key), message(2, UNIQ_KEY=second_key, born_host=V6_BORN_HOST)
+    replicas = [machine(tmp_path / "plain", store_host), machine(tmp_path / "records", store_host)]
     batches = [[one, two, one, two], [two, message(3), one]]
     outcomes = []
     for index, batch in enumerate(batches, start=1):

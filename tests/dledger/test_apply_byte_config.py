@@ -164,3 +164,41 @@ def test_records_with_a_store_host_other_than_the_groups_are_a_noop_on_every_rep
     assert "store host" in (follower.apply(2, encode_records_command(records)).noop_reason or "")
     assert "store host" in (leader.apply(2, b"", own=records).noop_reason or "")
     assert follower.store.max_physical_offset == leader.store.max_physical_offset == 0
+
+
+def test_an_ipv6_store_host_is_compared_canonically_and_carried_by_every_replica(tmp_path: Path) -> None:
+    """Members that spell the group's IPv6 store host differently have one configuration; records of an IPv6
+    group carry it (sysFlag 0x20) on every replica, and an IPv4 address is another group's."""
+    from commitlog.message import SYSFLAG_STOREHOST_V6, decode_record, encode_address
+
+    config = ByteConfig.of(small_config(Path("/x"), store_host="[FD00:0:0::3]:10911"))
+    assert dict(config.settings)["store_host"] == "[fd00::3]:10911"
+    assert config == ByteConfig.of(small_config(Path("/y"), store_host="[fd00::0:3]:10911"))
+    assert config.store_host_bytes == encode_address("[fd00::3]:10911") and len(config.store_host_bytes) == 20
+    assert config.differences(group_config(Path("/z"))) == [("store_host", "[fd00::3]:10911", "10.1.2.3:10911")]
+    check_byte_config(config, config)
+    with pytest.raises(ByteConfigMismatchError, match=r"store_host: ours \[fd00::3\]:10911, the group's 10.1.2.3"):
+        check_byte_config(config, group_config(Path("/z")))
+    (decoded,) = decode_command(encode_command(Command((config,)))).operations
+    assert decoded == config
+
+    follower = machine(tmp_path / "a", store_host="[fd00::3]:10911")
+    leader = machine(tmp_path / "b", store_host="[FD00::0:3]:10911")
+    for sm in (follower, leader):
+        sm.apply(1, encode_command(Command((config,))))
+    store = leader.store.config
+    builder = RecordBuilder(store.store_host_bytes, store.segment_size_bytes, store.body_size_max_bytes)
+    records = builder.build([message(n) for n in range(5)], 1_700_000_000_000)
+    assert records is not None
+    assert follower.apply(2, encode_records_command(records)).noop_reason is None
+    mine = leader.apply(2, b"", own=records)
+    assert mine.noop_reason is None and len(mine.message_results[0][0].msg_id) == 56
+    raw = leader.store.read_record(mine.message_results[0][0].physical_offset)
+    assert decode_record(raw).sys_flag & SYSFLAG_STOREHOST_V6
+    foreign = RecordBuilder(encode_address("10.1.2.3:10911"), store.segment_size_bytes, store.body_size_max_bytes)
+    other = foreign.build([message(9)], 1_700_000_000_001)
+    assert other is not None
+    assert "store host" in (follower.apply(3, encode_records_command(other)).noop_reason or "")
+    for sm in (follower, leader):
+        sm.store.close()
+    assert written(tmp_path / "a") == written(tmp_path / "b")

@@ -154,3 +154,32 @@ def test_a_records_command_after_a_prefix_is_the_prefix_and_the_command(compress
         assert not flags & FLAG_LZ4
     elif bodies == "text":
         assert flags & FLAG_LZ4
+
+
+def test_records_with_an_ipv6_store_host_travel_as_an_operation_of_their_own() -> None:
+    """RECORDS keeps its 8-byte store host (IPv4 groups write what they always did); a group whose store host
+    is [IPv6]:port sends RECORDS_STORE_HOST_V6, whose head carries the 20 bytes."""
+    import struct
+
+    from commitlog.message import encode_address
+    from commitlog.records import RecordBuilder
+    from dledger.command import OpType
+    from tests.commitlog.helpers import message
+
+    batch = [message(n, keys=f"k{n}", born_host=bytes(range(16)) + bytes(4) if n % 2 else message(0).born_host)
+             for n in range(5)]
+    for store_host, op_type in ((encode_address("10.1.2.3:10911"), 10), (encode_address("[fd00::3]:10911"), 16)):
+        records = RecordBuilder(store_host, 1 << 30, 4 << 20).build(batch, 1_700_000_000_000)
+        assert records is not None and records.store_host == store_host
+        encoded = encode_records_command(records, compress=False)
+        assert encoded == encode_command(Command((records,)), compress=False)
+        assert encoded[6] == op_type == (OpType.RECORDS if len(store_host) == 8 else OpType.RECORDS_STORE_HOST_V6)
+        count, stamp = struct.unpack_from(">Iq", encoded, 11)
+        assert (count, stamp) == (5, 1_700_000_000_000) and encoded[23 : 23 + len(store_host)] == store_host
+        assert decode_command(encoded) == Command((records,))
+        assert decode_command(encode_records_command(records)) == Command((records,))  # compressed too
+        for cut in range(0, 40):
+            with pytest.raises(CommandError):
+                decode_command(encoded[:cut])
+        with pytest.raises(ValueError, match="8 or 20 bytes"):
+            encode_records_command(records._replace(store_host=store_host[:4]))

@@ -14,6 +14,8 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +23,8 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from broker.remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
+from client import ConsumerConfig, PullConsumer
+from client.message import MessageExt, PullStatus
 from tests.interop.cpp_driver import read_events
 from tests.support import wait_for
 
@@ -175,6 +179,30 @@ async def request(address: str, code: int, fields: Mapping[str, str] | None = No
 
 def call(address: str, code: int, fields: Mapping[str, str] | None = None, body: bytes = b"") -> RemotingCommand:
     return run_async(request(address, code, fields, body))
+
+
+def stored_messages(namesrv: str, topic: str) -> list[MessageExt]:
+    """Every message of ``topic``, read queue by queue from offset 0 with raftmq's own pull consumer."""
+    messages: list[MessageExt] = []
+    with PullConsumer(namesrv, ConsumerConfig(group=f"{topic}_readers")) as reader:
+        for queue in reader.fetch_subscribe_queues(topic):
+            offset = 0
+            while True:
+                result = reader.pull(queue, "*", offset, 32)
+                if result.status is not PullStatus.FOUND:
+                    break
+                messages.extend(result.messages)
+                offset = result.next_begin_offset
+    return messages
+
+
+def member_ready(http_address: str) -> bool:
+    """``GET /readyz`` of a member answers 200: it knows a leader and applied what the group committed."""
+    try:
+        with urllib.request.urlopen(f"http://{http_address}/readyz", timeout=2.0) as answer:
+            return bool(answer.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def describe(response: RemotingCommand) -> str:

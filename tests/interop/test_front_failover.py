@@ -1,5 +1,5 @@
 """A stock C++ producer (PyPI ``rocketmq==0.4.4``, librocketmq 1.2.x) behind the group's front (cli.front: a real
-HAProxy routing to the leader, registered as the group's brokerId 0) while the leader is SIGKILLed.
+HAProxy routing to the followers, registered as the group's brokerId 0) while the leader is SIGKILLed.
 
 The producer sends sync at a steady rate (bench/cpp_failover_producer.py, a process of its own) and knows only
 the front's address. The test kills the leader, waits until sends are acknowledged again, then reads every
@@ -26,9 +26,16 @@ import pytest
 
 from broker.remoting import RequestCode, ResponseCode
 from cli.cluster import LocalCluster, is_alive
-from client import ConsumerConfig, PullConsumer
-from client.message import PullStatus
-from tests.interop.harness import REPOSITORY, call, create_topic, describe, master_address, route
+from cli.front import FOLLOWER_ROUTE_SOURCE
+from tests.interop.harness import (
+    REPOSITORY,
+    call,
+    create_topic,
+    describe,
+    master_address,
+    route,
+    stored_messages,
+)
 from tests.support import small_store, wait_for
 
 pytestmark = pytest.mark.slow
@@ -79,21 +86,6 @@ class Producer:
             self.process.wait()
 
 
-def stored_messages(namesrv: str, topic: str) -> list[Any]:
-    """Every message of ``topic``, read queue by queue from offset 0 with raftmq's own pull consumer."""
-    messages: list[Any] = []
-    with PullConsumer(namesrv, ConsumerConfig(group=f"{topic}_readers")) as reader:
-        for queue in reader.fetch_subscribe_queues(topic):
-            offset = 0
-            while True:
-                result = reader.pull(queue, "*", offset, 32)
-                if result.status is not PullStatus.FOUND:
-                    break
-                messages.extend(result.messages)
-                offset = result.next_begin_offset
-    return messages
-
-
 def test_a_stock_producer_rides_through_a_leader_kill_behind_the_front(fronted_group: LocalCluster,
                                                                        tmp_path: Path) -> None:
     cluster = fronted_group
@@ -133,6 +125,9 @@ def test_a_stock_producer_rides_through_a_leader_kill_behind_the_front(fronted_g
     # the store host is the group's address (the front), whichever member stored the message
     front_host, front_port = front.rsplit(":", 1)
     assert {message.store_host for message in stored} == {f"{front_host}:{front_port}"}
+    # and the born host is the producer's own: the front (connecting from FOLLOWER_ROUTE_SOURCE) named it in
+    # a PROXY v2 header, which the members believe from that source only
+    assert {message.born_host.rpartition(":")[0] for message in stored} == {"127.0.0.1"} != {FOLLOWER_ROUTE_SOURCE}
 
     # any member takes writes: a follower's own address forwards a send to the leader
     current_leader = cluster.leader_id()

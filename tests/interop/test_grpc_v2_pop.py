@@ -39,7 +39,7 @@ from client.message import Message as Message4
 from client.producer import AsyncProducer
 from tests.broker import wire
 from tests.interop import sdk5
-from tests.interop.harness import create_topic, max_offset, run_async
+from tests.interop.harness import create_topic, max_offset, member_ready, run_async
 from tests.support import small_store, wait_for
 
 pytestmark = pytest.mark.slow
@@ -283,7 +283,10 @@ def test_forward_to_dead_letter_queue_stores_it_there_once(group: Group, topic: 
 def test_a_follower_forwards_acks_and_answers_receives_with_a_retryable_code(group: Group, topic: str) -> None:
     group.create_topic(topic)
     leader = group.leader()
-    follower = next(node for node in group.cluster.info.nodes if node.id != leader.id)
+    # a follower that knows the leader (the failover test before may have just restarted one)
+    follower = wait_for(lambda: next((node for node in group.cluster.info.nodes
+                                      if node.id != leader.id and member_ready(node.http_address)), None),
+                        60.0, "a ready follower")
     send(leader, topic, "via-follower")
     (message,) = receive_all(leader, "GID_pop_follower", topic, 1, invisible_ms=30_000)
     code, _ = receive(follower, "GID_pop_follower", topic, invisible_ms=5000)

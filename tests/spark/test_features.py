@@ -122,3 +122,29 @@ def test_states_at_other_indexes_are_compared_on_timer_progress_only() -> None:
         ("timer_progress", "level:1", "n2", "5")}
     damaged = compare_states([at("n0", 70, 4), ReplicaCheckpoint("n1", None, None, "checkpoint is damaged")])
     assert not damaged.ok and damaged.odd_replicas == ("n1",)
+
+
+def test_an_origin_message_id_of_an_ipv6_store_host_names_its_offset(spark: SparkSession) -> None:
+    """ORIGIN_MESSAGE_ID is a store message id of 32 hex characters (IPv4 store host) or 56 (IPv6): the
+    physical offset is its last 16 either way; anything else is neither an id nor the copy's UNIQ_KEY."""
+    from pyspark.sql import functions as F
+
+    from commitlog.message import encode_address, encode_message_id
+
+    v6_id = encode_message_id(encode_address("[fd00::3]:10911"), 4096)
+    rows = [  # replica, physical offset, topic, queue, queue offset, sys flag, uniq key, reconsumes, retry topic,
+        # origin id, real topic
+        ("n0", 4096, "TopicTest", 0, 0, 0, "K1", 0, None, None, None),
+        ("n0", 8192, "%RETRY%g", 0, 0, 0, "K1", 1, "TopicTest", v6_id, None),  # names 4096: the original
+        ("n0", 9000, "%RETRY%g", 0, 1, 0, "K1", 2, "TopicTest", v6_id[:-16] + f"{5000:016X}", None),  # holds none
+        ("n0", 9500, "%RETRY%g", 0, 2, 0, "K1", 3, "TopicTest", v6_id[2:], None),  # 54 characters: no id
+    ]
+    schema = ("replica string, physical_offset bigint, topic string, queue_id int, queue_offset bigint, sys_flag int, "
+              "uniq_key string, reconsume_times int, retry_topic string, origin_message_id string, real_topic string")
+    found = features.retry_violations(spark.createDataFrame(rows, schema), lambda replica: F.lit(0)).collect()
+    details = sorted((row.physical_offset, row.detail) for row in found)
+    assert details == [
+        (9000, f"ORIGIN_MESSAGE_ID {v6_id[:-16]}{5000:016X} names physical offset 5000, which holds no record with "
+               "UNIQ_KEY K1"),
+        (9500, f"ORIGIN_MESSAGE_ID {v6_id[2:]} is neither the copy's UNIQ_KEY K1 nor a store message id"),
+    ]
