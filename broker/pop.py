@@ -29,7 +29,7 @@ from broker.remoting.codes import ResponseCode
 from broker.requests import RequestError
 from broker.subscription_groups import check_consume_enabled
 from broker.topics import PERM_WRITE, dlq_topic
-from commitlog.message import StoredMessage, decode_record
+from commitlog.message import PROPERTY_TAGS, StoredMessage, decode_record
 from commitlog.store import GetStatus
 from dledger.command import Command, PopAck, PopChangeInvisible, PopReceive, PopRevive
 from dledger.pop import POP_RECEIVE_BATCH_MAX, PopOutcome, due_entries
@@ -100,9 +100,12 @@ class PopService:
         return low if committed is None else max(committed, low)
 
     async def receive(self, group: str, topic: str, queue_id: int, count: int, invisible_ms: int,
-                      tag_codes: frozenset[int] | None, auto_renew: bool = False) -> list[PoppedMessage]:
+                      tag_codes: frozenset[int] | None, auto_renew: bool = False,
+                      tags: frozenset[str] | None = None) -> list[PoppedMessage]:
         """One attempt to pop up to ``count`` messages of one queue (nothing when there is none now);
-        ``auto_renew``: this leader keeps them invisible until acknowledged (at most RENEW_MAX_MS)."""
+        ``auto_renew``: this leader keeps them invisible until acknowledged (at most RENEW_MAX_MS). ``tag_codes``
+        select by the consume queue's tag hash codes; ``tags``, when given, check each match's tag exactly (two
+        tags can share a hash code): a message that only shares the hash is passed over, as one of another tag."""
         broker = self.broker
         broker.require_leader()
         check_consume_enabled(broker.state.groups, group)
@@ -120,7 +123,11 @@ class PopService:
             result = broker.store.get_messages(topic, queue_id, cursor, count - len(offsets),
                                                broker.config.pull_bytes_max, tag_codes)
             if result.status in (GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE, GetStatus.OFFSET_TOO_SMALL):
-                offsets.extend(result.queue_offsets)
+                if tags is None:
+                    offsets.extend(result.queue_offsets)
+                else:
+                    offsets.extend(offset for offset, record in zip(result.queue_offsets, result.messages, strict=True)
+                                   if decode_record(record).property_map.get(PROPERTY_TAGS) in tags)
                 scan_end = max(cursor, result.next_begin_offset)
         if not offsets and scan_end == cursor:
             return []

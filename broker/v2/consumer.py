@@ -268,7 +268,7 @@ class ConsumerService:
             topic, group = topic_name(request.message_queue.topic), group_name(request.group)
             self.authenticator.check(metadata, peer_host, Access(subscribe_topics=(topic,), group=group),
                                      "ReceiveMessage")
-            codes = tag_filter(request.filter_expression).codes
+            selector = tag_filter(request.filter_expression)
             if request.batch_size <= 0:
                 raise StatusError(Code.BAD_REQUEST, f"batch size {request.batch_size} is not positive")
             if request.auto_renew or not request.HasField("invisible_duration"):
@@ -295,8 +295,8 @@ class ConsumerService:
             while True:
                 queues = [(start + step) % queue_nums for step in range(queue_nums)]
                 for each in queues:
-                    popped = await self.pops.receive(group, topic, each, request.batch_size, invisible_ms, codes,
-                                                     request.auto_renew)
+                    popped = await self.pops.receive(group, topic, each, request.batch_size, invisible_ms,
+                                                     selector.codes, request.auto_renew, selector.tags)
                     if popped:
                         yield ReceiveMessageResponse(status=ok())
                         for item in popped:

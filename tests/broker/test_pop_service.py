@@ -187,6 +187,26 @@ def test_receive_stream_and_ack_results(broker: FakeBroker) -> None:
     assert [entry.status.code for entry in answer.entries] == [Code.OK, Code.INVALID_RECEIPT_HANDLE]
 
 
+def test_a_receive_delivers_only_its_tags_when_another_tag_shares_their_hash_code(broker: FakeBroker) -> None:
+    """"Aa" and "BB" have one Java hash code, so the consume queue cannot tell them apart: the exact check
+    passes the other tag's message over (as a message of another tag: not delivered, not left behind)."""
+    assert tag_codes("Aa") == tag_codes("BB")
+    broker.send([message(1, tags="Aa"), message(2, tags="BB"), message(3, tags="Aa")])
+    consumer = ConsumerService(service(broker), Authenticator(None))
+
+    async def receive() -> list[ReceiveMessageResponse]:
+        request = ReceiveMessageRequest(group=Resource(name=GROUP),
+                                        message_queue=MessageQueue(topic=Resource(name=TOPIC), id=0),
+                                        filter_expression=FilterExpression(expression="Aa"), batch_size=8)
+        request.invisible_duration.seconds = 30
+        return [response async for response in consumer.receive(request, {}, "127.0.0.1", None)]
+
+    messages = [response.message for response in asyncio.run(receive()) if response.HasField("message")]
+    assert [(item.system_properties.tag, item.system_properties.queue_offset) for item in messages] == [
+        ("Aa", 0), ("Aa", 2)]
+    assert broker.state.pop_queues[(GROUP, TOPIC, 0)].cursor == 3
+
+
 def test_consumption_calls_are_under_acl(broker: FakeBroker) -> None:
     acl = AclConfig.from_toml(f'''
 [[accounts]]
