@@ -24,11 +24,11 @@ from commitlog.message import (
     SYSFLAG_COMPRESSED,
     RecordError,
     StoredMessage,
-    decode_host,
     decode_properties,
     decode_record,
     encode_message_id,
     encode_properties,
+    format_address,
 )
 
 # ------------------------------------------------------------------------------- property keys
@@ -399,11 +399,11 @@ class MessageExt:
 
 
 def _host_text(raw: bytes) -> str:
+    """``ip:port``, ``[ipv6]:port`` (compressed), or the bytes in hex when they are no host."""
     try:
-        host, port = decode_host(raw)
+        return format_address(raw)
     except ValueError:
         return raw.hex()
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def message_from_record(stored: StoredMessage, broker_name: str = "") -> MessageExt:

@@ -77,7 +77,7 @@ from broker.v2.protocol.service_pb2 import (
     ReceiveMessageResponse,
 )
 from broker.v2.status import StatusError, ok
-from commitlog.message import SYSFLAG_COMPRESSED, StoredMessage, decode_host, java_string_hash
+from commitlog.message import SYSFLAG_COMPRESSED, StoredMessage, format_address, java_string_hash
 from dledger.pop import POP_RECEIVE_BATCH_MAX, decode_handle, encode_handle
 
 #: the invisible time of a receive that names none (auto-renewing push consumers): the proxy's default
@@ -147,11 +147,11 @@ def _timestamp(milliseconds: int) -> Timestamp:
 
 
 def _host_text(host: bytes) -> str:
+    """``ip:port``, ``[ipv6]:port`` (compressed), or "" for bytes that are no host."""
     try:
-        address, port = decode_host(host)
+        return format_address(host)
     except ValueError:
         return ""
-    return f"{address}:{port}"
 
 
 def _body_and_encoding(stored: StoredMessage) -> tuple[bytes, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import ipaddress
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +35,7 @@ from broker.v2.protocol.service_pb2 import (
     ReceiveMessageRequest,
     ReceiveMessageResponse,
 )
+from client.message import message_from_record
 from commitlog.message import SYSFLAG_COMPRESSED, MessageInput
 from commitlog.store import MessageStore
 from dledger.apply import ApplyResult, StateMachine
@@ -205,6 +207,18 @@ def test_a_receive_delivers_only_its_tags_when_another_tag_shares_their_hash_cod
     assert [(item.system_properties.tag, item.system_properties.queue_offset) for item in messages] == [
         ("Aa", 0), ("Aa", 2)]
     assert broker.state.pop_queues[(GROUP, TOPIC, 0)].cursor == 3
+
+
+def test_hosts_are_written_as_addresses_of_their_family(broker: FakeBroker) -> None:
+    """An IPv6 born host (and store host) reaches a 5.x consumer bracketed and compressed, as our 4.x client
+    shows it: ``[2001:db8::5]:4242``."""
+    born = ipaddress.IPv6Address("2001:db8::5").packed + (4242).to_bytes(4, "big")
+    broker.send([message(1, born_host=born)])
+    (popped,) = asyncio.run(service(broker).receive(GROUP, TOPIC, 0, 1, 30_000, None))
+    converted = v2_message(popped, Resource(name=TOPIC), 30_000)
+    assert converted.system_properties.born_host == "[2001:db8::5]:4242"
+    assert message_from_record(popped.message).born_host == "[2001:db8::5]:4242"
+    assert converted.system_properties.store_host == message_from_record(popped.message).store_host
 
 
 def test_consumption_calls_are_under_acl(broker: FakeBroker) -> None:

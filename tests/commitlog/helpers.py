@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from commitlog.config import StoreConfig
+from commitlog.mapped_file import ALLOCATING_SUFFIX
 from commitlog.message import MessageInput, decode_properties, encode_host, encode_properties
 from commitlog.retries import retry_digest
 
@@ -60,8 +61,18 @@ def message(
 
 
 def tree_bytes(root: Path) -> dict[str, bytes]:
-    """Every file under ``root`` (relative path -> content), for byte-equality checks."""
-    return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+    """Every file under ``root`` (relative path -> content), for byte-equality checks. A segment the commit log
+    is allocating in the background (``*.allocating``, renamed into place once allocated) is not one yet: it
+    is left out, and so is a file that went between listing and reading (that rename)."""
+    files: dict[str, bytes] = {}
+    for path in sorted(root.rglob("*")):
+        if path.name.endswith(ALLOCATING_SUFFIX) or not path.is_file():
+            continue
+        try:
+            files[str(path.relative_to(root))] = path.read_bytes()
+        except FileNotFoundError:
+            continue
+    return files
 
 
 def data_bytes(root: Path) -> dict[str, bytes]:
