@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from commitlog import reaper
 from commitlog.errors import DiskFullError
 from commitlog.store import MessageStore
 from tests.commitlog.helpers import message, small_config
@@ -53,6 +54,7 @@ def test_full_disk_is_a_clean_error_and_recoverable(tiny_filesystem: Path) -> No
         assert store.read_message(offset).body
     # retention frees whole segments; the same command now applies
     store.delete_below(failed_index, end - 256 * 1024)
+    reaper.drain()  # deleted segments give their blocks back on the reaper's thread
     outcome = store.append(failed_index + 1, [message(failed_index, body=os.urandom(8000))])
     assert outcome.applied
     store.close()
@@ -80,6 +82,7 @@ def test_a_segment_whose_background_allocation_failed_on_a_full_disk_is_made_onc
     for pending in list(store.commit_log._allocating.values()):
         assert isinstance(pending.exception(timeout=30), DiskFullError)
     store.delete_below(raft_index + 1, end - 3 * 256 * 1024)  # room for the next segment and its indexes
+    reaper.drain()  # deleted segments give their blocks back on the reaper's thread
     outcome = store.append(raft_index + 2, [message(raft_index + 2, body=os.urandom(8000))])  # the next segment
     assert outcome.applied and outcome.results[0].physical_offset >= end
     store.close()
