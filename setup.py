@@ -1,5 +1,6 @@
-"""The one compiled part: commitlog._native, the leader's record builder in C. Optional: where it does not
-build, commitlog.records uses its Python builder (the reference the C one is tested against)."""
+"""The one compiled part: commitlog._native, the leader's record builder and the scrubber's record walk in C.
+Optional: where it does not build, commitlog.records and commitlog.scrub_walk use their Python twins (the
+references the C ones are tested against)."""
 
 from setuptools import Extension, setup
 

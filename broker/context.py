@@ -14,6 +14,8 @@ loop's executor; appends return a concurrent future that the loop awaits.
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import random
 import threading
 import time
@@ -37,6 +39,7 @@ from dledger.command import Command, LeaderStamp, TopicConfig
 from dledger.config import NodeConfig
 from dledger.future import AppendFuture
 from dledger.group_commit import (
+    AppendError,
     BusyError,
     EntryTooLargeError,
     InvalidMessageError,
@@ -46,6 +49,8 @@ from dledger.group_commit import (
 from dledger.member import GroupMember
 from dledger.stages import StageHistograms
 from dledger.state import ReplicatedState
+
+log = logging.getLogger(__name__)
 
 
 class BrokerContext:
@@ -140,22 +145,44 @@ class BrokerContext:
 
     async def append(self, messages: Sequence[MessageInput]) -> tuple[AppendResult, ...]:
         """Replicate one send (or one atomic batch) and return the leader's apply results."""
+        return await self.appended(self.append_started(messages))
+
+    def append_started(self, messages: Sequence[MessageInput]) -> asyncio.Future[tuple[AppendResult, ...]]:
+        """Hand ``messages`` to the group committer now; the future is for :meth:`appended`. Raises
+        :class:`RequestError` at once when nothing was proposed."""
         waiter, completed = self._completions.expect()
-        try:
-            self.member.append(messages, completed)  # the callback comes with the send: no lock to add it
-        except NotLeaderError as exc:
-            raise self.not_leader(exc.leader) from None
-        except BusyError as exc:
-            raise RequestError(ResponseCode.SYSTEM_BUSY, f"[PCBUSY_CLEAN_QUEUE] broker busy: {exc}") from None
-        except (EntryTooLargeError, InvalidMessageError) as exc:
-            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
+        self._submit(messages, completed)
+        return waiter
+
+    async def appended(self, waiter: asyncio.Future[tuple[AppendResult, ...]]) -> tuple[AppendResult, ...]:
+        """The results of an append :meth:`append_started` began."""
         try:
             return await waiter
-        except NotLeaderError as exc:
-            raise self.not_leader(exc.leader) from None
-        except OutcomeUnknownError as exc:
-            # May or may not be stored: the client's retry carries the same UNIQ_KEY and is deduplicated.
-            raise RequestError(ResponseCode.SYSTEM_ERROR, f"send outcome unknown, retry: {exc}") from None
+        except AppendError as exc:
+            raise self.append_failed(exc) from None
+
+    def append_then(self, messages: Sequence[MessageInput], then: AppendDone) -> None:
+        """:meth:`append` without a coroutine: ``then(results, None)`` or ``then(None, error)`` is called on
+        the loop once the append is done. Raises :class:`RequestError` at once when nothing was proposed."""
+        self._submit(messages, self._completions.expect_call(then))
+
+    def _submit(self, messages: Sequence[MessageInput],
+                completed: Callable[[AppendFuture[tuple[AppendResult, ...]]], None]) -> None:
+        try:
+            self.member.append(messages, completed)  # the callback comes with the send: no lock to add it
+        except AppendError as exc:
+            raise self.append_failed(exc) from None
+
+    def append_failed(self, exc: AppendError) -> RequestError:
+        """The answer to an append that failed with ``exc``."""
+        if isinstance(exc, NotLeaderError):
+            return self.not_leader(exc.leader)
+        if isinstance(exc, BusyError):
+            return RequestError(ResponseCode.SYSTEM_BUSY, f"[PCBUSY_CLEAN_QUEUE] broker busy: {exc}")
+        if isinstance(exc, EntryTooLargeError | InvalidMessageError):
+            return RequestError(ResponseCode.MESSAGE_ILLEGAL, str(exc))
+        # May or may not be stored: the client's retry carries the same UNIQ_KEY and is deduplicated.
+        return RequestError(ResponseCode.SYSTEM_ERROR, f"send outcome unknown, retry: {exc}")
 
     async def propose(self, command: Command) -> ApplyResult:
         """Replicate a command other than plain sends and wait until it applied here."""
@@ -240,13 +267,28 @@ class BrokerContext:
         return config
 
 
+#: an append's outcome, on the loop: its results and None, or None and the error it failed with
+AppendDone = Callable[[tuple[AppendResult, ...] | None, BaseException | None], None]
+
+
+def _settle(waiter: asyncio.Future[tuple[AppendResult, ...]], results: tuple[AppendResult, ...] | None,
+            error: BaseException | None) -> None:
+    if waiter.done():
+        return
+    if error is not None:
+        waiter.set_exception(error)
+    else:
+        assert results is not None
+        waiter.set_result(results)
+
+
 class _Completions:
     """Hands futures completed on the group-commit thread to the event loop in batches: one loop
     wake-up for every entry's worth of sends, not one per send (asyncio.wrap_future's cost)."""
 
     def __init__(self, stages: StageHistograms) -> None:
         self._lock = threading.Lock()
-        self._done: list[tuple[asyncio.Future[tuple[AppendResult, ...]], AppendFuture[tuple[AppendResult, ...]]]] = []
+        self._done: list[tuple[AppendDone, AppendFuture[tuple[AppendResult, ...]]]] = []
         self._scheduled = False
         self._scheduled_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -256,19 +298,23 @@ class _Completions:
                               Callable[[AppendFuture[tuple[AppendResult, ...]]], None]]:
         """A waiter on the running loop for one append, and the callback to give that append: the waiter
         gets the append's results or error. If the append is refused, neither is used."""
+        waiter: asyncio.Future[tuple[AppendResult, ...]] = asyncio.get_running_loop().create_future()
+        return waiter, self.expect_call(functools.partial(_settle, waiter))
+
+    def expect_call(self, then: AppendDone) -> Callable[[AppendFuture[tuple[AppendResult, ...]]], None]:
+        """The callback to give one append: ``then`` gets its results or error on the running loop."""
         loop = self._loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[tuple[AppendResult, ...]] = loop.create_future()
 
         def completed(done: AppendFuture[tuple[AppendResult, ...]]) -> None:
             with self._lock:
-                self._done.append((waiter, done))
+                self._done.append((then, done))
                 if self._scheduled:
                     return
                 self._scheduled = True
                 self._scheduled_at = time.monotonic()
             loop.call_soon_threadsafe(self._deliver)
 
-        return waiter, completed
+        return completed
 
     def _deliver(self) -> None:
         with self._lock:
@@ -276,11 +322,9 @@ class _Completions:
             self._scheduled = False
             scheduled_at = self._scheduled_at
         self._stages.record("answer", time.monotonic() - scheduled_at, len(done))
-        for waiter, future in done:
-            if waiter.done():
-                continue
+        for then, future in done:
             error = future.exception()
-            if error is not None:
-                waiter.set_exception(error)
-            else:
-                waiter.set_result(future.result())
+            try:
+                then(None if error is not None else future.result(), error)
+            except Exception:  # one caller's failure must not keep the others' answers from them
+                log.exception("delivering an append's outcome failed")

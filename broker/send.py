@@ -12,16 +12,26 @@ from __future__ import annotations
 import functools
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
 from broker.context import BrokerContext
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codec import encode_json_answer
+from broker.remoting.codes import RequestCode, ResponseCode, SerializeType
 from broker.remoting.command import RemotingCommand, make_response
-from broker.remoting.server import RequestContext
+from broker.remoting.server import Finish, RequestContext
 from broker.requests import RequestError, SendHeader
 from broker.timers import TIMER_IMMEDIATE_MS, TIMER_PROPERTIES, due_time_ms
-from broker.topics import DLQ_PREFIX, PERM_WRITE, RETRY_PREFIX, SCHEDULE_TOPIC, TRANS_HALF_TOPIC, dlq_topic
+from broker.topics import (
+    DLQ_PREFIX,
+    PERM_WRITE,
+    RETRY_PREFIX,
+    SCHEDULE_TOPIC,
+    SYSTEM_TOPICS,
+    TRANS_HALF_TOPIC,
+    dlq_topic,
+)
 from commitlog.message import (
     PROPERTIES_BYTES_MAX,
     TRANSACTION_PREPARED_TYPE,
@@ -32,6 +42,8 @@ from commitlog.message import (
     encode_peer,
 )
 from commitlog.store import AppendResult, AppendStatus
+from dledger.command import TopicConfig
+from dledger.group_commit import AppendError
 from dledger.timers import schedule
 
 BATCH_HEAD = struct.Struct(">iiiii")  # totalSize, magic, bodyCRC, flag, bodyLen
@@ -125,8 +137,14 @@ def decode_batch(body: bytes) -> list[BatchItem]:
 
 
 class SendProcessor:
+    """Sends through the route's queue (:meth:`__call__`) and, while nothing waits there, straight from the
+    read callback (:meth:`fast`): both run the same checks in the same order and answer the same way."""
+
     def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
+        #: sends of the queued way between their start and their hand-over to the group committer; while
+        #: there are any, :meth:`fast` declines, so sends are proposed in the order they arrived
+        self._queued_before_append = 0
 
     async def __call__(self, context: RequestContext) -> RemotingCommand | None:
         request = context.request
@@ -142,20 +160,81 @@ class SendProcessor:
         stages = broker.member.stages
         if context.received:
             stages.record("remoting", started - context.received)
-        header = SendHeader.parse(request.ext_fields, request.code == RequestCode.SEND_MESSAGE_V2)
-        broker.require_leader()
-        batch = header.batch or request.code == RequestCode.SEND_BATCH_MESSAGE
+        self._queued_before_append += 1
+        try:
+            header = SendHeader.parse(request.ext_fields, request.code == RequestCode.SEND_MESSAGE_V2)
+            broker.require_leader()
+            topic = header.topic
+            if topic.startswith(DLQ_PREFIX):
+                raise RequestError(ResponseCode.NO_PERMISSION,
+                                   f"sending message to dead-letter topic {topic} is forbidden")
+            config = await broker.topic_for_send(topic, header.default_topic_queue_nums)
+            batch, queue_id, transaction_type = self._checked(request, header, config)
+            if topic.startswith(RETRY_PREFIX) and not batch:
+                topic, queue_id = await self._retry_or_dead_letter(header, topic, queue_id)
+            messages = self._messages(context, header, topic, queue_id, batch, transaction_type)
+            stages.record("prepare", time.monotonic() - started)
+            waiter = broker.append_started(messages)
+        finally:
+            self._queued_before_append -= 1
+        results = await broker.appended(waiter)
+        return self._response(request, results, queue_id, _transaction_id(header, transaction_type))
+
+    def fast(self, context: RequestContext) -> RemotingCommand | Callable[[Finish], None] | None:
+        """A send handed on without a coroutine (:data:`broker.remoting.server.FastPath`): on the leader,
+        to a topic it has that is not a retry, dead-letter or system topic, while no queued send is still
+        being prepared. Anything else is declined (None) and takes the queued way."""
+        broker = self.broker
+        if self._queued_before_append or not broker.member.is_leader:
+            return None
+        started = time.monotonic()
+        request = context.request
+        try:
+            header = SendHeader.parse(request.ext_fields, request.code == RequestCode.SEND_MESSAGE_V2)
+            topic = header.topic
+            config = broker.state.topics.get(topic)
+            if config is None or topic in SYSTEM_TOPICS or topic.startswith((RETRY_PREFIX, DLQ_PREFIX)):
+                return None
+            if not config.perm & PERM_WRITE:
+                raise RequestError(ResponseCode.NO_PERMISSION, f"the topic[{topic}] sending message is forbidden")
+            batch, queue_id, transaction_type = self._checked(request, header, config)
+            messages = self._messages(context, header, topic, queue_id, batch, transaction_type)
+        except RequestError as error:
+            return make_response(request, error.code, error.remark, error.ext_fields)
+        stages = broker.member.stages
+        stages.record("remoting", started - context.received)
+        stages.record("prepare", time.monotonic() - started)
+        return functools.partial(self._append_then_answer, request, messages, queue_id,
+                                 _transaction_id(header, transaction_type))
+
+    def _append_then_answer(self, request: RemotingCommand, messages: list[MessageInput], queue_id: int,
+                            transaction_id: str | None, finish: Finish) -> None:
+        def answer(results: tuple[AppendResult, ...] | None, error: BaseException | None) -> None:
+            try:
+                if error is not None:
+                    raise self.broker.append_failed(error) if isinstance(error, AppendError) else error
+                assert results is not None
+                finish(self._answer(request, results, queue_id, transaction_id))
+            except RequestError as failed:
+                finish(make_response(request, failed.code, failed.remark, failed.ext_fields))
+            except Exception as failed:
+                finish(failed)
+
+        try:
+            self.broker.append_then(messages, answer)
+        except RequestError as error:
+            finish(make_response(request, error.code, error.remark, error.ext_fields))
+
+    def _checked(self, request: RemotingCommand, header: SendHeader, config: TopicConfig) -> tuple[bool, int, int]:
+        """Whether it is a batch, the queue it goes to and its transaction type, after RocketMQ's checks."""
         topic = header.topic
-        reconsume_times = header.reconsume_times
-        if topic.startswith(DLQ_PREFIX):
-            raise RequestError(ResponseCode.NO_PERMISSION, f"sending message to dead-letter topic {topic} is forbidden")
-        config = await broker.topic_for_send(topic, header.default_topic_queue_nums)
+        batch = header.batch or request.code == RequestCode.SEND_BATCH_MESSAGE
         queue_count = config.write_queue_nums
         if queue_count <= 0:
             raise RequestError(ResponseCode.NO_PERMISSION, f"topic[{topic}] has no write queue")
         queue_id = header.queue_id
         if queue_id < 0:
-            queue_id = broker.random.randrange(queue_count)
+            queue_id = self.broker.random.randrange(queue_count)
         elif queue_id >= max(queue_count, config.read_queue_nums):
             raise RequestError(ResponseCode.SYSTEM_ERROR,
                                f"request queueId[{queue_id}] is illegal, topic:[{topic}] "
@@ -166,10 +245,15 @@ class SendProcessor:
                                "only a half message (PREPARED) may carry a transaction type; end it with END_TRANSACTION")
         if transaction_type == TRANSACTION_PREPARED_TYPE and batch:
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "a batch cannot be transactional")
-        if topic.startswith(RETRY_PREFIX) and not batch:
-            topic, queue_id = await self._retry_or_dead_letter(header, topic, queue_id)
+        return batch, queue_id, transaction_type
+
+    def _messages(self, context: RequestContext, header: SendHeader, topic: str, queue_id: int, batch: bool,
+                  transaction_type: int) -> list[MessageInput]:
+        """The messages a send stores."""
+        request = context.request
         born_host = _born_host(context.remote_address)
         sys_flag = header.sys_flag & ~0x30  # our hosts are IPv4, whatever the client's were
+        reconsume_times = header.reconsume_times
         if batch:
             items = decode_batch(request.body)
             for item in items:
@@ -177,19 +261,12 @@ class SendProcessor:
                         name in item.properties for name in TIMER_PROPERTIES):
                     raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
                                        "a batch message cannot have a delay level or a delivery time")
-            messages = [self.build_message(topic, queue_id, item.flag, sys_flag, header.born_timestamp, born_host,
-                                           item.body, item.properties, reconsume_times) for item in items]
-        else:
-            properties = parse_properties(header.properties)
-            messages = [self.build_message(topic, queue_id, header.flag, sys_flag, header.born_timestamp, born_host,
-                                           request.body, properties, reconsume_times, transaction_type,
-                                           header.producer_group)]
-        stages.record("prepare", time.monotonic() - started)
-        results = await broker.append(messages)
-        transaction_id = None
-        if transaction_type == TRANSACTION_PREPARED_TYPE:
-            transaction_id = parse_properties(header.properties).get(PROPERTY_UNIQ_KEY)
-        return self._response(request, results, queue_id, transaction_id)
+            return [self.build_message(topic, queue_id, item.flag, sys_flag, header.born_timestamp, born_host,
+                                       item.body, item.properties, reconsume_times) for item in items]
+        properties = parse_properties(header.properties)
+        return [self.build_message(topic, queue_id, header.flag, sys_flag, header.born_timestamp, born_host,
+                                   request.body, properties, reconsume_times, transaction_type,
+                                   header.producer_group)]
 
     def build_message(self, topic: str, queue_id: int, flag: int, sys_flag: int, born_timestamp: int,
                       born_host: bytes, body: bytes, properties: dict[str, str], reconsume_times: int,
@@ -259,16 +336,40 @@ class SendProcessor:
     @staticmethod
     def _response(request: RemotingCommand, results: tuple[AppendResult, ...], queue_id: int,
                   transaction_id: str | None = None) -> RemotingCommand:
-        for result in results:
-            if result.status is not AppendStatus.OK:
-                raise RequestError(ResponseCode.MESSAGE_ILLEGAL, result.reason or "message rejected by the store")
-        first = results[0]
-        # one message but for a batch: its id as it is, no generator and join
-        msg_id = first.msg_id if len(results) == 1 else ",".join([result.msg_id for result in results])
-        fields = {"msgId": msg_id, "queueId": str(queue_id), "queueOffset": str(first.queue_offset)}
-        if transaction_id:
-            fields["transactionId"] = transaction_id
+        return make_response(request, ResponseCode.SUCCESS, None,
+                             _response_fields(results, queue_id, transaction_id))
+
+    @staticmethod
+    def _answer(request: RemotingCommand, results: tuple[AppendResult, ...], queue_id: int,
+                transaction_id: str | None) -> RemotingCommand | bytes:
+        """:meth:`_response`, already framed when the request's header is JSON (as every client's is)."""
+        fields = _response_fields(results, queue_id, transaction_id)
+        if request.serialize_type == SerializeType.JSON:
+            frame = encode_json_answer(request.opaque, ResponseCode.SUCCESS, fields)
+            if frame is not None:
+                return frame
         return make_response(request, ResponseCode.SUCCESS, None, fields)
+
+
+def _response_fields(results: tuple[AppendResult, ...], queue_id: int, transaction_id: str | None) -> dict[str, str]:
+    """A send's answer: SendMessageResponseHeader. MESSAGE_ILLEGAL when the store refused a message."""
+    for result in results:
+        if result.status is not AppendStatus.OK:
+            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, result.reason or "message rejected by the store")
+    first = results[0]
+    # one message but for a batch: its id as it is, no generator and join
+    msg_id = first.msg_id if len(results) == 1 else ",".join([result.msg_id for result in results])
+    fields = {"msgId": msg_id, "queueId": str(queue_id), "queueOffset": str(first.queue_offset)}
+    if transaction_id:
+        fields["transactionId"] = transaction_id
+    return fields
+
+
+def _transaction_id(header: SendHeader, transaction_type: int) -> str | None:
+    """A half message's transaction id: its UNIQ_KEY (the producer checks it back by that)."""
+    if transaction_type != TRANSACTION_PREPARED_TYPE:
+        return None
+    return parse_properties(header.properties).get(PROPERTY_UNIQ_KEY)
 
 
 @functools.lru_cache(maxsize=4096)

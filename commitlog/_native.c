@@ -1,4 +1,5 @@
-/* commitlog._native: the leader's record builder (commitlog.records.RecordBuilder.build) in C.
+/* commitlog._native: the leader's record builder (commitlog.records.RecordBuilder.build) in C, and the
+ * scrubber's record walk (commitlog.scrub_walk, at the end of this file).
  *
  * It lays out a batch of plain messages as stored records exactly as the Python builder does, and it is
  * tested against it byte for byte. It only handles what it is sure of: any input it does not take as it
@@ -496,15 +497,401 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------ the scrubber's record walk
+ *
+ * commitlog.scrub_walk.walk_segment_python in C: validate the records of one segment's mapping from a local
+ * offset as CommitLog.scan and decode_record do (framing, lengths, UTF-8 topic, body CRC, the record naming
+ * its own offset; a filler must run to the segment's end), and hand back only what the scrubber's checks
+ * need, packed (little-endian, as commitlog.scrub_walk.RECORD_FACTS and KEY_ENTRY):
+ *   facts "<qqqiiiIB" per valid record: physical offset, queue offset, store timestamp, size, queue id,
+ *         tag code, topic number, 1 when its consume-queue unit is checked (not a prepared or rolled-back
+ *         transaction message)
+ *   entries "<Iqq" per key-index entry dispatch makes of it: hash, physical offset, store timestamp
+ * Body CRCs and key hashes go through the caller's crc32, a non-ASCII tag's code through its cache and
+ * cached_tag_code. Tested against the Python walk on valid and damaged segments. */
+
+#define BLANK_MAGIC 0xCBD43194u
+#define TRANSACTION_TYPE_MASK 0xC
+#define TRANSACTION_PREPARED_TYPE 0x4
+#define TRANSACTION_ROLLBACK_TYPE 0xC
+/* record_size(0, 1, 0): the smallest total size decode_record takes */
+#define RECORD_SIZE_MIN 92
+#define FILLER_HEADER_BYTES 8
+#define FACTS_BYTES 41 /* RECORD_FACTS_BYTES */
+#define KEY_ENTRY_BYTES 20
+
+typedef struct {
+    char *items;
+    Py_ssize_t length, capacity;
+} Packed;
+
+static char *packed_grow(Packed *packed, Py_ssize_t size) {
+    char *at;
+    if (packed->length + size > packed->capacity) {
+        Py_ssize_t capacity = packed->capacity ? 2 * packed->capacity : 4096;
+        char *items;
+        while (capacity < packed->length + size) {
+            capacity *= 2;
+        }
+        items = PyMem_Realloc(packed->items, (size_t)capacity);
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        packed->items = items;
+        packed->capacity = capacity;
+    }
+    at = packed->items + packed->length;
+    packed->length += size;
+    return at;
+}
+
+static inline uint32_t get_u32(const unsigned char *at) {
+    return ((uint32_t)at[0] << 24) | ((uint32_t)at[1] << 16) | ((uint32_t)at[2] << 8) | (uint32_t)at[3];
+}
+
+static inline uint64_t get_u64(const unsigned char *at) {
+    return ((uint64_t)get_u32(at) << 32) | get_u32(at + 4);
+}
+
+static inline void put_le(char *at, uint64_t value, int bytes) {
+    int position;
+    for (position = 0; position < bytes; position++) {
+        at[position] = (char)(value >> (8 * position));
+    }
+}
+
+/* crc32(data, start) of bytes inside the walked buffer, through a read-only memoryview; -1 on an error. */
+static int64_t crc32_of_memory(PyObject *crc32, const unsigned char *data, Py_ssize_t length, PyObject *start) {
+    PyObject *view = PyMemoryView_FromMemory((char *)data, length, PyBUF_READ);
+    int64_t value;
+    if (view == NULL) {
+        return -1;
+    }
+    value = crc32_of(crc32, view, start);
+    Py_DECREF(view);
+    return value;
+}
+
+/* TAGS, KEYS and UNIQ_KEY as commitlog.dispatch.dispatch_fields finds them (the last of a repeated name wins). */
+static void dispatch_last(const char *properties, Py_ssize_t length, const char **values, Py_ssize_t *lengths) {
+    static const char *names[3] = {"TAGS\x01", "KEYS\x01", "UNIQ_KEY\x01"};
+    static const Py_ssize_t name_lengths[3] = {5, 5, 9};
+    Py_ssize_t start = 0;
+    int which;
+    for (which = 0; which < 3; which++) {
+        values[which] = NULL;
+        lengths[which] = 0;
+    }
+    while (start <= length) {
+        const char *segment = properties + start;
+        const char *separator = memchr(segment, '\x02', (size_t)(length - start));
+        Py_ssize_t segment_length = separator ? separator - segment : length - start;
+        for (which = 0; which < 3; which++) {
+            if (starts_with(segment, segment_length, names[which], name_lengths[which])) {
+                values[which] = segment + name_lengths[which];
+                lengths[which] = segment_length - name_lengths[which];
+                break;
+            }
+        }
+        if (separator == NULL) {
+            break;
+        }
+        start += segment_length + 1;
+    }
+}
+
+/* cached_tag_code(cache, tags): Java's String.hashCode of ASCII tags computed here, others through the
+ * caller; 0 for none. 0 on success, -1 on an error. */
+static int walk_tag_code(PyObject *cache, PyObject *tag_code_of, const char *tags, Py_ssize_t length, int32_t *out) {
+    Py_ssize_t position;
+    uint32_t hash = 0;
+    int64_t code;
+    int found;
+    if (tags == NULL || length == 0) {
+        *out = 0;
+        return 0;
+    }
+    for (position = 0; position < length; position++) {
+        unsigned char byte = (unsigned char)tags[position];
+        if (byte >= 0x80) {
+            break;
+        }
+        hash = 31u * hash + byte;
+    }
+    if (position == length) {
+        *out = (int32_t)hash;
+        return 0;
+    }
+    found = tag_code(cache, tag_code_of, tags, length, &code);
+    if (found < 0) {
+        return -1;
+    }
+    if (found == 0 || code < INT32_MIN || code > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "cached_tag_code gave no 32-bit int");
+        return -1;
+    }
+    *out = (int32_t)code;
+    return 0;
+}
+
+/* The number of a record's topic in this walk and the CRC of "topic#", taking a new one (valid UTF-8) the
+ * first time. >= 0: the number; -2: not UTF-8 (an invalid record); -1: an error. */
+static Py_ssize_t walk_topic(PyObject *numbers, PyObject *topics, PyObject *prefixes, PyObject *crc32,
+                             const char *topic, Py_ssize_t length, PyObject **prefix) {
+    PyObject *key = PyBytes_FromStringAndSize(topic, length);
+    PyObject *known, *text = NULL, *number = NULL, *hashed = NULL, *crc = NULL;
+    Py_ssize_t position = -1;
+    if (key == NULL) {
+        return -1;
+    }
+    known = PyDict_GetItemWithError(numbers, key);
+    if (known != NULL) {
+        position = PyLong_AsSsize_t(known);
+        *prefix = PyList_GET_ITEM(prefixes, position);
+        Py_DECREF(key);
+        return position;
+    }
+    if (PyErr_Occurred()) {
+        Py_DECREF(key);
+        return -1;
+    }
+    text = PyUnicode_DecodeUTF8(topic, length, "strict");
+    if (text == NULL) {
+        Py_DECREF(key);
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            return -2;
+        }
+        return -1;
+    }
+    hashed = PyBytes_FromStringAndSize(NULL, length + 1);
+    if (hashed != NULL) {
+        memcpy(PyBytes_AS_STRING(hashed), topic, (size_t)length);
+        PyBytes_AS_STRING(hashed)[length] = '#';
+        crc = PyObject_CallOneArg(crc32, hashed);
+    }
+    position = PyList_GET_SIZE(topics);
+    if (crc == NULL || (number = PyLong_FromSsize_t(position)) == NULL || PyDict_SetItem(numbers, key, number) < 0
+        || PyList_Append(topics, text) < 0 || PyList_Append(prefixes, crc) < 0) {
+        position = -1;
+    } else {
+        *prefix = crc;
+    }
+    Py_XDECREF(number);
+    Py_XDECREF(crc);
+    Py_XDECREF(hashed);
+    Py_DECREF(text);
+    Py_DECREF(key);
+    return position;
+}
+
+static int push_entry(Packed *entries, int64_t hash, int64_t physical, int64_t store_timestamp) {
+    char *at = packed_grow(entries, KEY_ENTRY_BYTES);
+    if (at == NULL) {
+        return -1;
+    }
+    put_le(at, (uint64_t)hash, 4);
+    put_le(at + 4, (uint64_t)physical, 8);
+    put_le(at + 12, (uint64_t)store_timestamp, 8);
+    return 0;
+}
+
+/* The key-index entries of a record (not a rolled-back half): UNIQ_KEY's, then each space-separated key's. */
+static int push_entries(Packed *entries, PyObject *crc32, PyObject *prefix, const char **values,
+                        const Py_ssize_t *lengths, int64_t physical, int64_t store_timestamp) {
+    int64_t hash;
+    Py_ssize_t start = 0;
+    if (values[2] != NULL && lengths[2] > 0) {
+        hash = crc32_of_memory(crc32, (const unsigned char *)values[2], lengths[2], prefix);
+        if (hash < 0 || push_entry(entries, hash, physical, store_timestamp) < 0) {
+            return -1;
+        }
+    }
+    if (values[1] == NULL) {
+        return 0;
+    }
+    while (start < lengths[1]) {
+        const char *key = values[1] + start;
+        const char *space = memchr(key, ' ', (size_t)(lengths[1] - start));
+        Py_ssize_t key_length = space ? space - key : lengths[1] - start;
+        if (key_length > 0) {
+            hash = crc32_of_memory(crc32, (const unsigned char *)key, key_length, prefix);
+            if (hash < 0 || push_entry(entries, hash, physical, store_timestamp) < 0) {
+                return -1;
+            }
+        }
+        start += key_length + 1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(walk_records_doc,
+"walk_records(segment, segment_start, local_start, local_stop, tag_codes, tag_code_of, crc32)\n"
+"--\n\n"
+"(end, facts, entries, topics) of the valid records of a segment's bytes from local_start, as\n"
+"commitlog.scrub_walk.walk_segment_python gives them.");
+
+static PyObject *walk_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    Py_buffer view;
+    PyObject *numbers = NULL, *topics = NULL, *prefixes = NULL, *topic_tuple = NULL;
+    PyObject *facts_bytes = NULL, *entries_bytes = NULL, *result = NULL;
+    PyObject *tag_cache, *tag_code_of, *crc32;
+    Packed facts = {NULL, 0, 0}, entries = {NULL, 0, 0};
+    int64_t segment_start, local, local_stop, segment_size;
+    const unsigned char *data;
+    (void)module;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "walk_records takes 7 arguments");
+        return NULL;
+    }
+    tag_cache = args[4];
+    tag_code_of = args[5];
+    crc32 = args[6];
+    if (exact_int(args[1], 0, INT64_MAX, &segment_start) != 1 || exact_int(args[2], 0, INT64_MAX, &local) != 1
+        || exact_int(args[3], 0, INT64_MAX, &local_stop) != 1 || !PyDict_CheckExact(tag_cache)) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "walk_records: bad offsets or tag-code cache");
+        }
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    data = (const unsigned char *)view.buf;
+    segment_size = view.len;
+    numbers = PyDict_New();
+    topics = PyList_New(0);
+    prefixes = PyList_New(0);
+    if (numbers == NULL || topics == NULL || prefixes == NULL) {
+        goto done;
+    }
+    while (local < local_stop) {
+        const unsigned char *record = data + local;
+        int64_t size, body_length, queue_id, queue_offset, physical, store_timestamp, sys_flag;
+        int64_t position, born_length, store_length, topic_length, properties_length, crc;
+        uint32_t magic, body_crc;
+        const char *values[3];
+        Py_ssize_t lengths[3], topic_number;
+        PyObject *prefix = NULL;
+        int32_t tags_code;
+        int queue_check;
+        char *at;
+        if (local + FILLER_HEADER_BYTES > segment_size) {
+            break;
+        }
+        size = (int32_t)get_u32(record);
+        magic = get_u32(record + 4);
+        if (magic == BLANK_MAGIC) {
+            if (size == segment_size - local) {
+                local = segment_size; /* the filler ends the segment */
+            }
+            break;
+        }
+        /* CommitLog.scan's framing, then decode_record's checks in its order */
+        if (magic != MESSAGE_MAGIC || size <= 0 || local + size + FILLER_HEADER_BYTES > segment_size
+            || size < RECORD_SIZE_MIN) {
+            break;
+        }
+        body_crc = get_u32(record + 8);
+        queue_id = (int32_t)get_u32(record + 12);
+        queue_offset = (int64_t)get_u64(record + 20);
+        physical = (int64_t)get_u64(record + 28);
+        sys_flag = (int32_t)get_u32(record + 36);
+        born_length = sys_flag & SYSFLAG_BORNHOST_V6 ? HOST_V6_BYTES : HOST_V4_BYTES;
+        store_length = sys_flag & SYSFLAG_STOREHOST_V6 ? HOST_V6_BYTES : HOST_V4_BYTES;
+        position = 48;
+        if (position + born_length + 8 + store_length + 16 > size) {
+            break;
+        }
+        store_timestamp = (int64_t)get_u64(record + position + born_length);
+        position += born_length + 8 + store_length + 12;
+        body_length = (int32_t)get_u32(record + position);
+        position += 4;
+        if (body_length < 0 || position + body_length + 3 > size) {
+            break;
+        }
+        topic_length = record[position + body_length];
+        if (topic_length == 0 || position + body_length + 1 + topic_length + 2 > size) {
+            break;
+        }
+        properties_length = (int16_t)(((uint32_t)record[position + body_length + 1 + topic_length] << 8)
+                                      | record[position + body_length + 2 + topic_length]);
+        if (properties_length < 0 || position + body_length + 3 + topic_length + properties_length != size) {
+            break;
+        }
+        crc = crc32_of_memory(crc32, record + position, (Py_ssize_t)body_length, NULL);
+        if (crc < 0) {
+            goto done;
+        }
+        if (body_crc != ((uint32_t)crc & 0x7FFFFFFFu) && body_crc != (uint32_t)crc) {
+            break;
+        }
+        if (physical != segment_start + local) {
+            break;
+        }
+        /* last: a topic is numbered only for a record found valid (the Python walk numbers them so) */
+        topic_number = walk_topic(numbers, topics, prefixes, crc32, (const char *)record + position + body_length + 1,
+                                  (Py_ssize_t)topic_length, &prefix);
+        if (topic_number == -1) {
+            goto done;
+        }
+        if (topic_number == -2) {
+            break;
+        }
+        dispatch_last((const char *)record + size - properties_length, (Py_ssize_t)properties_length, values, lengths);
+        queue_check = (sys_flag & TRANSACTION_TYPE_MASK) != TRANSACTION_PREPARED_TYPE
+                      && (sys_flag & TRANSACTION_TYPE_MASK) != TRANSACTION_ROLLBACK_TYPE;
+        if (walk_tag_code(tag_cache, tag_code_of, values[0], lengths[0], &tags_code) < 0) {
+            goto done;
+        }
+        at = packed_grow(&facts, FACTS_BYTES);
+        if (at == NULL) {
+            goto done;
+        }
+        put_le(at, (uint64_t)physical, 8);
+        put_le(at + 8, (uint64_t)queue_offset, 8);
+        put_le(at + 16, (uint64_t)store_timestamp, 8);
+        put_le(at + 24, (uint64_t)size, 4);
+        put_le(at + 28, (uint64_t)queue_id, 4);
+        put_le(at + 32, (uint64_t)(uint32_t)tags_code, 4);
+        put_le(at + 36, (uint64_t)topic_number, 4);
+        at[40] = (char)queue_check;
+        if ((sys_flag & TRANSACTION_TYPE_MASK) != TRANSACTION_ROLLBACK_TYPE
+            && push_entries(&entries, crc32, prefix, values, lengths, physical, store_timestamp) < 0) {
+            goto done;
+        }
+        local += size;
+    }
+    facts_bytes = PyBytes_FromStringAndSize(facts.items, facts.length);
+    entries_bytes = PyBytes_FromStringAndSize(entries.items, entries.length);
+    topic_tuple = PyList_AsTuple(topics);
+    if (facts_bytes != NULL && entries_bytes != NULL && topic_tuple != NULL) {
+        result = Py_BuildValue("(LOOO)", (long long)local, facts_bytes, entries_bytes, topic_tuple);
+    }
+done:
+    Py_XDECREF(facts_bytes);
+    Py_XDECREF(entries_bytes);
+    Py_XDECREF(topic_tuple);
+    Py_XDECREF(numbers);
+    Py_XDECREF(topics);
+    Py_XDECREF(prefixes);
+    PyMem_Free(facts.items);
+    PyMem_Free(entries.items);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef native_methods[] = {
+    {"walk_records", (PyCFunction)(void (*)(void))walk_records, METH_FASTCALL, walk_records_doc},
     {"build_records", (PyCFunction)(void (*)(void))build_records, METH_FASTCALL, build_records_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef native_module = {
     PyModuleDef_HEAD_INIT, "commitlog._native",
-    "The leader's record builder in C (commitlog.records uses it when it is built; the Python builder is the "
-    "reference and the fallback).",
+    "The leader's record builder and the scrubber's record walk in C (commitlog.records and commitlog.scrub_walk "
+    "use them when they are built; their Python twins are the references and the fallbacks).",
     -1, native_methods, NULL, NULL, NULL, NULL,
 };
 
@@ -517,7 +904,9 @@ PyMODINIT_FUNC PyInit__native(void) {
         || PyModule_AddIntConstant(module, "PROPERTIES_BYTES_MAX", PROPERTIES_BYTES_MAX) < 0
         || PyModule_AddIntConstant(module, "META_BYTES", META_BYTES) < 0
         || PyModule_AddIntConstant(module, "HAS_UNIQ_KEY", HAS_UNIQ_KEY) < 0
-        || PyModule_AddIntConstant(module, "BORN_HOST_V6", BORN_HOST_V6) < 0) {
+        || PyModule_AddIntConstant(module, "BORN_HOST_V6", BORN_HOST_V6) < 0
+        || PyModule_AddIntConstant(module, "RECORD_FACTS_BYTES", FACTS_BYTES) < 0
+        || PyModule_AddIntConstant(module, "KEY_ENTRY_BYTES", KEY_ENTRY_BYTES) < 0) {
         Py_DECREF(module);
         return NULL;
     }

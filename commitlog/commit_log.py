@@ -26,6 +26,7 @@ from commitlog.message import (
     StoredMessage,
     decode_record,
 )
+from commitlog.scrub_walk import SegmentWalk, walk_segment
 
 SEGMENT_NAME = re.compile(r"^\d{20}$")
 #: old segments kept mapped for readers besides the one being written; the rest are unmapped so the
@@ -230,7 +231,9 @@ class CommitLog:
     def scan(self, start: int, stop: int) -> Iterator[StoredMessage]:
         """Validate and yield records from ``start`` until ``stop``, the first invalid record, or a zero.
 
-        After it finishes, :attr:`scan_end` is the offset just past the last valid record (or filler).
+        After it finishes, :attr:`scan_end` is the offset just past the last valid record (or filler). (The
+        scrubber validates through :meth:`walk` instead, which makes no StoredMessage; this per-record
+        validation is what its tests hold it to.)
         """
         offset = start
         self.scan_end = start
@@ -260,6 +263,25 @@ class CommitLog:
             offset += size
             self.scan_end = offset
             yield message
+
+    def walk(self, start: int, stop: int, tag_codes: dict[bytes, int]) -> tuple[int, list[SegmentWalk]]:
+        """:meth:`scan`'s validation from ``start`` until ``stop``, the first invalid record or a zero, through
+        the scrubber's record walk (:mod:`commitlog.scrub_walk`): (the offset just past the last valid record
+        or filler, what each segment's walk found)."""
+        offset = start
+        walks: list[SegmentWalk] = []
+        while offset < stop:
+            segment_start = self.segment_start(offset)
+            segment = self.segments.get(segment_start)
+            if segment is None:
+                break
+            walked = walk_segment(segment.map, segment_start, offset - segment_start,
+                                  min(stop - segment_start, self.segment_size_bytes), tag_codes)
+            walks.append(walked)
+            offset = segment_start + walked.end
+            if walked.end < self.segment_size_bytes:
+                break  # at stop, or at what is not a valid record (a filler takes the walk to the segment's end)
+        return offset, walks
 
     def truncate(self, end_offset: int) -> None:
         """Forget data from ``end_offset`` on: later segments are deleted, the tail of its segment zeroed

@@ -159,6 +159,25 @@ class ConsumeQueue:
             queue_offset += count
         return result
 
+    def packed_units(self, queue_offset: int, count: int) -> bytes | None:
+        """The ``count`` units from ``queue_offset`` (inside the queue's range) as the files hold them, back to
+        back (:data:`CQ_UNIT` each); None when a file that would hold one is missing."""
+        invariant(self.min_offset <= queue_offset and queue_offset + count <= self.max_offset,
+                  "units out of range")
+        parts = []
+        position = 0
+        while position < count:
+            offset = queue_offset + position
+            start = self.file_start(offset)
+            mapped = self.files.get(start)
+            if mapped is None:
+                return None
+            take = min(count - position, start + self.units_per_file - offset)
+            low = (offset - start) * UNIT_BYTES
+            parts.append(mapped.map[low : low + take * UNIT_BYTES])
+            position += take
+        return b"".join(parts)
+
     def unit(self, queue_offset: int) -> Unit:
         invariant(self.min_offset <= queue_offset < self.max_offset, "unit offset out of range")
         start = self.file_start(queue_offset)

@@ -446,6 +446,52 @@ class KeyIndex:
             number += 1
         return None
 
+    def entries_match(self, hashes: npt.NDArray[np.uint32], physicals: npt.NDArray[np.int64],
+                      timestamps: npt.NDArray[np.int64]) -> bool:
+        """Whether :meth:`first_mismatch` finds nothing for the entries given as columns (hash, physical offset,
+        store timestamp), compared a file's run of entries at a time: the scrubber's check, which asks
+        :meth:`first_mismatch` what differs only when something does."""
+        files = self.files
+        if not files:
+            return True
+        wanted = physicals >= files[0].name_begin
+        if not wanted.all():
+            hashes, physicals, timestamps = hashes[wanted], physicals[wanted], timestamps[wanted]
+        if not len(physicals):
+            return True
+        first = int(physicals[0])
+        position = max(number for number, index_file in enumerate(files) if index_file.name_begin <= first)
+        if position > 0 and files[position].name_begin == first:
+            before = files[position - 1]  # a record's entries may begin at the end of the file before
+            if before.entry_count and before.entry(before.entry_count - 1)[1] == first:
+                position -= 1
+        index_file = files[position]
+        number = self._first_entry_at(index_file, first)
+        if number is None:
+            return False
+        seconds = timestamps // 1000
+        done = 0
+        while done < len(physicals):
+            if number >= index_file.entry_count:
+                if position + 1 == len(files):
+                    return False
+                position += 1
+                index_file, number = files[position], 0
+                continue
+            take = min(index_file.entry_count - number, len(physicals) - done)
+            found = np.frombuffer(index_file.file.map, ENTRY_DTYPE, count=take,
+                                  offset=index_file.entries_base + number * ENTRY.size)
+            same = (np.array_equal(found["hash"], hashes[done : done + take])
+                    and np.array_equal(found["physical"], physicals[done : done + take])
+                    and np.array_equal(found["seconds"].astype(np.int64) + index_file.begin_timestamp // 1000,
+                                       seconds[done : done + take]))
+            del found  # (a view of the mapping: the file may be unmapped once this returns)
+            if not same:
+                return False
+            done += take
+            number += take
+        return True
+
     @staticmethod
     def _first_entry_at(index_file: IndexFile, physical: int) -> int | None:
         """The number of the first entry of ``index_file`` pointing at ``physical`` (entries are in commit-log

@@ -20,7 +20,6 @@ import fcntl
 import functools
 import logging
 import os
-import re
 import shutil
 import struct
 import threading
@@ -38,6 +37,10 @@ from commitlog.checkpoint import ApplyPositionFile, Checkpoint, read_checkpoint,
 from commitlog.commit_log import CommitLog
 from commitlog.config import StoreConfig
 from commitlog.consume_queue import CQ_UNIT, UNIT_BYTES, ConsumeQueue
+from commitlog.dispatch import dispatch_fields as _dispatch_fields
+from commitlog.dispatch import index_hashes as _index_hashes
+from commitlog.dispatch import record_index_entries as _record_index_entries
+from commitlog.dispatch import topic_prefix_crc as _topic_prefix_crc
 from commitlog.errors import CorruptionError, StoreError, SyncError, fail, invariant, stop_on_sync_error
 from commitlog.errors import DamagedRecordError as DamagedRecordError  # (where apply and the member find it)
 from commitlog.index_rebuild import rebuild_file, rebuild_index
@@ -85,6 +88,7 @@ from commitlog.records import (
     scatter,
 )
 from commitlog.retries import KeyCollision, retry_digest
+from commitlog.scrub_walk import KEY_ENTRY_DTYPE, RECORD_FACTS_DTYPE
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +107,9 @@ PackedRun = tuple[tuple[str, int], int, bytes]
 #: rounds of checking (and rebuilding) key-index files a lookup that decides apply makes at most: each round
 #: either finds the index whole or rebuilds a damaged file, so a few are plenty
 INDEX_CHECK_ROUNDS_MAX: Final = 8
+#: commit-log bytes the scrubber validates (and whose derived files it checks) per hold of the store lock: a
+#: scrub call takes the lock once per this much, so that apply waits behind it for a short hold at most
+SCRUB_LOCK_BYTES: Final = 256 << 10
 
 
 def _packed_runs(runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]]) -> list[PackedRun]:
@@ -217,38 +224,6 @@ class GetResult:
 
 _INT16 = struct.Struct(">h")
 invariant(UNIT_BYTES == CQ_UNIT.size == 20, "consume-queue units are 20 bytes")
-
-
-_DISPATCH_PROPERTY = re.compile(rb"(?:^|\x02)(TAGS|KEYS|UNIQ_KEY)\x01([^\x02]*)")
-
-
-def _dispatch_fields(properties: bytes) -> tuple[bytes | None, bytes | None, bytes | None]:
-    """(TAGS, KEYS, UNIQ_KEY) as raw bytes from encoded properties, in one C-level pass."""
-    found = dict(_DISPATCH_PROPERTY.findall(properties))  # the last of a repeated name wins, as before
-    return found.get(b"TAGS"), found.get(b"KEYS"), found.get(b"UNIQ_KEY")
-
-
-def _index_hashes(topic_prefix_crc: int, keys: bytes | None, uniq_key: bytes | None) -> list[int]:
-    """Key-index hashes (CRC32 of ``topic#key``, continued from the topic prefix's CRC)."""
-    hashes = []
-    if uniq_key:
-        hashes.append(_crc32(uniq_key, topic_prefix_crc))
-    if keys:
-        hashes.extend(_crc32(key, topic_prefix_crc) for key in keys.split(b" ") if key)
-    return hashes
-
-
-def _topic_prefix_crc(topic: str) -> int:
-    return _crc32(f"{topic}#".encode())
-
-
-def _record_index_entries(message: StoredMessage) -> list[IndexEntry]:
-    """The key-index entries dispatch makes of a stored record, in order (none for a rolled-back half)."""
-    if message.sys_flag & TRANSACTION_TYPE_MASK == TRANSACTION_ROLLBACK_TYPE:
-        return []
-    _, keys, uniq_key = _dispatch_fields(message.properties)
-    return [(hash_value, message.physical_offset, message.store_timestamp)
-            for hash_value in _index_hashes(_topic_prefix_crc(message.topic), keys, uniq_key)]
 
 
 class MessageStore:
@@ -1376,21 +1351,73 @@ class MessageStore:
         damaged record or None, where to continue). Catches what recovery cannot: recovery validates only
         the tail past the checkpoint, so a byte that went bad on disk deeper in a segment is found here.
         The consume-queue unit and the key-index entries of each valid record are checked too
-        (:meth:`_check_queue_unit`, :meth:`_check_index_entries`)."""
+        (:meth:`_check_walked_queue_units`, :meth:`_check_index_entries`).
+
+        The records are walked by :func:`commitlog.scrub_walk.walk_segment` (in C when it is built) and the
+        derived files compared a run at a time; the store lock is held for :data:`SCRUB_LOCK_BYTES` of the
+        commit log at a time, not for the whole call, so that apply waits for a short hold at most."""
         with self._lock:
             start = max(start, self.commit_log.min_offset)
             end = min(self.commit_log.end_offset, start + max_bytes)
             if start >= end:
                 return None, self.commit_log.min_offset  # wrap around
-            expected: list[IndexEntry] = []
-            for message in self.commit_log.scan(start, end):
-                self._check_queue_unit(message)
-                expected.extend(_record_index_entries(message))
-            reached = self.commit_log.scan_end
-            self._check_index_entries(expected)
-            if reached >= end or reached >= self.commit_log.end_offset:
-                return None, reached
-            return reached, reached
+        position = start
+        while True:
+            with self._lock:  # (taken again per chunk: retention or a truncation may have moved the ends)
+                position = max(position, self.commit_log.min_offset)
+                stop = min(end, self.commit_log.end_offset)
+                if position >= stop:
+                    return None, position
+                chunk_end = min(stop, position + SCRUB_LOCK_BYTES)
+                reached, walks = self.commit_log.walk(position, chunk_end, self._tag_codes)
+                expected: list[npt.NDArray[np.void]] = []
+                for walked in walks:
+                    self._check_walked_queue_units(np.frombuffer(walked.facts, RECORD_FACTS_DTYPE), walked.topics)
+                    expected.append(np.frombuffer(walked.entries, KEY_ENTRY_DTYPE))
+                entries = np.concatenate(expected) if expected else np.empty(0, KEY_ENTRY_DTYPE)
+                if not self.index.entries_match(entries["hash"], entries["physical"], entries["store_timestamp"]):
+                    self._check_index_entries(list(zip(entries["hash"].tolist(), entries["physical"].tolist(),
+                                                       entries["store_timestamp"].tolist(), strict=True)))
+                if reached < chunk_end and reached < self.commit_log.end_offset:
+                    return reached, reached  # a damaged record
+                if reached >= end or reached >= self.commit_log.end_offset:
+                    return None, reached
+                position = reached
+
+    def _check_walked_queue_units(self, facts: npt.NDArray[np.void], topics: tuple[str, ...]) -> None:
+        """:meth:`_check_queue_unit` of the records a walk validated (``facts``, :data:`RECORD_FACTS_DTYPE`),
+        a queue's run of units at a time: each queue's units for the records' queue offsets are read in one
+        slice and compared with what the records say. A record whose unit differs, or a queue whose records'
+        offsets do not run one after the other, goes through :meth:`_check_queue_unit` itself, which decides
+        (and repairs) as it always did. Store lock held."""
+        facts = facts[facts["queue_check"] == 1]
+        if not len(facts):
+            return
+        keys = facts["topic"].astype(np.int64) << 32 | facts["queue_id"].astype(np.int64) & 0xFFFFFFFF
+        order = np.argsort(keys, kind="stable")  # (stable: each queue's records stay in commit-log order)
+        bounds = np.flatnonzero(np.diff(keys[order])) + 1
+        for members in np.split(order, bounds):
+            records = facts[members]
+            queue = self.queues.get((topics[int(records["topic"][0])], int(records["queue_id"][0])))
+            if queue is None:
+                continue
+            queue_offsets = records["queue_offset"]
+            inside = (queue_offsets >= queue.min_offset) & (queue_offsets < queue.max_offset)
+            if not inside.all():
+                records = records[inside]
+                queue_offsets = records["queue_offset"]
+            if not len(records):
+                continue
+            doubtful = records
+            if (np.diff(queue_offsets) == 1).all():
+                found = queue.packed_units(int(queue_offsets[0]), len(records))
+                if found is not None:
+                    units = np.frombuffer(found, CQ_UNIT_DTYPE)
+                    differs = ((units["offset"] != records["physical"]) | (units["size"] != records["size"])
+                               | (units["tag"] != records["tag_code"]))
+                    doubtful = records[differs]
+            for physical in doubtful["physical"].tolist():
+                self._check_queue_unit(self.commit_log.read_message(physical, check_crc=True))
 
     def _check_queue_unit(self, message: StoredMessage) -> None:
         """Put back the consume-queue unit of a record the scrubber validated when it does not point at that

@@ -452,6 +452,20 @@ class FrameConnection(asyncio.Protocol):
             except (ConnectionClosedError, ValueError):
                 self.abort()
 
+    def _answer_frame(self, request: RemotingCommand, frame: bytes) -> None:
+        """:meth:`_answer` with the response already framed (``codec.encode_json_answer``, from the
+        request's opaque and in its header form)."""
+        if request.is_oneway or self._is_closed:
+            return
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        self._outgoing.append(frame)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush_outgoing)
+        self._on_frame_written()
+
     def _pause_reading(self, reason: str) -> None:
         if not self._read_pause_reasons and self._transport is not None:
             self._transport.pause_reading()

@@ -43,10 +43,12 @@ from typing import Any, ClassVar, Final
 
 from broker.remoting.codes import LanguageCode, ResponseCode, SerializeType
 from broker.remoting.command import (
+    DEFAULT_LANGUAGE,
     INT16_MAX,
     INT16_MIN,
     INT32_MAX,
     INT32_MIN,
+    REMOTING_VERSION,
     RESPONSE_FLAG,
     InvalidCommandError,
     RemotingCommand,
@@ -934,6 +936,25 @@ def encode_frame(command: RemotingCommand, limits: CodecLimits = DEFAULT_LIMITS)
         )
     prefix = _FRAME_PREFIX.pack(total_length, command.serialize_type << 24 | header_length)
     return b"".join((prefix, header, command.body))
+
+
+def encode_json_answer(opaque: int, code: int, ext_fields: dict[str, str]) -> bytes | None:
+    """The frame of ``make_response(request, code, None, ext_fields)`` for a JSON ``request`` with ``opaque``,
+    byte for byte as :func:`encode_frame` writes it, without building the command (the answer to every
+    send); None when only the general path can write it (no orjson, or text that is not UTF-8)."""
+    dumps = _fast_dumps
+    if dumps is None:
+        return None
+    header: dict[str, object] = {"code": code, "language": DEFAULT_LANGUAGE, "version": REMOTING_VERSION,
+                                 "opaque": opaque, "flag": RESPONSE_FLAG}
+    if ext_fields:
+        header["extFields"] = ext_fields
+    try:
+        encoded = dumps(header)
+    except _FastEncodeError:
+        return None
+    header_length = len(encoded)
+    return _FRAME_PREFIX.pack(_TOTAL_LENGTH_MIN + header_length, header_length) + encoded
 
 
 def make_error_response(error: FrameError) -> RemotingCommand | None:

@@ -12,6 +12,10 @@ tasks (RocketMQ's ``registerProcessor(code, processor, executor)``). The rules e
   never to the wire. A broken invariant (``InvariantError``) stops the whole server instead;
 - the processor returns None: no answer (stock C++ clients send some oneway calls without the oneway
   flag, so processors decide, not the flag);
+- a route may also have a synchronous way in (``fast``, :data:`FastPath`): while nothing of the route
+  waits in its queue, the request is handed to it straight from the read callback, with no queue, worker
+  task or coroutine, and it answers through a callback. What it declines goes to the queue as above; the
+  other rules (refusals, errors, the in-flight limit, a graceful stop) hold for it the same way;
 - a request with the oneway flag (2) gets no answer at all, whatever happens to it;
 - an answer echoes the request's opaque and header form (JSON or ROCKETMQ binary).
 
@@ -198,6 +202,12 @@ class RequestContext:
 
 #: a processor answers with a response, or None for no answer
 Processor = Callable[[RequestContext], Awaitable[RemotingCommand | None]]
+#: a request's answer on the loop (called once): a response, its frame (in the request's header form, with
+#: its opaque), None for no answer, or the exception its processing failed with (a processor's failure)
+Finish = Callable[[RemotingCommand | bytes | Exception | None], None]
+#: a route's synchronous way in: None leaves the request to the route's queue and workers; a response answers
+#: it at once; a callable ``start(finish)`` hands it on (on the loop, at once), and ``finish`` answers it later
+FastPath = Callable[[RequestContext], "RemotingCommand | Callable[[Finish], None] | None"]
 #: called once for every connection that closes (after it was admitted)
 ConnectionCloseListener = Callable[[Connection], None]
 #: consulted before a request is queued: None lets it through, a response refuses it (answered at once)
@@ -222,6 +232,7 @@ class _Route:
     queue_max: int
     workers: int
     tasks: list[asyncio.Task[None]]
+    fast: FastPath | None = None
 
 
 # ---------------------------------------------------------------------------------------- connection
@@ -374,6 +385,10 @@ class ServerConnection(FrameConnection):
     def answer(self, request: RemotingCommand, response: RemotingCommand | None) -> None:
         self._answer(request, response)
 
+    def answer_frame(self, request: RemotingCommand, frame: bytes) -> None:
+        """Answer with a response already framed in the request's header form, with its opaque."""
+        self._answer_frame(request, frame)
+
     def stop_reading(self) -> None:
         """No more requests from this connection (the server is stopping); answers still go out."""
         self._pause_reading(PAUSED_FOR_STOP)
@@ -496,10 +511,12 @@ class RemotingServer:
         queue_max: int = 1024,
         workers: int = 8,
         name: str | None = None,
+        fast: FastPath | None = None,
     ) -> None:
         """Route requests with ``code`` (or each of several codes, sharing one queue and its workers)
         to ``processor``. ``queue_max`` requests may wait (more are answered SYSTEM_BUSY); ``workers``
-        requests run at once. A code can be registered only once."""
+        requests run at once. ``fast`` is tried first while the queue is empty (:data:`FastPath`). A code
+        can be registered only once."""
         codes = [code] if isinstance(code, int) else list(code)
         if not codes:
             raise ValueError("register needs at least one request code")
@@ -523,6 +540,7 @@ class RemotingServer:
             queue_max=queue_max,
             workers=workers,
             tasks=[],
+            fast=fast,
         )
         for each in codes:
             self._routes[int(each)] = route
@@ -680,6 +698,9 @@ class RemotingServer:
             if refusal is not None:
                 connection.answer(request, refusal)
                 return
+        if route.fast is not None and not forwarded_for and route.queue.empty() and self._fast(
+                route.fast, connection, request):
+            return
         try:
             route.queue.put_nowait((connection, request, time.monotonic(), forwarded_for))
         except asyncio.QueueFull:
@@ -697,6 +718,52 @@ class RemotingServer:
         self._in_flight_total += 1
         if self._no_requests_in_flight is not None:
             self._no_requests_in_flight.clear()
+
+    def _fast(self, fast: FastPath, connection: ServerConnection, request: RemotingCommand) -> bool:
+        """Offer ``request`` to a route's synchronous way in; False: declined, nothing was done."""
+        try:
+            taken = fast(RequestContext(request, connection, time.monotonic()))
+        except Exception as error:
+            connection.answer(request, self._processor_failed(error, connection, request, "fast path"))
+            return True
+        if taken is None:
+            return False
+        if isinstance(taken, RemotingCommand):
+            connection.answer(request, taken)
+            return True
+        connection.request_started()
+        self._in_flight_total += 1
+        if self._no_requests_in_flight is not None:
+            self._no_requests_in_flight.clear()
+        answered = False
+
+        def finish(response: RemotingCommand | bytes | Exception | None) -> None:
+            nonlocal answered
+            if answered:
+                return
+            answered = True
+            try:
+                if type(response) is bytes:
+                    connection.answer_frame(request, response)
+                    return
+                if isinstance(response, Exception):
+                    response = self._processor_failed(response, connection, request, "fast path")
+                assert not isinstance(response, bytes)
+                connection.answer(request, response)
+            finally:
+                self._finished(connection)
+
+        try:
+            taken(finish)
+        except Exception as error:
+            finish(error)
+        return True
+
+    def _finished(self, connection: ServerConnection) -> None:
+        connection.request_finished()
+        self._in_flight_total -= 1
+        if self._in_flight_total == 0 and self._no_requests_in_flight is not None:
+            self._no_requests_in_flight.set()
 
     def _take_forwarded_for(self, connection: ServerConnection,
                             request: RemotingCommand) -> tuple[RemotingCommand, str]:
@@ -739,10 +806,7 @@ class RemotingServer:
                 response = await self._process(route, connection, request, received, forwarded_for)
                 connection.answer(request, response)
             finally:
-                connection.request_finished()
-                self._in_flight_total -= 1
-                if self._in_flight_total == 0 and self._no_requests_in_flight is not None:
-                    self._no_requests_in_flight.set()
+                self._finished(connection)
                 route.queue.task_done()
 
     async def _process(
@@ -751,22 +815,23 @@ class RemotingServer:
     ) -> RemotingCommand | None:
         try:
             return await route.processor(RequestContext(request, connection, received, forwarded_for))
-        except InvariantError as error:
+        except Exception as error:
+            return self._processor_failed(error, connection, request, route.name)
+
+    def _processor_failed(self, error: Exception, connection: ServerConnection, request: RemotingCommand,
+                          name: str) -> RemotingCommand:
+        """The answer to a request whose processor raised ``error``."""
+        if isinstance(error, InvariantError):
             # A programmer error: this process can no longer be trusted to answer anything.
             self._fail(error)
             return make_response(request, ResponseCode.SYSTEM_ERROR, "internal error: the server is stopping")
-        except Exception as error:
-            logger.exception(
-                "processor %s failed on a request from %s (opaque %d)",
-                route.name,
-                connection.remote_address,
-                request.opaque,
-            )
-            return make_response(
-                request,
-                ResponseCode.SYSTEM_ERROR,
-                f"{describe_request_code(request.code)} failed: {type(error).__name__}: {error}",
-            )
+        logger.error("processor %s failed on a request from %s (opaque %d)", name, connection.remote_address,
+                     request.opaque, exc_info=error)
+        return make_response(
+            request,
+            ResponseCode.SYSTEM_ERROR,
+            f"{describe_request_code(request.code)} failed: {type(error).__name__}: {error}",
+        )
 
     def _fail(self, error: BaseException) -> None:
         """Stop the server because of a programmer error; :meth:`wait_stopped` re-raises it."""
@@ -785,6 +850,8 @@ __all__ = [
     "Authorizer",
     "Connection",
     "ConnectionCloseListener",
+    "FastPath",
+    "Finish",
     "MemberLinkCheck",
     "Processor",
     "RemotingServer",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 from collections.abc import Awaitable, Callable, Iterator
@@ -79,6 +80,46 @@ def test_send_then_pull_from_leader_and_followers(cluster: LocalCluster) -> None
                                   {"topic": "Basic", "key": "k7", "maxNum": "4", "beginTimestamp": "0",
                                    "endTimestamp": str(2**62)})
         assert code == ResponseCode.SUCCESS and b"body-7" in body
+
+
+def test_pipelined_sends_of_one_connection_are_stored_in_the_order_sent(cluster: LocalCluster) -> None:
+    """Sends written back to back on one connection, without waiting for answers (a stock client's async
+    sends): those to a topic the leader has go the server's fast path, the first ones to a topic it creates
+    on the way go the queued one, and each queue still holds them in the order they were written."""
+    address = leader(cluster)
+    create_topic(address, "Pipelined", queues=2)
+    host, port = address.rsplit(":", 1)
+    topics = ["Pipelined", "PipelinedNew"]  # the second is created by its first send (auto-create)
+
+    def fields(topic: str, number: int) -> dict[str, str]:
+        return {"a": "test-producer", "b": topic, "c": "TBW102", "d": "2", "e": str(number % 2), "f": "0",
+                "g": "1", "h": "0", "i": wire.properties_text({"UNIQ_KEY": f"P{topic}{number:020d}"}), "j": "0"}
+
+    async def pipelined() -> list[RemotingCommand]:
+        client = await RemotingClient.connect(host, int(port))
+        try:
+            sends = [client.request(RequestCode.SEND_MESSAGE_V2, fields(topic, number), f"{topic}-{number}".encode(),
+                                    timeout_seconds=30)
+                     for number in range(200) for topic in topics]
+            return list(await asyncio.gather(*sends))
+        finally:
+            await client.close()
+
+    answers = asyncio.run(pipelined())
+    assert all(answer.code == ResponseCode.SUCCESS for answer in answers), [a.remark for a in answers][:4]
+    for topic in topics:
+        for queue_id in (0, 1):
+            expected = [f"{topic}-{number}".encode() for number in range(queue_id, 200, 2)]
+            offsets = [int(answer.ext_fields["queueOffset"]) for answer, (number, name) in
+                       zip(answers, [(n, t) for n in range(200) for t in topics], strict=True)
+                       if name == topic and number % 2 == queue_id]
+            assert offsets == list(range(100)), (topic, queue_id)
+            bodies: list[bytes] = []
+            while len(bodies) < len(expected):
+                code, _, messages = wire.pull(address, topic, queue_id, len(bodies))
+                assert code == ResponseCode.SUCCESS and messages
+                bodies += [m.body for m in messages]
+            assert bodies == expected
 
 
 def test_a_follower_forwards_writes_to_the_leader(cluster: LocalCluster) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from commitlog.store import _dispatch_fields
+from commitlog.dispatch import dispatch_fields as _dispatch_fields
 
 
 def test_dispatch_fields_reads_whole_names_and_the_last_of_a_repeated_one() -> None:
