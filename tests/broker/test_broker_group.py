@@ -165,16 +165,25 @@ def test_batch_is_atomic_and_bad_input_leaves_no_trace(cluster: LocalCluster) ->
     assert max_offset(address, "Batch", 0) == before
 
 
-def test_long_polling_pull_is_woken_by_a_send(cluster: LocalCluster) -> None:
+@pytest.mark.parametrize("where", ["leader", "follower"])
+def test_long_polling_pull_is_woken_by_a_send(cluster: LocalCluster, where: str) -> None:
+    """A pull held on the leader or on a follower (which applies the send later, and wakes its loop after an
+    apply only while pulls are held) answers once the message is there: well before its suspend time, and
+    the client's 10 s request timeout."""
     import threading
 
     address = leader(cluster)
-    create_topic(address, "Poll", queues=1)
+    topic = f"Poll-{where}"
+    create_topic(address, topic, queues=1)
+    puller_address = address if where == "leader" else followers(cluster)[0]
+    wait_for(lambda: wire.pull(puller_address, topic, 0, 0)[0] != ResponseCode.TOPIC_NOT_EXIST, 20,
+             "the topic on the puller's member")
     result: list[tuple[int, dict[str, str], list[StoredMessage]]] = []
-    puller = threading.Thread(target=lambda: result.append(wire.pull(address, "Poll", 0, 0, suspend_ms=20_000)))
+    puller = threading.Thread(target=lambda: result.append(wire.pull(puller_address, topic, 0, 0,
+                                                                     suspend_ms=20_000)))
     puller.start()
     try:
-        code, _, remark = wire.send(address, "Poll", b"wake", queue_id=0)
+        code, _, remark = wire.send(address, topic, b"wake", queue_id=0)
         assert code == ResponseCode.SUCCESS, remark
     finally:
         puller.join(30)
