@@ -86,6 +86,11 @@ class DelayService:
             self._scheduled_seen = scheduled
             self._wake.set()
 
+    def wanted(self) -> bool:
+        """Whether an apply gives the service something to look at (:meth:`applied` would wake it), asked on
+        the Raft thread before it wakes the loop: on the leader, when a level's queue grew."""
+        return self.broker.member.is_leader and self._scheduled_count() != self._scheduled_seen
+
     def _scheduled_count(self) -> int:
         """Messages ever stored in the levels' queues (their max offsets): grows with every delayed send."""
         store = self.broker.store

@@ -257,15 +257,17 @@ class BrokerNode:
             self.acl_watcher.wake()
 
     def _applied(self) -> None:
-        """After an apply (on the Raft thread): wake the loop for what waits for one. A follower's loop has
-        nothing to do unless pulls are held (the delay and pop services act on the leader only), and a
-        wake-up costs the Raft thread most when the loop has nothing else to do: the woken loop thread takes
-        the GIL, or the CPU, from the Raft thread (seen as a quarter of a busy follower's GIL time)."""
+        """After an apply (on the Raft thread): wake the loop for what waits for one, and only then: held pulls,
+        on the leader receives in their long poll and a delay level that grew. A wake-up for nothing costs the
+        Raft thread: the woken loop thread takes the GIL, or the CPU, from it (a quarter of a busy follower's
+        GIL time went there). What starts waiting later registers first and then looks (PullWaiters.wait,
+        PopService.long_poll), so it sees what applied before."""
         if self._wake_scheduled.is_set():
             return
         member = self.member
-        if member is not None and not member.is_leader and not self.waiters.held:
-            return  # a pull that starts waiting later looks at the queue after it registered (PullWaiters.wait)
+        if member is not None and not self.waiters.held and (
+                not member.is_leader or not (self.pops.polling or self.delay.wanted())):
+            return
         self._wake_scheduled.set()
         loop = self._loop
         if loop is not None and not loop.is_closed():

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -67,9 +67,22 @@ class PopService:
         self._applied = asyncio.Event()
         #: auto-renewed messages: (group, topic, queue id, offset) -> (handle id, renew until, ms)
         self.renewals: dict[tuple[str, str, int, int], tuple[int, int]] = {}
+        #: receives inside :meth:`long_poll` (read by the Raft thread: while there are any, an apply wakes the
+        #: loop for them; otherwise it need not)
+        self.polling = 0
 
     def applied(self) -> None:
         self._applied.set()
+
+    @contextlib.contextmanager
+    def long_poll(self) -> Iterator[None]:
+        """Around a receive's looks at its queues and its waits between them: an apply after the receive came
+        in sets :meth:`wait_applied`'s event (the looks see what applied before)."""
+        self.polling += 1
+        try:
+            yield
+        finally:
+            self.polling -= 1
 
     async def wait_applied(self, timeout_seconds: float) -> None:
         """Until something applies (or the timeout): the moment to look at a queue again."""

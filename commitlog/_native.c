@@ -137,10 +137,11 @@ static int starts_with(const char *at, Py_ssize_t length, const char *prefix, Py
 }
 
 /* TAGS, KEYS and UNIQ_KEY of a properties string as the regex (?:^|\x02)(TAGS|KEYS|UNIQ_KEY)\x01([^\x02]*)
- * finds them: a name at the start of a \x02-separated segment, its value the rest of the segment. 1 when
- * each is there at most once; 0 when one is named twice (the caller defers). */
+ * finds them: a name at the start of a \x02-separated segment, its value the rest of the segment. With
+ * last_wins, a repeated name's last value is kept (commitlog.dispatch.dispatch_fields) and 1 is returned;
+ * without, 1 when each is there at most once and 0 when one is named twice (the caller defers). */
 static int dispatch_properties(const char *properties, Py_ssize_t length, const char **values,
-                               Py_ssize_t *lengths) {
+                               Py_ssize_t *lengths, int last_wins) {
     static const char *names[3] = {"TAGS\x01", "KEYS\x01", "UNIQ_KEY\x01"};
     static const Py_ssize_t name_lengths[3] = {5, 5, 9};
     Py_ssize_t start = 0;
@@ -155,7 +156,7 @@ static int dispatch_properties(const char *properties, Py_ssize_t length, const 
         Py_ssize_t segment_length = separator ? separator - segment : length - start;
         for (which = 0; which < 3; which++) {
             if (starts_with(segment, segment_length, names[which], name_lengths[which])) {
-                if (values[which] != NULL) {
+                if (values[which] != NULL && !last_wins) {
                     return 0;
                 }
                 values[which] = segment + name_lengths[which];
@@ -302,7 +303,7 @@ static int read_message(PyObject *message, Record *record, Topics *topics, Hashe
         return 0;
     }
     record->size = (uint32_t)size;
-    if (!dispatch_properties(record->properties, record->properties_length, values, lengths)) {
+    if (!dispatch_properties(record->properties, record->properties_length, values, lengths, 0)) {
         return 0; /* a property named twice: the Python builder says what happens */
     }
     record->sys_flag &= ~(int64_t)(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6);
@@ -573,34 +574,6 @@ static int64_t crc32_of_memory(PyObject *crc32, const unsigned char *data, Py_ss
     return value;
 }
 
-/* TAGS, KEYS and UNIQ_KEY as commitlog.dispatch.dispatch_fields finds them (the last of a repeated name wins). */
-static void dispatch_last(const char *properties, Py_ssize_t length, const char **values, Py_ssize_t *lengths) {
-    static const char *names[3] = {"TAGS\x01", "KEYS\x01", "UNIQ_KEY\x01"};
-    static const Py_ssize_t name_lengths[3] = {5, 5, 9};
-    Py_ssize_t start = 0;
-    int which;
-    for (which = 0; which < 3; which++) {
-        values[which] = NULL;
-        lengths[which] = 0;
-    }
-    while (start <= length) {
-        const char *segment = properties + start;
-        const char *separator = memchr(segment, '\x02', (size_t)(length - start));
-        Py_ssize_t segment_length = separator ? separator - segment : length - start;
-        for (which = 0; which < 3; which++) {
-            if (starts_with(segment, segment_length, names[which], name_lengths[which])) {
-                values[which] = segment + name_lengths[which];
-                lengths[which] = segment_length - name_lengths[which];
-                break;
-            }
-        }
-        if (separator == NULL) {
-            break;
-        }
-        start += segment_length + 1;
-    }
-}
-
 /* cached_tag_code(cache, tags): Java's String.hashCode of ASCII tags computed here, others through the
  * caller; 0 for none. 0 on success, -1 on an error. */
 static int walk_tag_code(PyObject *cache, PyObject *tag_code_of, const char *tags, Py_ssize_t length, int32_t *out) {
@@ -839,7 +812,8 @@ static PyObject *walk_records(PyObject *module, PyObject *const *args, Py_ssize_
         if (topic_number == -2) {
             break;
         }
-        dispatch_last((const char *)record + size - properties_length, (Py_ssize_t)properties_length, values, lengths);
+        dispatch_properties((const char *)record + size - properties_length, (Py_ssize_t)properties_length, values, lengths,
+                            1);
         queue_check = (sys_flag & TRANSACTION_TYPE_MASK) != TRANSACTION_PREPARED_TYPE
                       && (sys_flag & TRANSACTION_TYPE_MASK) != TRANSACTION_ROLLBACK_TYPE;
         if (walk_tag_code(tag_cache, tag_code_of, values[0], lengths[0], &tags_code) < 0) {

@@ -423,13 +423,8 @@ class KeyIndex:
         if not wanted:
             return None
         first = wanted[0][1]
-        position = max(number for number, index_file in enumerate(files) if index_file.name_begin <= first)
-        if position > 0 and files[position].name_begin == first:
-            before = files[position - 1]  # a record's entries may begin at the end of the file before
-            if before.entry_count and before.entry(before.entry_count - 1)[1] == first:
-                position -= 1
+        position, number = self._entries_start(files, first)
         index_file = files[position]
-        number = self._first_entry_at(index_file, first)
         if number is None:
             return index_file, f"no entry points at the record at commit-log offset {first}"
         for hash_value, physical, timestamp in wanted:
@@ -446,6 +441,16 @@ class KeyIndex:
             number += 1
         return None
 
+    def _entries_start(self, files: list[IndexFile], first: int) -> tuple[int, int | None]:
+        """Where the entries of the record at commit-log offset ``first`` begin: the file's position in
+        ``files`` and the entry's number in it (None: no entry there points at that record)."""
+        position = max(number for number, index_file in enumerate(files) if index_file.name_begin <= first)
+        if position > 0 and files[position].name_begin == first:
+            before = files[position - 1]  # a record's entries may begin at the end of the file before
+            if before.entry_count and before.entry(before.entry_count - 1)[1] == first:
+                position -= 1
+        return position, self._first_entry_at(files[position], first)
+
     def entries_match(self, hashes: npt.NDArray[np.uint32], physicals: npt.NDArray[np.int64],
                       timestamps: npt.NDArray[np.int64]) -> bool:
         """Whether :meth:`first_mismatch` finds nothing for the entries given as columns (hash, physical offset,
@@ -459,14 +464,8 @@ class KeyIndex:
             hashes, physicals, timestamps = hashes[wanted], physicals[wanted], timestamps[wanted]
         if not len(physicals):
             return True
-        first = int(physicals[0])
-        position = max(number for number, index_file in enumerate(files) if index_file.name_begin <= first)
-        if position > 0 and files[position].name_begin == first:
-            before = files[position - 1]  # a record's entries may begin at the end of the file before
-            if before.entry_count and before.entry(before.entry_count - 1)[1] == first:
-                position -= 1
+        position, number = self._entries_start(files, int(physicals[0]))
         index_file = files[position]
-        number = self._first_entry_at(index_file, first)
         if number is None:
             return False
         seconds = timestamps // 1000

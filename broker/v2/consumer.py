@@ -292,22 +292,23 @@ class ConsumerService:
             # the broker's name), starting with the queue the client named. The SDKs name the queues in turn;
             # receiving from that one only left a consumer long-polling an empty queue while others held messages.
             start = queue_id if queue_id >= 0 else (self.random.randrange(queue_nums) if queue_nums else 0)
-            while True:
-                queues = [(start + step) % queue_nums for step in range(queue_nums)]
-                for each in queues:
-                    popped = await self.pops.receive(group, topic, each, request.batch_size, invisible_ms,
-                                                     selector.codes, request.auto_renew, selector.tags)
-                    if popped:
-                        yield ReceiveMessageResponse(status=ok())
-                        for item in popped:
-                            yield ReceiveMessageResponse(message=v2_message(item, request.message_queue.topic,
-                                                                             invisible_ms))
-                        yield ReceiveMessageResponse(delivery_timestamp=_timestamp(self.pops.wall_clock_ms()))
-                        return
-                remaining = deadline - loop_time()
-                if remaining <= 0:
-                    break
-                await self.pops.wait_applied(remaining)
+            with self.pops.long_poll():
+                while True:
+                    queues = [(start + step) % queue_nums for step in range(queue_nums)]
+                    for each in queues:
+                        popped = await self.pops.receive(group, topic, each, request.batch_size, invisible_ms,
+                                                         selector.codes, request.auto_renew, selector.tags)
+                        if popped:
+                            yield ReceiveMessageResponse(status=ok())
+                            for item in popped:
+                                yield ReceiveMessageResponse(message=v2_message(item, request.message_queue.topic,
+                                                                                 invisible_ms))
+                            yield ReceiveMessageResponse(delivery_timestamp=_timestamp(self.pops.wall_clock_ms()))
+                            return
+                    remaining = deadline - loop_time()
+                    if remaining <= 0:
+                        break
+                    await self.pops.wait_applied(remaining)
             yield ReceiveMessageResponse(status=_status(Code.MESSAGE_NOT_FOUND, "no new message"))
         except StatusError as error:
             yield ReceiveMessageResponse(status=error.status())

@@ -57,3 +57,20 @@ def test_applies_never_wake_a_follower() -> None:
     broker.member.is_leader = True
     service.role_changed()  # it becomes leader: a role change wakes it, and it looks at every level
     assert woken(service)
+
+
+def test_wanted_says_on_the_raft_thread_what_applied_would_do_without_doing_it() -> None:
+    broker = fake_broker(leader=True)
+    service = DelayService(cast(BrokerContext, broker))
+    assert service.wanted()  # nothing seen yet
+    service.applied()
+    assert woken(service) and not service.wanted()
+    broker.store.offsets[("OtherTopic", 0)] = 5
+    assert not service.wanted()
+    broker.store.offsets[(SCHEDULE_TOPIC, 1)] = 1
+    assert service.wanted() and service.wanted()  # asking changes nothing
+    service.applied()
+    assert woken(service) and not service.wanted()
+    broker.member.is_leader = False
+    broker.store.offsets[(SCHEDULE_TOPIC, 1)] = 2
+    assert not service.wanted()

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
 
 import pytest
 
@@ -87,6 +87,16 @@ async def started(route: Route, limits: ServerLimits | None = None) -> RemotingS
     return server
 
 
+@asynccontextmanager
+async def serving(route: Route, limits: ServerLimits | None = None) -> AsyncIterator[RemotingServer]:
+    """:func:`started`, stopped on the way out whatever happened."""
+    server = await started(route, limits)
+    try:
+        yield server
+    finally:
+        await server.stop(grace_seconds=1.0)
+
+
 def request(way: str, opaque: int = 0, oneway: bool = False) -> RemotingCommand:
     return make_request(CODE, opaque, ext_fields={"way": way}, oneway=oneway)
 
@@ -94,8 +104,7 @@ def request(way: str, opaque: int = 0, oneway: bool = False) -> RemotingCommand:
 def test_taken_requests_are_answered_through_finish_and_declined_ones_by_the_processor() -> None:
     async def scenario() -> None:
         route = Route()
-        server = await started(route)
-        try:
+        async with serving(route) as server:
             client = await RemotingClient.connect(LOOPBACK, server.port)
             assert (await client.request(CODE, ext_fields={"way": "now"})).remark == "now"
             assert (await client.request(CODE, ext_fields={"way": "queued"})).remark == "queued"
@@ -107,8 +116,6 @@ def test_taken_requests_are_answered_through_finish_and_declined_ones_by_the_pro
             await poll_until(lambda: server.connections[0].in_flight == 0, "the request to finish")
             assert [way for way, _ in route.order] == ["now", "queued", "fast"]
             await client.close()
-        finally:
-            await server.stop(grace_seconds=1.0)
 
     run(scenario())
 
@@ -116,8 +123,7 @@ def test_taken_requests_are_answered_through_finish_and_declined_ones_by_the_pro
 def test_a_framed_answer_is_written_as_is_and_matches_the_general_encoder() -> None:
     async def scenario() -> None:
         route = Route()
-        server = await started(route)
-        try:
+        async with serving(route) as server:
             raw = await RawConnection.open(server.port)
             await raw.send(encode_frame(request("fast", opaque=77)))
             await poll_until(lambda: len(route.held) == 1, "the fast request to be held")
@@ -133,8 +139,6 @@ def test_a_framed_answer_is_written_as_is_and_matches_the_general_encoder() -> N
             answer = await raw.read_frame()
             assert answer.command == make_response(request("fast", opaque=77), ResponseCode.SUCCESS, None, fields)
             await raw.close()
-        finally:
-            await server.stop(grace_seconds=1.0)
 
     run(scenario())
 
@@ -156,9 +160,8 @@ def test_while_a_request_waits_in_the_queue_the_next_ones_queue_behind_it() -> N
     async def scenario() -> None:
         route = Route()
         route.release_queued.clear()
-        server = await started(route, ServerLimits(in_flight_requests_max=64))
-        server_route = server._routes[CODE]
-        try:
+        async with serving(route, ServerLimits(in_flight_requests_max=64)) as server:
+            server_route = server._routes[CODE]
             raw = await RawConnection.open(server.port)
             # four queued requests hold the four workers; the fifth waits in the queue, so the fast ones
             # after it are queued too
@@ -174,8 +177,6 @@ def test_while_a_request_waits_in_the_queue_the_next_ones_queue_behind_it() -> N
             assert [opaque for _, opaque in route.order] == list(range(8))
             assert all(way == "queued" for way, _ in route.order)
             await raw.close()
-        finally:
-            await server.stop(grace_seconds=1.0)
 
     run(scenario())
 
@@ -183,8 +184,7 @@ def test_while_a_request_waits_in_the_queue_the_next_ones_queue_behind_it() -> N
 def test_taken_requests_count_against_the_in_flight_limit() -> None:
     async def scenario() -> None:
         route = Route()
-        server = await started(route, ServerLimits(in_flight_requests_max=2))
-        try:
+        async with serving(route, ServerLimits(in_flight_requests_max=2)) as server:
             raw = await RawConnection.open(server.port)
             await raw.send(b"".join(encode_frame(request("fast", opaque)) for opaque in range(5)))
             await poll_until(lambda: len(route.held) == 2, "two requests to be held")
@@ -201,8 +201,6 @@ def test_taken_requests_count_against_the_in_flight_limit() -> None:
             assert answered == [0, 1, 2, 3, 4]
             await poll_until(lambda: not connection.reading_paused, "reading to resume")
             await raw.close()
-        finally:
-            await server.stop(grace_seconds=1.0)
 
     run(scenario())
 
@@ -230,8 +228,7 @@ def test_a_graceful_stop_waits_for_taken_requests() -> None:
 def test_oneway_requests_taken_get_no_answer_and_finish() -> None:
     async def scenario() -> None:
         route = Route()
-        server = await started(route)
-        try:
+        async with serving(route) as server:
             raw = await RawConnection.open(server.port)
             await raw.send(encode_frame(request("fast", opaque=1, oneway=True)))
             await poll_until(lambda: len(route.held) == 1, "the oneway request to be held")
@@ -241,8 +238,6 @@ def test_oneway_requests_taken_get_no_answer_and_finish() -> None:
             await raw.send(encode_frame(request("now", opaque=2)))
             assert (await raw.read_frame()).command.opaque == 2  # and nothing for opaque 1 came before it
             await raw.close()
-        finally:
-            await server.stop(grace_seconds=1.0)
 
     run(scenario())
 
@@ -251,8 +246,7 @@ def test_errors_of_the_fast_path_are_answered_system_error_and_finish_once(
         caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> None:
         route = Route()
-        server = await started(route)
-        try:
+        async with serving(route) as server:
             client = await RemotingClient.connect(LOOPBACK, server.port)
             with caplog.at_level(logging.ERROR):
                 broken = await client.request(CODE, ext_fields={"way": "raise"})
@@ -270,8 +264,6 @@ def test_errors_of_the_fast_path_are_answered_system_error_and_finish_once(
             await poll_until(lambda: server.connections[0].in_flight == 0, "the request to finish")
             assert (await client.request(CODE, ext_fields={"way": "now"})).code == ResponseCode.SUCCESS
             await client.close()
-        finally:
-            await server.stop(grace_seconds=1.0)
 
     run(scenario())
 

@@ -8,7 +8,6 @@ kind of damage, with the C walk and with the Python one."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -41,6 +40,7 @@ from commitlog.scrub_walk import (
 )
 from commitlog.store import MessageStore
 from tests.commitlog.helpers import data_bytes, message, small_config
+from tests.commitlog.key_index_damage import write_at
 from tests.commitlog.test_records import V6_HOST, varied
 
 try:
@@ -211,14 +211,6 @@ def first_filler(store: MessageStore) -> int:
     return store.commit_log.starts[0] + local
 
 
-def write(path: Path, at: int, data: bytes) -> None:
-    descriptor = os.open(path, os.O_RDWR)
-    try:
-        os.pwrite(descriptor, data, at)
-    finally:
-        os.close(descriptor)
-
-
 def segment_path(store: MessageStore, physical: int) -> tuple[Path, int]:
     start = store.commit_log.segment_start(physical)
     return store.commit_log.segments[start].path, physical - start
@@ -230,35 +222,35 @@ def damage(store: MessageStore, kind: str) -> None:
     path, local = segment_path(store, physical)
     properties_at = local + size - len(properties)
     if kind == "head: size":
-        write(path, local + 2, b"\x7f")
+        write_at(path, local + 2, b"\x7f")
     elif kind == "head: magic":
-        write(path, local + 5, b"\x00")
+        write_at(path, local + 5, b"\x00")
     elif kind == "head: physical offset":
-        write(path, local + 28 + 6, b"\x55")
+        write_at(path, local + 28 + 6, b"\x55")
     elif kind == "head: queue offset":  # no checksum: the unit it names is left alone
-        write(path, local + 20 + 7, b"\x55")
+        write_at(path, local + 20 + 7, b"\x55")
     elif kind == "body":
-        write(path, local + 120, b"\x00\x01\x02")
+        write_at(path, local + 120, b"\x00\x01\x02")
     elif kind == "properties: length":
-        write(path, properties_at - 2, b"\x7f")
+        write_at(path, properties_at - 2, b"\x7f")
     elif kind == "properties: a KEYS value":  # no checksum: the key index follows what the record says
-        write(path, properties_at + properties.index(b"KEYS\x01") + 5, b"Z")
+        write_at(path, properties_at + properties.index(b"KEYS\x01") + 5, b"Z")
     elif kind == "properties: the TAGS value":  # likewise its unit's tag code
-        write(path, properties_at + properties.index(b"TAGS\x01") + 5, b"Q")
+        write_at(path, properties_at + properties.index(b"TAGS\x01") + 5, b"Q")
     elif kind == "truncated record":
-        write(path, local + size // 2, bytes(size - size // 2))
+        write_at(path, local + size // 2, bytes(size - size // 2))
     elif kind == "filler at a segment's end":
         filler = first_filler(store)
-        write(store.commit_log.segments[store.commit_log.segment_start(filler)].path,
-              filler - store.commit_log.segment_start(filler) + 1, b"\x01")
+        write_at(store.commit_log.segments[store.commit_log.segment_start(filler)].path,
+                 filler - store.commit_log.segment_start(filler) + 1, b"\x01")
     elif kind == "consume-queue unit":
         queue = store.queues[("TopicTest", 1)]
-        write(queue.files[0].path, 3 * UNIT_BYTES + 4, b"\x3f")
-        write(queue.files[0].path, 7 * UNIT_BYTES + 8, bytes(4))
-        write(queue.files[0].path, 9 * UNIT_BYTES + 16, b"\x01")
+        write_at(queue.files[0].path, 3 * UNIT_BYTES + 4, b"\x3f")
+        write_at(queue.files[0].path, 7 * UNIT_BYTES + 8, bytes(4))
+        write_at(queue.files[0].path, 9 * UNIT_BYTES + 16, b"\x01")
     elif kind == "key-index entry missing":
         index_file = store.index.files[1]
-        write(index_file.file.path, index_file.entries_base + 17 * ENTRY.size, bytes(12))
+        write_at(index_file.file.path, index_file.entries_base + 17 * ENTRY.size, bytes(12))
     else:
         raise AssertionError(kind)
 
