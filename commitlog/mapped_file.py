@@ -7,6 +7,7 @@ kill the process with SIGBUS instead.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -144,9 +145,13 @@ class MappedFile:
     def unmap(self) -> None:
         """Release the mapping (and the pages it keeps resident in this process). Dirty pages stay in the
         page cache: the store's flush makes files durable with fdatasync, which needs no mapping."""
-        if self._map is not None and not self._map.closed:
-            self._map.close()
+        mapped = self._map
         self._map = None
+        if mapped is not None and not mapped.closed:
+            # BufferError: a reader still holds a view of it (the scrubber's record walk, on another thread while
+            # this one maps an old segment for a read); the mapping goes when that view does
+            with contextlib.suppress(BufferError):
+                mapped.close()
 
     def release_pages(self, start: int, end: int) -> None:
         """Drop the pages of [start, end) from this process's resident set (MADV_DONTNEED on a shared

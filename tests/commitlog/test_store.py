@@ -415,3 +415,26 @@ def test_flushed_data_past_the_page_cache_window_is_dropped_from_the_cache_and_s
         assert [decode_record(raw).body for raw in got.messages] == [
             bytes([n]) * 1500 for _ in range(1, 41) for n in range(queue_id, 40, 2)]
     store.close()
+
+
+def test_reading_an_old_segment_while_another_is_being_walked_unmaps_nothing_in_use(tmp_path: Path) -> None:
+    """Old segments stay mapped for reading a few at a time: mapping one unmaps the least recently used. The
+    scrubber's record walk holds a view of the segment it walks (and may let other threads run meanwhile), so
+    a read of another old segment then (a pull, GET_BROKER_RUNTIME_INFO's earliest timestamp) unmapped a
+    segment with a view on it: BufferError, and the request failed. Such a segment now stays mapped until the
+    view goes."""
+    store = MessageStore(small_config(tmp_path / "store"))
+    sent = 0
+    while len(store.commit_log.starts) < 4:
+        sent += 1
+        store.append(sent, [message(sent, body=b"x" * 2000)])
+    first, second = store.commit_log.starts[0], store.commit_log.starts[1]
+    walked = store.commit_log.segments[first].map  # mapped again for the walk
+    with memoryview(walked) as view:  # the walk's view
+        head = bytes(view[:8])
+        for _ in range(3):  # each read maps its segment again, and pushes the walked one out of the few kept
+            assert store.read_message(second).physical_offset == second
+            assert store.store_timestamp_at(first) > 0
+        assert bytes(view[:8]) == head  # the walk still reads its bytes
+    assert store.read_message(first).physical_offset == first
+    store.close()
