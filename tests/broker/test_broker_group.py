@@ -13,6 +13,7 @@ import pytest
 from broker.remoting.client import RemotingClient, RemotingError
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import DEFAULT_LANGUAGE, REMOTING_VERSION, RemotingCommand, make_response
+from broker.topics import SCHEDULE_TOPIC
 from cli.cluster import LocalCluster, route_master
 from client.loop import EventLoopThread
 from client.running_info import loads_lenient
@@ -258,7 +259,11 @@ def test_delay_level_and_send_back_to_retry_and_dead_letter(cluster: LocalCluste
     _, _, messages = wire.pull(address, "Delayed", 0, 0)
     delivered = messages[0]
     assert delivered.body == b"later" and delivered.property_map["REAL_TOPIC"] == "Delayed"
-    assert delivered.store_timestamp - delivered.born_timestamp >= 1000
+    # due a level's time after it was stored (ScheduleMessageService: storeTimestamp + delay), both stamps the
+    # group's clock (the born timestamp is the client's, which may run a millisecond ahead of it)
+    _, _, scheduled = wire.pull(address, SCHEDULE_TOPIC, 0, 0, count=32)
+    held = next(message for message in scheduled if message.body == b"later")
+    assert delivered.store_timestamp - held.store_timestamp >= 1000
     # the consumer failed it: back with level 1 to %RETRY%g-retry
     back = {"offset": str(delivered.physical_offset), "group": "g-retry", "delayLevel": "1",
             "originMsgId": delivered.msg_id, "originTopic": "Delayed", "unitMode": "false", "maxReconsumeTimes": "1"}

@@ -415,6 +415,25 @@ def test_client_commands_against_a_real_group_across_a_leader_kill(real_cluster:
     assert sorted(str(line["msgId"]) for line in first) == sorted(sent)
     leader = real_cluster.leader_id()
     assert leader is not None
+
+    def committed_on_the_followers() -> bool:
+        """The group's offsets reach the leader as the consume command ends and go through Raft a moment later
+        (a leader killed before that takes them along, and the group consumes those messages again)."""
+        for node in real_cluster.info.nodes:
+            if node.id == leader:
+                continue
+            total = 0
+            for queue_id in (0, 1):
+                code, fields, _ = request(node.broker_address, RequestCode.QUERY_CONSUMER_OFFSET,
+                                          {"consumerGroup": "e2e", "topic": "E2E", "queueId": str(queue_id)})
+                if code != ResponseCode.SUCCESS:
+                    return False
+                total += int(fields["offset"])
+            if total != 3:
+                return False
+        return True
+
+    wait_for(committed_on_the_followers, 20.0, "the group's offsets on the followers")
     real_cluster.kill(leader, signal.SIGKILL)
     after = json.loads(cli("send", "E2E", "after the kill", "--json").stdout)
     assert after["status"] == "SEND_OK"
