@@ -53,13 +53,17 @@ def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
             yield from _statements(handler.body)
 
 
+def _targets(node: ast.AST) -> list[ast.expr]:
+    """What an assignment assigns to (nothing for any other node)."""
+    if isinstance(node, ast.Assign):
+        return list(node.targets)
+    if isinstance(node, ast.AnnAssign | ast.AugAssign):
+        return [node.target]
+    return []
+
+
 def _assigned_names(statement: ast.stmt) -> Iterator[str]:
-    targets: list[ast.expr] = []
-    if isinstance(statement, ast.Assign):
-        targets = list(statement.targets)
-    elif isinstance(statement, ast.AnnAssign | ast.AugAssign):
-        targets = [statement.target]
-    for target in targets:
+    for target in _targets(statement):
         for node in ast.walk(target):
             if isinstance(node, ast.Name):
                 yield node.id
@@ -67,12 +71,7 @@ def _assigned_names(statement: ast.stmt) -> Iterator[str]:
 
 def _self_attributes(function: ast.FunctionDef | ast.AsyncFunctionDef) -> Iterator[str]:
     for node in ast.walk(function):
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = list(node.targets)
-        elif isinstance(node, ast.AnnAssign | ast.AugAssign):
-            targets = [node.target]
-        for target in targets:
+        for target in _targets(node):
             if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
                     and target.value.id == "self"):
                 yield target.attr
