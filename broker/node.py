@@ -259,7 +259,7 @@ class BrokerNode:
     def _applied(self) -> None:
         """After an apply (on the Raft thread): wake the loop for what waits for one, and only then: held pulls,
         on the leader receives in their long poll and a delay level that grew. A wake-up for nothing costs the
-        Raft thread: the woken loop thread takes the GIL, or the CPU, from it (a quarter of a busy follower's
+        Raft thread: the woken loop thread takes the GIL, or the CPU, from it (much of a busy follower's
         GIL time went there). What starts waiting later registers first and then looks (PullWaiters.wait,
         PopService.long_poll), so it sees what applied before."""
         if self._wake_scheduled.is_set():

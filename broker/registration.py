@@ -1,7 +1,8 @@
 """Registration with the name servers: the leader as brokerId 0 with the group's topics, followers under
 their own ids, under the address clients are to use (``advertised_address``, else the listen address).
 Repeated every ``register_interval_seconds`` and at once on every role or topic change, so
-clients see a new leader on their next route refresh (DESIGN: keep that window short on the server side).
+clients see a new leader on their next route refresh (stock clients refresh routes only now and then, so the
+server side keeps that window short).
 
 Each name server gets one long-lived connection: a name server forgets a broker whose connection closes.
 

@@ -1,7 +1,7 @@
 """SEND_MESSAGE, SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE: validate, build the stored messages, replicate,
 answer from the leader's own apply result.
 
-Everything is checked before anything is proposed (DESIGN: bad input leaves no trace): the header, the
+Everything is checked before anything is proposed (bad input leaves no trace): the header, the
 topic name and permissions, the queue id, body and properties sizes, the batch encoding. Delay levels
 are applied as RocketMQ's store does: the message is stored in SCHEDULE_TOPIC_XXXX (queue = level - 1)
 with its real topic and queue in REAL_TOPIC / REAL_QID, and delivered later by the leader's delay service.

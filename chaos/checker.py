@@ -1,6 +1,6 @@
 """The checker: pure functions over a :class:`~chaos.history.History`.
 
-What counts as a violation (each breaks a promise of shared/DESIGN.md, "Failure semantics"):
+What counts as a violation (each breaks a promise the group makes its users about failures):
 
 - ``lost``: a message acknowledged to its producer that a consumer group never received.
 - ``stored_twice``: one UNIQ_KEY at two different queue positions. Retries carry the UNIQ_KEY and the

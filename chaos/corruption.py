@@ -1,7 +1,7 @@
 """Damage to one file of a stopped member's data directory, for the ``corrupt-minority`` scenario.
 
 A member that finds its own durable state damaged must repair it from its peers, refuse to vote until it
-re-fetched it, or refuse to start with a clear message (DESIGN.md, "Failure semantics"); it must never
+re-fetched it, or refuse to start with a clear message (the group promises this to its users); it must never
 serve wrong data, diverge, or make the group lose an acknowledged message. This module makes the damage;
 :meth:`chaos.faults.Faults.damage_file` stops the member, calls it, restarts the member and records what it
 did about it.

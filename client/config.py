@@ -1,5 +1,5 @@
-"""Client configuration: frozen dataclasses that validate themselves and reject unknown keys
-(house style 10). Units are last in names.
+"""Client configuration: frozen dataclasses that validate themselves and reject unknown keys, so a
+mistyped setting fails at once instead of being ignored. Units are last in names.
 
 - :class:`ClientConfig`: what every producer, consumer and admin shares: the name servers, timeouts
   and the background periods (route refresh, heartbeat, offset persistence).

@@ -1,4 +1,4 @@
-"""Typed client errors, each carrying a RocketMQ response code (house style 5).
+"""Typed client errors, each carrying a RocketMQ response code, so callers handle each failure by its code.
 
 Broker answers keep the broker's code (:class:`~broker.remoting.codes.ResponseCode`); failures found
 on the client side use the codes of Java's ``ClientErrorCode`` (10001..10007), so one ``code`` field

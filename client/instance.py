@@ -2,7 +2,7 @@
 ``MQClientAPIImpl``): name-server access, the route cache, one connection per broker address, leader
 failover, heartbeats, and the requests brokers send to clients.
 
-Failover (raftmq's contract, shared/DESIGN.md): a follower answers writes with SERVICE_NOT_AVAILABLE
+Failover (raftmq's contract): a follower answers writes with SERVICE_NOT_AVAILABLE
 (14) and names the leader in the extField ``leaderAddress`` when it knows it. :meth:`invoke_leader`
 then goes straight to that address and refreshes the routes at once; a connection failure or timeout
 marks the address suspect for a few seconds and refreshes the routes too, so a leader change costs
@@ -101,7 +101,7 @@ class _LeaderHint:
 
 class ClientInstance:
     """Shared machinery of one producer, consumer or admin. ``clock`` (monotonic seconds) and ``rng``
-    (backoff jitter) are injected for deterministic tests (house style 7)."""
+    (backoff jitter) are injected for deterministic tests."""
 
     def __init__(
         self,

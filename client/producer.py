@@ -3,8 +3,8 @@
 
 Every message gets a UNIQ_KEY (:mod:`client.unique_id`) before its first attempt and keeps it through
 every retry, so a broker that stored an attempt whose answer was lost deduplicates the next one
-(shared/DESIGN.md: "a send that was not acknowledged may or may not be stored; retries with the same
-UNIQ_KEY are deduplicated").
+(a send that was not acknowledged may or may not be stored; retries with the same UNIQ_KEY are
+deduplicated).
 
 Retries: a leader change (not-leader answer, lost connection, timeout) is ridden out inside
 :meth:`ClientInstance.invoke_leader` until the send deadline; other retriable broker errors

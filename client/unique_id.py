@@ -6,7 +6,7 @@
     milliseconds since the start of the current month (int32) | counter (int16)
 
 The first 10 bytes are fixed per generator; the last 6 change with every id. The generator takes its
-clock and randomness from the caller (house style 7).
+clock and randomness from the caller, so tests drive it deterministically.
 
 **No id of a generator repeats within a month of its clock** (the broker's dedupe window is two
 minutes), whatever the date, the send rate or the clock does:

@@ -7,7 +7,7 @@
  * a property named twice, a transaction message) makes it return NotImplemented, and the Python builder
  * decides, so both always give the same answer. CRCs go through the caller's crc32 (isal's), tag codes
  * through its cache and cached_tag_code, topics through its topic cache: only the per-message loop is
- * here (about a fifth of the leader's CPU when it was Python).
+ * here (where much of the leader's CPU went when it was Python).
  *
  * Layouts (big-endian, as commitlog.message.RECORD_HEADS):
  *   head ">iIIiiqqiq{born}sq{store}siqi" with an 8-byte (IPv4 + port) or 20-byte (IPv6 + port) born host

@@ -1,6 +1,6 @@
 """The deterministic, total, idempotent apply: ``apply(raft_index, command_bytes) -> ApplyResult``.
 
-Rules (shared/DESIGN.md):
+Rules (what keeps every replica byte-identical):
 
 * It reads nothing but its arguments, the store and the replicated state: no clock, no randomness.
 * It is idempotent by Raft index, per kind of effect: commit-log effects are skipped when the store has

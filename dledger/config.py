@@ -83,10 +83,10 @@ class RaftSettings:
     #: it at once whatever this is: a proposal, a peer's message, a finished flush
     tick_period_ms: int = 5
     #: compact the Raft log after this many entries, or this many bytes of entries, or this long (pysyncobj
-    #: keeps every entry in memory until then: the bytes bound what random payloads cost, ~600 KB an entry).
+    #: keeps every entry in memory until then: the bytes bound what large entries of random payloads cost).
     #: A compaction flushes the store (fdatasync), now off the Raft thread (dledger.snapshot); when it ran on
-    #: it, at 1,000 msgs/s (entries of 1-3 messages) 500 entries meant a 9-13 ms stall of every member each
-    #: second, most of the p99 commit latency. 10,000 small entries are ~12 MB, within the bytes bound.
+    #: it, compacting every few hundred small entries stalled every member again and again, and those stalls
+    #: made most of the commit latency's tail. This many small entries stay within the bytes bound.
     log_compaction_entries: int = 10_000
     log_compaction_bytes: int = 32 << 20
     log_compaction_seconds: int = 60
@@ -113,16 +113,17 @@ class RaftSettings:
 class GroupCommitSettings:
     """Bounds of one Raft entry and of what waits for one."""
 
-    #: 512 1 KB messages make ~590 KB entries: against 256, the leader spent ~12 instead of ~14 us per single
-    #: send and a follower ~3 instead of ~3.7 (per-entry costs amortised); 1,024 measured the same as 512
+    #: against 256, the leader and each follower spent less per single send (per-entry costs amortised over
+    #: more messages); 1,024 did no better than 512
     batch_messages_max: int = 512
     batch_bytes_max: int = 1 << 20
     #: how long the batcher waits for a batch to fill once work is there; 0 (no wait, Nagle-free): an entry
     #: leaves as soon as an in-flight slot is free, and batches form from what arrived while the slots were
-    #: taken. 1 ms cost a lone send a whole millisecond (broker path, in-flight 1: p50 3.3 -> 2.2 ms) and
-    #: bought no throughput at in-flight 256 (bench/broker_bench.py --variant)
+    #: taken. Any linger adds its whole length to a lone send's latency, and it bought no throughput with
+    #: many sends in flight (bench/broker_bench.py --variant)
     linger_ms: int = 0
-    #: entries proposed but not yet applied on the leader (DESIGN: ~1-2 MB in flight is the sweet spot)
+    #: entries proposed but not yet applied on the leader (a few entries' worth of bytes in flight gave the
+    #: best throughput: enough to keep every member busy, not so much that it waits in buffers)
     in_flight_entries_max: int = 4
     #: bytes waiting to be proposed; beyond it appends are refused as busy (SYSTEM_BUSY)
     pending_bytes_max: int = 64 << 20

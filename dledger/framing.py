@@ -1,6 +1,6 @@
 """The Raft transport's wire protocol, sans-IO: a mutual HMAC-SHA256 handshake, then authenticated frames.
 
-No socket in sight (house style 1): :class:`SecureChannel` is fed received bytes with
+No socket in sight, so it is tested without a network: :class:`SecureChannel` is fed received bytes with
 :meth:`SecureChannel.receive_data`, hands back handshake bytes to send with
 :meth:`SecureChannel.data_to_send`, yields verified frame payloads with :meth:`SecureChannel.next_frame`
 and encodes outgoing frames with :meth:`SecureChannel.encode_frame`. ``dledger.transport`` is the thin
@@ -23,8 +23,8 @@ Its tag covers each large part through the part's BLAKE3 digest (hash-then-MAC: 
 collision resistance, 128 bits), so a sender that sends one entry to several peers hashes it once, not once
 per peer, and may hash it ahead of time (:class:`DigestCache`). Whether a part is hashed follows from its
 length, which the tag covers like everything else. BLAKE3, not SHA-256: every member hashes every entry,
-and on this product's hosts SHA-256 (with the CPU's SHA extensions) took ~0.5 us per KiB, 15-18% of a
-follower's CPU; BLAKE3 takes ~0.11 us per KiB (version 3 of the protocol; version 2 used SHA-256).
+and on this product's hosts SHA-256 (even with the CPU's SHA extensions) took a large share of a
+follower's CPU; BLAKE3 takes a fraction of that (version 3 of the protocol; version 2 used SHA-256).
 
 Ordering: both sides send HELLO at once (a nonce reveals nothing). The initiator (the side that called
 ``connect``) sends its PROOF when it has the acceptor's HELLO. The acceptor verifies that PROOF before it
@@ -128,8 +128,8 @@ class ReceiveBuffer:
     is moved to the front when that frees enough and it is at most an eighth of the storage, else the
     storage doubles (up to :data:`_KEEP_BYTES`, past which the tail is always moved). It is dropped once
     emptied while larger than :data:`_KEEP_BYTES` (after a snapshot, say), and reused otherwise:
-    reallocating per read measured ~14% of a follower's CPU. ``receive_into`` lets the socket write into
-    it directly.
+    reallocating per read cost a follower a large share of its CPU. ``receive_into`` lets the socket write
+    into it directly.
     """
 
     __slots__ = ("_buffer", "_end", "_offset")
@@ -204,7 +204,7 @@ def _keyed_digest(secret: bytes, label: bytes, transcript: bytes) -> bytes:
 class SecureChannel:
     """One connection's protocol state: handshake, then authenticated frames in both directions.
 
-    ``random_bytes`` is injected (house style 7) so tests can make nonces deterministic; production uses
+    ``random_bytes`` is injected so tests can make nonces deterministic; production uses
     :func:`os.urandom`. Any :class:`ProtocolError` leaves the channel ``FAILED`` for good.
     """
 
@@ -456,7 +456,7 @@ class DigestCache:
     def __init__(self, capacity: int = 64, capacity_bytes: int = 16 << 20) -> None:
         self._capacity = capacity
         #: the cache holds the entries themselves: past what pysyncobj's log holds, after a compaction, its
-        #: bytes are memory of its own (64 entries of ~590 KB were ~38 MB of a member's RSS)
+        #: bytes are memory of its own (a full cache of large entries is tens of megabytes of a member's)
         self._capacity_bytes = capacity_bytes
         self._bytes = 0
         self._entries: OrderedDict[int, tuple[bytes, bytes]] = OrderedDict()  # id -> (the bytes, digest)

@@ -1,8 +1,8 @@
 """A lightweight future for appends: one per send on the leader's hot path.
 
 ``concurrent.futures.Future`` builds a ``threading.Condition`` (and its ``RLock``) per instance and takes
-it on every call; with one future per send that was ~15% of the leader's CPU. :class:`AppendFuture` has
-the part of its interface that appends need (``done``, ``result``, ``exception``, ``add_done_callback``,
+it on every call; with one future per send that was a large share of the leader's CPU. :class:`AppendFuture`
+has the part of its interface that appends need (``done``, ``result``, ``exception``, ``add_done_callback``,
 ``set_result``, ``set_exception``), shares one module lock for its short critical sections and creates an
 ``Event`` only for a caller that actually blocks in ``result``/``exception`` before it is done.
 

@@ -44,11 +44,11 @@ log = logging.getLogger(__name__)
 #: bytes a message adds to its body and properties in a command
 MESSAGE_OVERHEAD_BYTES = 64
 #: after an entry that lz4 could not shrink, this many entries are sent without trying (random payloads:
-#: a futile attempt cost ~0.4 ms per 256-message entry, ~1.6 us per message) ...
+#: a futile attempt costs the leader time on every message of the entry, for nothing) ...
 COMPRESS_RETRY_ENTRIES = 16
 #: ... and twice as many after each further futile attempt, up to this many; an entry that shrinks starts
-#: over (incompressible payloads at full load: one attempt every 256 entries, not every 17, where the
-#: attempts were ~2% of the leader's GIL time; data that turns compressible is noticed within 256 entries)
+#: over (incompressible payloads at full load: one attempt every 256 entries, not every 17, so futile
+#: attempts cost next to nothing; data that turns compressible is noticed within 256 entries)
 COMPRESS_RETRY_ENTRIES_MAX = 256
 #: buckets of :attr:`GroupCommitter.entry_messages_counts`: entries of 1, 2, 3-4, ... messages, the last one
 #: everything above 2 ** 14
@@ -233,7 +233,7 @@ class GroupCommitter:
             # Wake the batcher only when it may act: work appeared, or a lingering batch just became full
             # (as _batch_is_full, inlined). Waking it on every submit cut its linger short and sent entries of
             # a few messages each; and while it waits for an in-flight slot, every submit woke it for nothing
-            # (~6% of the leader).
+            # (a thread wake-up per send, paid by the leader).
             messages_max = settings.batch_messages_max
             bytes_max = settings.batch_bytes_max
             if was_empty or (waiting_messages < messages_max and waiting_bytes < bytes_max
@@ -376,7 +376,8 @@ class GroupCommitter:
             self._complete(batch, result, reason)
             del batch, result
             # The batch's requests, results and callbacks go now, while they are in cache, not when the next
-            # entry wakes this thread (after the other threads' work has pushed them out: ~5% of the leader)
+            # entry wakes this thread (after the other threads' work has pushed them out of the cache, so the
+            # leader pays for the misses)
             del item
 
     def _complete(self, batch: list[_Request], result: ApplyResult | None, reason: int) -> None:

@@ -76,16 +76,16 @@ OWN_ENTRIES_MAX = 1024
 PREFERENCE_CHECK_SECONDS = 1.0
 TRANSFER_TIMEOUT_SECONDS = 5.0
 TRANSFER_RETRY_SECONDS = 0.05
-#: the scrubber validates this much of the commit log per step, then pauses (about 4 MB/s, a few
-#: percent of a core: a GB is re-validated every four minutes or so; 1 MB/s while writes are heavier)
+#: the scrubber validates this much of the commit log per step, then pauses (about 4 MB/s, a small
+#: share of a core: a GB is re-validated every four minutes or so; 1 MB/s while writes are heavier)
 SCRUB_BYTES = 1 << 20
 SCRUB_PAUSE_SECONDS = 0.25
 #: key-index bytes the scrubber checks per step (header, checksum, links, slots: a file's used part is copied
 #: under the store lock, then checked without it)
 INDEX_SCRUB_BYTES = 4 << 20
 #: ... once this often: each check copies a file's slot table (4 MB at the default size) and entries under
-#: the store lock, which the apply path waits for; every 0.25 s it cost the leader ~10% of its acknowledged
-#: msgs/s and doubled the commit p99 at 1,000 msgs/s (bench/replication_bench.py)
+#: the store lock, which the apply path waits for; at every scrub step it cost the leader acknowledged
+#: sends and lengthened the commit latency's tail (bench/replication_bench.py shows both)
 INDEX_SCRUB_INTERVAL_SECONDS = 10.0
 #: at most one warning this often that a peer did not answer a digest request
 DIGEST_WARNING_SECONDS = 60.0
@@ -404,7 +404,7 @@ class GroupMember:
 
     def _leadership(self) -> tuple[bool, str | None]:
         """(whether this member leads, the leader's name when it does not and one is known). Read on every
-        send: while leading, one attribute (~2% of the leader's time when it asked pysyncobj twice). It can
+        send: while leading, one attribute (asking pysyncobj twice per send cost the leader). It can
         be a step behind pysyncobj's state for as long as the callback takes to run; an append accepted in
         that moment gets its answer from pysyncobj (not leader), as one accepted just before would."""
         if self._leading:

@@ -146,8 +146,8 @@ class BackgroundSnapshots:
     pysyncobj calls :meth:`serialize` on its tick thread, then polls :meth:`checkSerializing` on every
     tick, and deletes the log entries a snapshot covers only once that reports SUCCESS. ``serialize``
     captures the snapshot there (``capture``: the state, where the commit log ends, the two entries: quick)
-    and a thread then makes the store durable (``make_durable``: a flush, whose fdatasync took ~20-70 ms
-    at full load and stalled the Raft thread of every member at once) and only after it writes and
+    and a thread then makes the store durable (``make_durable``: a flush, whose fdatasync is long at full
+    load and, on the Raft thread, stalled every member at once) and only after it writes and
     renames the snapshot file. So a snapshot on disk always has on disk the store data it stands for,
     and a member restarted alone after a power loss can start from its own files.
 

@@ -14,7 +14,7 @@ Use it through pysyncobj's public ``transportClass`` parameter::
 Every member of a group must use this transport and the same secret; it does not interoperate with the
 stock transport (a stock peer fails the handshake and is disconnected).
 
-What it changes against pysyncobj 0.3.17's ``TcpConnection``/``TcpServer`` (see DESIGN.md, "known traps"):
+What it changes against pysyncobj 0.3.17's ``TcpConnection``/``TcpServer`` (which capped throughput):
 
 * Frames are length-prefixed and carry pickle protocol 5 (bytes stay bytes), without zlib.
 * Output is a deque of buffers written with ``sendmsg`` (scatter/gather): no ``bytes +=``, no slicing of
@@ -113,7 +113,7 @@ logger = logging.getLogger(__name__)
 #: two bytes) and is the fastest the standard library has
 PAYLOAD_PICKLE_PROTOCOL: Final = 5
 #: command bytes of at least this size in append-entries messages are sent out of band: pickling copied
-#: each entry once per follower (~0.2 ms per 300 KB entry on the leader's GIL)
+#: each entry once per follower, holding the leader's GIL
 OUT_OF_BAND_MIN_BYTES: Final = 16 * 1024
 #: buffers handed to one ``sendmsg``; Linux' IOV_MAX is 1024, fewer keep the list building cheap
 SEND_BUFFERS_PER_CALL_MAX: Final = 64

@@ -1,7 +1,7 @@
 """A ``SyncObjConf`` tuned for throughput on this transport, with every choice explained.
 
-Measured rules (DESIGN.md, "pysyncobj: known traps", 3 members + client on 2 cores): group-commit 64-256
-messages per entry with ~1-2 MB in flight, ``appendEntriesPeriod`` 2-10 ms, ``autoTickPeriod`` 1 ms,
+Rules found by measuring (3 members and a client on 2 cores): group-commit many messages per entry with
+a few entries' worth of bytes in flight, ``appendEntriesPeriod`` 2-10 ms, ``autoTickPeriod`` 1 ms,
 4 MB socket buffers. ``bench/raft_transport_bench.py`` measures the result.
 
 The entry size contract (the chunking trap)
@@ -86,14 +86,14 @@ def tuned_conf(
 
     * ``appendEntriesPeriod`` = ``append_entries_period_seconds`` (5 ms; 2-10 ms allowed): in batch mode
       the leader sends new entries only every period, so the 100 ms default paces both throughput and
-      commit latency (~150 ms p50 measured; ~3 ms with 2 ms). It also bounds how long one tick may spend
+      commit latency (a commit takes about a period or more). It also bounds how long one tick may spend
       sending or taking commands from the queue.
     * ``autoTickPeriod`` = ``auto_tick_period_seconds`` (1 ms here; members use ``tick_period_ms``, 5 ms):
       the longest the tick thread sleeps in ``poll`` with nothing to do. pysyncobj's batch mode wakes it for
       nothing, so with 50 ms a command waited up to 50 ms before the leader saw it; our RaftNode wakes it
       for each proposal (and for each finished flush), so the period only paces its timers.
     * ``sendBufferSize``/``recvBufferSize`` = ``socket_buffer_bytes`` (4 MiB, this host's
-      ``net.core.wmem_max``/``rmem_max``): ~1-2 MB are in flight at full rate, and 64 KiB buffers make the
+      ``net.core.wmem_max``/``rmem_max``): entries are in flight at full rate, and 64 KiB buffers make the
       leader stall on every batch.
     * ``appendEntriesBatchSizeBytes`` = 2 x ``entry_size_max_bytes`` (2 MiB by default): the chunking
       trap, see the module doc. Larger batches also mean fewer messages and responses per entry.
@@ -181,8 +181,8 @@ GC_YOUNG_THRESHOLD: Final = 50_000
 def tune_process_gc() -> None:
     """For a member process, once it has started: move what start-up built out of the collector's sight
     (``gc.freeze``) and collect the young generation every 50,000 allocations instead of 700. A send
-    allocates a few dozen short-lived objects, so the default ran a collection every ~20 sends; measured
-    on the replication benchmark, the leader spent ~15% of its CPU in the collector. Reference cycles are
+    allocates a few dozen short-lived objects, so the default ran a collection every few dozen sends, and on
+    the replication benchmark the leader spent a large share of its CPU in the collector. Reference cycles are
     still collected, just less often."""
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, 20, 20)

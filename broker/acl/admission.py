@@ -1,5 +1,5 @@
 """What the remoting server asks before it queues a request: access control first, then the request
-limits no processor checks before doing work (house style 6: a named limit on everything that grows).
+limits no processor checks before doing work (a named limit on everything a client can make grow).
 
 - ``PROPERTIES_COUNT_MAX``: properties of one message (the SEND header's ``properties``, or each record
   of a batch). Their length is bounded already (32767 bytes: the stored ``propertiesLength`` is an

@@ -1,4 +1,4 @@
-"""Name server configuration: a frozen dataclass that validates itself (house style 10)."""
+"""Name server configuration: a frozen dataclass that validates itself, so a bad file fails at start."""
 
 from __future__ import annotations
 

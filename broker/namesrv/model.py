@@ -6,7 +6,7 @@ Sources (apache/rocketmq): ``RegisterBrokerBody`` (the REGISTER_BROKER body, pla
 (GET_BROKER_CLUSTER_INFO), ``TopicList`` (GET_ALL_TOPIC_LIST_FROM_NAMESERVER).
 
 What we write is standard JSON: Java's fastjson writes ``brokerAddrs`` keys unquoted (``{0:"ip:port"}``),
-which is not JSON; both stock clients accept the quoted form (shared/PROTOCOL.md).
+which is not JSON; both stock clients, C++ and Java, accept the quoted form.
 """
 
 from __future__ import annotations
@@ -355,8 +355,8 @@ class QueueData:
     topic_sys_flag: int = 0
 
     def to_json_object(self) -> dict[str, object]:
-        # "topicSysFlag" as shared/PROTOCOL.md spells it; 4.x Java's field is "topicSynFlag" (a typo
-        # fixed in 5.x). Readers ignore the key they do not know and default it to 0.
+        # "topicSysFlag", as 5.x spells it; 4.x Java's field is "topicSynFlag" (a typo fixed in 5.x).
+        # Readers ignore the key they do not know and default it to 0.
         return {
             "brokerName": self.broker_name,
             "readQueueNums": self.read_queue_nums,

@@ -16,8 +16,8 @@ from broker.remoting.codes import LanguageCode, SerializeType
 
 #: flag bit 0: the command is a response (``RemotingCommand.markResponseType`` in Java)
 RESPONSE_FLAG: Final = 1
-#: flag bit 1: the sender expects no answer. Stock C++ clients never set it on the wire (PROTOCOL.md),
-#: so a server must not rely on it to decide whether to answer.
+#: flag bit 1: the sender expects no answer. Stock C++ clients never set it on the wire
+#: (tests/interop/README.md), so a server must not rely on it to decide whether to answer.
 ONEWAY_FLAG: Final = 2
 
 INT16_MIN: Final = -(2**15)

@@ -1,4 +1,4 @@
-"""Named limits on everything a peer can make the codec hold (house style 6)."""
+"""Named limits on everything a peer can make the codec hold: nothing a peer sends grows without bound."""
 
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ PAUSED_FOR_STOP: Final = "server stopping"
 
 @dataclass(frozen=True, slots=True)
 class ServerLimits:
-    """What one server lets its peers make it hold (house style 6).
+    """What one server lets its peers make it hold: a named limit on each, so nothing grows without bound.
 
     - ``connections_max``: open connections; one more is closed as soon as it is accepted.
     - ``in_flight_requests_max``: requests of one connection queued or being processed; at the limit

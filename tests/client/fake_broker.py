@@ -58,7 +58,7 @@ from commitlog.retries import retry_digest
 LOOPBACK = "127.0.0.1"
 BROKER_NAME = "broker-a"
 CLUSTER = "DefaultCluster"
-#: the group's stable store host (DESIGN: not any node's address)
+#: the group's stable store host (not any node's address: every replica writes the same bytes)
 STORE_HOST = encode_host("10.0.0.1", 10911)
 DEFAULT_QUEUES = 4
 V2_NAMES = dict(zip("abcdefghijklmn", [

@@ -35,7 +35,7 @@ IN_FLIGHT_MAX = int(os.environ.get("RAFTMQ_TEST_IN_FLIGHT", "256"))
 #: messages per request (a batch send); 1 = one send per message
 REQUEST_MESSAGES = int(os.environ.get("RAFTMQ_TEST_REQUEST_MESSAGES", "1"))
 #: whether each acknowledged message gets its ACKLOG line (the tests read them; benchmarks turn this off:
-#: formatting and writing the lines cost the leader's process ~2 us per message, which no real caller pays)
+#: formatting and writing the lines cost the leader's process time per message, which no real caller pays)
 ACK_LOG = os.environ.get("RAFTMQ_TEST_ACK_LOG", "1") != "0"
 #: requests the load submits in a row once there is room for them
 BURST_MAX = 64
