@@ -206,8 +206,9 @@ def test_a_replica_restarted_past_retention_numbers_a_queue_as_the_others(direct
         lone = ("TopicB", 3)
         simulation.propose_sends([simulation.message(queue=lone)], "the queue's only message")
         store, _ = simulation.leader.running()
-        while len(store.commit_log.starts) < 4:
-            simulation.propose_sends([simulation.message(queue=("TopicA", 0))], "another queue's message")
+        while len(store.commit_log.starts) < 4:  # spread: no queue's first consume-queue file is deleted whole
+            filler = ("TopicA", simulation.number % 4)
+            simulation.propose_sends([simulation.message(queue=filler)], "another queue's message")
         kept_from = sorted(store.commit_log.starts)[2]
         simulation.propose(encode_command(Command((Retention(kept_from),))), f"retention below {kept_from}")
         for replica in simulation.replicas:
@@ -222,5 +223,38 @@ def test_a_replica_restarted_past_retention_numbers_a_queue_as_the_others(direct
         next_offsets = {replica.name: replica.running()[0].max_queue_offset(*lone) for replica in simulation.replicas}
         assert len(set(next_offsets.values())) == 1, f"the queue's end on each replica: {next_offsets}"
         simulation.check()
+    finally:
+        simulation.close()
+
+
+PAST_A_CONSUME_QUEUE_FILE = ("a replica that copies the commit log from past the leader's retention point fails in "
+                             "MessageStore.finish_ingest when a queue's first copied message is past the queue's "
+                             "first consume-queue file: ConsumeQueue.prune_below searches the queue from offset 0, "
+                             "whose file the new queue does not have (KeyError)")
+
+
+@pytest.mark.xfail(strict=True, raises=KeyError, reason=PAST_A_CONSUME_QUEUE_FILE)
+def test_a_replica_restarted_past_retention_copies_a_long_queue(directory: Path) -> None:
+    """Found by the seeded runs, as the test above. One queue holds every message; retention keeps only the
+    last segment, so the queue's first retained message is files into the queue, and a binary search over
+    [0, its end) first probes a unit below it. A wiped replica restarts from the leader's snapshot. (With the
+    default 300,000 units per file: a queue that lost more than that many messages to retention.)"""
+    simulation = Simulation(0, directory, steps=0)
+    try:
+        long_queue = ("TopicA", 0)
+        store, _ = simulation.leader.running()
+        while len(store.commit_log.starts) < 6:
+            simulation.propose_sends([simulation.message(queue=long_queue)], "a message of the long queue")
+        kept_from = max(store.commit_log.starts)
+        simulation.propose(encode_command(Command((Retention(kept_from),))), f"retention below {kept_from}")
+        for replica in simulation.replicas:
+            simulation.apply_up_to(replica, len(simulation.log))
+        units_per_file = simulation.config.consume_queue_units_per_file
+        first, end = store.min_queue_offset(*long_queue), store.max_queue_offset(*long_queue)
+        assert end // 2 < first - first % units_per_file, "the search's first probe is below the copied units' files"
+        simulation.capture_snapshot(simulation.leader)
+        wiped = simulation.replicas[2]
+        wiped.kill()
+        simulation.restart_from_snapshot(wiped)
     finally:
         simulation.close()
