@@ -446,11 +446,12 @@ class Simulation:
         self.now_ms += self.random.choice((0, 1, 7, 250, 1000, 3000))
         if self.random.random() < 0.02:
             self.now_ms += 130_000  # past the UNIQ_KEY window: a retry now is a new message
-        kind = self.random.choices(
-            ("send", "batch", "retry", "delay", "timer", "release timers", "deliver delays", "prepare",
-             "end transaction", "check transaction", "offsets", "topic", "pop", "retention", "other"),
-            weights=(20, 8, 6, 4, 4, 3, 3, 4, 4, 2, 5, 1, 8, 2, 2))[0]
-        getattr(self, "_" + kind.replace(" ", "_"))()
+        weighted: tuple[tuple[int, Callable[[], None]], ...] = (
+            (20, self._send), (8, self._batch), (6, self._retry), (4, self._delay), (4, self._timer),
+            (3, self._release_timers), (3, self._deliver_delays), (4, self._prepare), (4, self._end_transaction),
+            (2, self._check_transaction), (5, self._offsets), (1, self._topic), (8, self._pop), (2, self._retention),
+            (2, self._other))
+        self.random.choices([action for _, action in weighted], weights=[weight for weight, _ in weighted])[0]()
 
     def message(self, transaction: int = 0, queue: tuple[str, int] | None = None, **properties: str) -> MessageInput:
         """A producer's send, built as the broker builds it (its UNIQ_KEY, tags and keys as a client sets them);
