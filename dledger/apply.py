@@ -677,6 +677,10 @@ class StateMachine:
     def _noop(self, raft_index: int, reason: str) -> ApplyResult:
         log.warning("index %d applied as a no-op: %s", raft_index, reason)
         self.noops.append((raft_index, reason))
+        # the store records the index too: a refusal that depended on the state (a transaction half no longer
+        # pending) cannot be decided again when the entry is replayed after a restart whose checkpoint has the
+        # state at this index and the store before it; apply would then store the refused command's messages
+        self.store.mark_applied(raft_index)
         if raft_index > self.state.applied_index:
             with self.state_lock:
                 self.state.applied_index = raft_index

@@ -212,7 +212,6 @@ class Simulation:
         self.refused_transactions: set[int] = set()
         #: (replica, index) of each such entry replayed while the state had applied it and the store had not:
         #: what test_a_refused_end_transaction_is_refused_again_after_a_restart shows diverging
-        self.refused_transactions_replayed: list[tuple[str, int]] = []
 
     # ------------------------------------------------------------------------------------ driving
 
@@ -327,9 +326,6 @@ class Simulation:
             # apply skips what they already have
             recovered = min(store.applied_raft_index, replica.state.applied_index)
             replica.next_index = self.random.randint(max(1, recovered - 5), recovered + 1)
-            self.refused_transactions_replayed += [
-                (replica.name, index) for index in sorted(self.refused_transactions)
-                if replica.next_index <= index and store.applied_raft_index < index <= replica.state.applied_index]
         store, _ = replica.running()
         self.note(f"{replica.name} restarts after a {kind}: store at index {store.applied_raft_index}, "
                   f"state at {replica.state.applied_index}, replaying from {replica.next_index}")
@@ -340,9 +336,7 @@ class Simulation:
         if replica.next_index <= 1:
             return
         index = self.random.randint(1, replica.next_index - 1)
-        store, machine = replica.running()
-        if index in self.refused_transactions and store.applied_raft_index < index <= replica.state.applied_index:
-            self.refused_transactions_replayed.append((replica.name, index))
+        _, machine = replica.running()
         before = self.digest(replica)
         machine.apply(index, self.log[index - 1])
         after = self.digest(replica)
