@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Final
 
 from commitlog.checkpoint import read_checkpoint
-from commitlog.message import RecordError, StoredMessage, decode_properties, decode_record
+from commitlog.message import RecordError, StoredMessage, decode_record
+from protocol.properties import decode_properties
 
 FILLER_NAME: Final = "chaos-filler"
 FILL_CHUNK_BYTES: Final = 1 << 20

@@ -22,7 +22,7 @@ import hashlib
 import struct
 from typing import Final, NamedTuple
 
-from commitlog.message import KEY_SEPARATOR, NAME_VALUE_SEPARATOR, PROPERTY_KEYS, PROPERTY_SEPARATOR
+from protocol.properties import KEY_SEPARATOR, NAME_VALUE_SEPARATOR, PROPERTY_KEYS, PROPERTY_SEPARATOR
 
 #: the due time of a timed message (epoch ms), which a relative delay makes different on every attempt
 PROPERTY_TIMER_OUT_MS: Final = "TIMER_OUT_MS"

@@ -1,4 +1,5 @@
-"""Named limits on everything a peer can make the codec hold (house style 6)."""
+"""Named limits on everything a peer can make the codec hold: a peer decides what it sends, so each
+buffer, frame and header has a bound it cannot talk this side past."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ Sources (apache/rocketmq): ``RegisterBrokerBody`` (the REGISTER_BROKER body, pla
 (GET_BROKER_CLUSTER_INFO), ``TopicList`` (GET_ALL_TOPIC_LIST_FROM_NAMESERVER).
 
 What we write is standard JSON: Java's fastjson writes ``brokerAddrs`` keys unquoted (``{0:"ip:port"}``),
-which is not JSON; both stock clients accept the quoted form (shared/PROTOCOL.md).
+which is not JSON; both stock clients accept the quoted form.
 """
 
 from __future__ import annotations
@@ -19,9 +19,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
-from broker.namesrv.errors import InvalidRequestError
 
 #: brokerId of the master: clients send only to the address registered under it
+class InvalidRequestError(ValueError):
+    """A request header or body the name server cannot use; answered SYSTEM_ERROR with this text as the
+    remark (what the Java name server answers when a header or body does not decode)."""
+
+
 MASTER_ID: Final = 0
 #: ``PermName``: what a topic's queues allow on a broker
 PERM_PRIORITY: Final = 8
@@ -355,7 +359,7 @@ class QueueData:
     topic_sys_flag: int = 0
 
     def to_json_object(self) -> dict[str, object]:
-        # "topicSysFlag" as shared/PROTOCOL.md spells it; 4.x Java's field is "topicSynFlag" (a typo
+        # "topicSysFlag" as 5.x spells it; 4.x Java's field is "topicSynFlag" (a typo
         # fixed in 5.x). Readers ignore the key they do not know and default it to 0.
         return {
             "brokerName": self.broker_name,
