@@ -5,6 +5,8 @@ client SDK imports nothing of the broker (what both need lives in ``protocol``).
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -52,6 +54,16 @@ def test_the_client_imports_nothing_of_the_broker() -> None:
 
 def test_protocol_imports_nothing_else_of_the_project() -> None:
     assert forbidden_imports("protocol", PROJECT_PACKAGES - {"protocol"}) == []
+
+
+def test_importing_the_client_loads_no_broker_module() -> None:
+    """What the source says, seen in a process: the SDK's modules pull in no broker module indirectly."""
+    probe = ("import sys, client, client.admin, client.instance, client.push_consumer, client.transaction; "
+             "print(sorted({name for name in sys.modules if name.split('.')[0] == 'broker'}))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=60,
+                            check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize(("source", "expected"), [
