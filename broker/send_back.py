@@ -13,7 +13,13 @@ from broker.send import SendProcessor
 from commitlog.errors import StoreError
 from protocol.codes import ResponseCode
 from protocol.command import RemotingCommand, make_response
-from protocol.properties import PROPERTY_DELAY_TIME_LEVEL, PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RETRY_TOPIC
+from protocol.properties import (
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_RETRY_TOPIC,
+)
 from protocol.route_data import PERM_READ, PERM_WRITE
 from protocol.topics import dlq_topic, retry_topic
 
@@ -58,8 +64,8 @@ class SendBackProcessor:
         properties.setdefault(PROPERTY_RETRY_TOPIC, original.topic)
         properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, fields.get("originMsgId") or original.msg_id)
         properties.pop(PROPERTY_DELAY_TIME_LEVEL, None)
-        properties.pop("REAL_TOPIC", None)
-        properties.pop("REAL_QID", None)
+        properties.pop(PROPERTY_REAL_TOPIC, None)
+        properties.pop(PROPERTY_REAL_QUEUE_ID, None)
         if original.reconsume_times >= limit or delay_level < 0:
             topic = dlq_topic(group)
             await broker.ensure_topic(topic, 1, PERM_WRITE)

@@ -590,7 +590,7 @@ class QueueConsumer:
                 self._note("undecodable pull", node, str(exc)[:120])
                 break
             position += record.total_size
-            uniq_key = decode_properties(record.properties).get("UNIQ_KEY", "")
+            uniq_key = decode_properties(record.properties).get(PROPERTY_UNIQ_KEY, "")
             self.recorder.record(DeliveryEvent(self.group, session, uniq_key, record.queue_id, record.queue_offset,
                                                now, node))
             after_last = max(after_last, record.queue_offset + 1)

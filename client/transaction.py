@@ -35,7 +35,12 @@ from client.producer import AsyncProducer, current_time_ms
 from commitlog.message import RecordError, decode_message_id
 from protocol.codes import RequestCode
 from protocol.command import RemotingCommand
-from protocol.properties import PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION_PREPARED, PROPERTY_UNIQ_KEY
+from protocol.properties import (
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_UNIQ_KEY,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +213,7 @@ class AsyncTransactionProducer(AsyncProducer):
             logger.warning("%s: check-back for another group %s ignored", self.group, group)
             return
         message = message.with_changes(
-            topic=message.properties.get("REAL_TOPIC", message.topic),
+            topic=message.properties.get(PROPERTY_REAL_TOPIC, message.topic),
         )
         assert self._checks is not None
         remark: str | None = None

@@ -73,7 +73,12 @@ from dledger.config import parse_address
 from dledger.member import GroupMember
 from protocol.codes import RequestCode
 from protocol.command import make_request
-from protocol.properties import PROPERTY_PRODUCER_GROUP, PROPERTY_TIMER_DELIVER_MS, PROPERTY_UNIQ_KEY
+from protocol.properties import (
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_UNIQ_KEY,
+)
 from protocol.route_data import PERM_READ, PERM_WRITE
 from protocol.topics import TRANS_HALF_TOPIC
 
@@ -335,7 +340,7 @@ class MessagingService:
                                                            f"{request.transaction_id[:64]!r}: {exc}") from None
         properties = half.property_map
         if (half.topic != TRANS_HALF_TOPIC or properties.get(PROPERTY_UNIQ_KEY) != request.message_id
-                or properties.get("REAL_TOPIC") != topic):
+                or properties.get(PROPERTY_REAL_TOPIC) != topic):
             raise StatusError(Code.INVALID_TRANSACTION_ID,
                               f"transaction id {request.transaction_id} is not the half message of message "
                               f"{request.message_id[:64]!r} on topic {topic}")
