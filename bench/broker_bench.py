@@ -53,12 +53,12 @@ from bench import bench_table, cpp_producer, cpu_meter
 from bench.figures import percentile as percentile  # timer_bench.py imports it from here
 from bench.figures import produce_figures
 from bench.sdk_sends import timed_sends
-from broker.remoting.client import RemotingClient
-from broker.remoting.codes import RequestCode, ResponseCode
 from cli.cluster import LocalCluster, route_master
 from client.config import ProducerConfig
 from client.message import Message
 from client.producer import AsyncProducer
+from protocol.client import RemotingClient
+from protocol.codes import RequestCode, ResponseCode
 
 TOPIC: Final = "BenchTopic"
 QUEUES: Final = 4

@@ -32,13 +32,13 @@ from typing import Final
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broker.remoting import codec
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import RemotingCommand, make_request, make_response
 from broker.requests import SendHeader
 from broker.send import SendProcessor
 from commitlog.message import encode_host
 from commitlog.store import AppendResult, AppendStatus
+from protocol import codec
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand, make_request, make_response
 
 BODY: Final = os.urandom(1024)
 STORE_HOST: Final = encode_host("127.0.0.1", 10911)

@@ -22,9 +22,10 @@ import numpy as np
 
 from commitlog.config import StoreConfig
 from commitlog.key_index import IndexColumns, KeyIndex
-from commitlog.message import MessageInput, encode_host, encode_properties
+from commitlog.message import MessageInput, encode_host
 from commitlog.recent_keys import SEED_SPAN_MS, RecentKeys
 from commitlog.store import MessageStore
+from protocol.properties import encode_properties
 
 NEWEST_MS = 1_700_000_000_000
 BODY_BYTES = 4_000_000

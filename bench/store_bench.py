@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 from commitlog.config import StoreConfig
-from commitlog.message import MessageInput, encode_host, encode_properties
+from commitlog.message import MessageInput, encode_host
 from commitlog.store import MessageStore
+from protocol.properties import encode_properties
 
 QUEUES = 8
 

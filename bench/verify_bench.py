@@ -48,8 +48,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from commitlog.config import StoreConfig
-from commitlog.message import MessageInput, encode_host, encode_properties
+from commitlog.message import MessageInput, encode_host
 from commitlog.store import MessageStore
+from protocol.properties import encode_properties
 from spark_analytics.checks import check_byte_equality, check_integrity
 from spark_analytics.derived import check_derived_state
 from spark_analytics.session import MASTER_DEFAULT, build_session

@@ -21,23 +21,18 @@ from broker.consumers import ConsumerManager
 from broker.context import BrokerContext
 from broker.offsets import OffsetCommitter
 from broker.pull_rates import PullRates
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import RequestContext
-from broker.requests import INT32_MAX, RequestError, boolean, integer, object_keyed_json, text
+from broker.requests import INT32_MAX, RequestError, boolean, integer, text
 from broker.runtime_stats import QueueFacts, RuntimeStats, StoreFacts, Totals, disk_space
 from broker.subscription_groups import group_config_json, parse_group_config
-from broker.topics import (
-    INTERNAL_TOPIC_QUEUES,
-    PERM_INHERIT,
-    PERM_READ,
-    PERM_WRITE,
-    SYSTEM_TOPICS,
-    check_topic_name,
-)
 from commitlog.errors import StoreError
 from commitlog.message import SYSFLAG_BORNHOST_V6
 from dledger.command import Command, SubscriptionGroup, TopicConfig
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand, make_response
+from protocol.fastjson import object_keyed_json
+from protocol.route_data import PERM_INHERIT, PERM_READ, PERM_WRITE
+from protocol.topics import INTERNAL_TOPIC_QUEUES, SYSTEM_TOPICS, check_topic_name
 
 QUERY_MESSAGES_MAX: Final = 64
 QUEUE_NUMS_MAX: Final = 1024

@@ -22,13 +22,14 @@ from typing import Any, Final
 from broker.context import BrokerContext
 from broker.offsets import OffsetCommitter
 from broker.relay import DepartedConnection, RelayedClients, RelayedConnection, client_connection
-from broker.remoting.client import RemotingError, RequestTimeoutError
-from broker.remoting.codec import EncodeError
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import Connection, Processor, RequestContext
 from broker.requests import RequestError, text
-from broker.topics import PERM_READ, PERM_WRITE, retry_topic
+from protocol.codec import EncodeError
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand, make_response
+from protocol.connection import RemotingError, RequestTimeoutError
+from protocol.route_data import PERM_READ, PERM_WRITE
+from protocol.topics import retry_topic
 
 log = logging.getLogger(__name__)
 

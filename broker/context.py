@@ -22,16 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from broker.config import BrokerConfig
-from broker.remoting.codes import ResponseCode
 from broker.requests import RequestError
-from broker.topics import (
-    INTERNAL_TOPIC_QUEUES,
-    PERM_READ,
-    PERM_WRITE,
-    SYSTEM_TOPICS,
-    TOPIC_NAME_MAX_CHARS,
-    check_topic_name,
-)
 from commitlog.message import MessageInput
 from commitlog.store import AppendResult, MessageStore
 from dledger.apply import ApplyResult
@@ -49,6 +40,9 @@ from dledger.group_commit import (
 from dledger.member import GroupMember
 from dledger.stages import StageHistograms
 from dledger.state import ReplicatedState
+from protocol.codes import ResponseCode
+from protocol.route_data import PERM_READ, PERM_WRITE
+from protocol.topics import INTERNAL_TOPIC_QUEUES, SYSTEM_TOPICS, TOPIC_NAME_MAX_CHARS, check_topic_name
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,16 @@ from typing import Final
 
 from broker.context import BrokerContext
 from broker.requests import RequestError
-from broker.send import PROPERTY_DELAY, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, encode_properties_text
-from broker.topics import SCHEDULE_TOPIC
-from commitlog.message import MessageInput, StoredMessage, decode_properties, decode_record
+from commitlog.message import MessageInput, StoredMessage, decode_record
 from dledger.command import Command, Messages, TimerProgress
+from protocol.properties import (
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    decode_properties,
+    encode_properties_text,
+)
+from protocol.topics import SCHEDULE_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +48,7 @@ def delivered_message(stored: StoredMessage, store_timestamp: int) -> MessageInp
     queue_text = properties.pop(PROPERTY_REAL_QUEUE_ID, None)
     if not topic or queue_text is None or not queue_text.isdigit():
         return None
-    properties.pop(PROPERTY_DELAY, None)
+    properties.pop(PROPERTY_DELAY_TIME_LEVEL, None)
     # RocketMQ keeps REAL_TOPIC / REAL_QID on the delivered message (clients read them for retries)
     properties[PROPERTY_REAL_TOPIC] = topic
     properties[PROPERTY_REAL_QUEUE_ID] = queue_text

@@ -43,17 +43,17 @@ from typing import Final
 
 from broker.context import BrokerContext
 from broker.relay import CLIENT_GONE
-from broker.remoting.client import (
-    RemotingClient,
+from broker.remoting.server import FORWARDED_FOR_FIELD, Connection, Processor, RequestContext
+from dledger.config import parse_address
+from protocol.client import RemotingClient
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand, make_response
+from protocol.connection import (
     RemotingError,
     RequestHandler,
     RequestTimeoutError,
     TooManyPendingRequestsError,
 )
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import RemotingCommand, make_response
-from broker.remoting.server import FORWARDED_FOR_FIELD, Connection, Processor, RequestContext
-from dledger.config import parse_address
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,6 @@ from broker.front_moves import FrontMover, front_host_set
 from broker.http import HttpServer, probe_routes
 from broker.logs import add_log_arguments, configure_logging, set_log_context
 from broker.metrics import CONTENT_TYPE, new_registry, read_snapshot, render
-from broker.namesrv.model import TopicConfig as RouteTopicConfig
 from broker.offsets import OffsetCommitter
 from broker.pop import PopService, ReviveService
 from broker.probes import Probes, ProbeState, raft_status, read_probe_state
@@ -53,9 +52,6 @@ from broker.pull import PullProcessor, PullWaiters
 from broker.pull_rates import PullRates
 from broker.registration import Registrar
 from broker.relay import CLIENT_GONE, ClientGoneProcessor, ClientRelay, RelayedClients
-from broker.remoting import event_loop as event_loop_module
-from broker.remoting.codes import RequestCode
-from broker.remoting.command import RemotingCommand
 from broker.remoting.server import Connection, Processor, RemotingServer, RequestContext, ServerLimits
 from broker.replica_files import REPLICA_FILES_CODES, ReplicaFilesProcessor
 from broker.retention import RetentionService
@@ -63,7 +59,6 @@ from broker.runtime_stats import SAMPLE_PERIOD_SECONDS, RuntimeStats, member_tot
 from broker.send import SEND_CODES, SendProcessor
 from broker.send_back import SendBackProcessor
 from broker.timers import TimerService
-from broker.topics import AUTO_CREATE_TOPIC, PERM_INHERIT, PERM_READ, PERM_WRITE
 from broker.transactions import EndTransactionProcessor, TransactionCheckService
 from broker.v2.server import GrpcServer, grpc_server
 from commitlog.config import ConfigError
@@ -71,6 +66,12 @@ from dledger.command import AclDocument, Command
 from dledger.config import NodeConfig, parse_address
 from dledger.member import GroupMember, RoleChange
 from dledger.tuning import tune_process_gc
+from protocol import event_loop as event_loop_module
+from protocol.codes import RequestCode
+from protocol.command import RemotingCommand
+from protocol.route_data import PERM_INHERIT, PERM_READ, PERM_WRITE
+from protocol.route_data import TopicConfig as RouteTopicConfig
+from protocol.topics import AUTO_CREATE_TOPIC
 
 log = logging.getLogger(__name__)
 

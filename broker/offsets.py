@@ -12,9 +12,9 @@ import logging
 from typing import Final
 
 from broker.context import BrokerContext
-from broker.remoting.codes import ResponseCode
 from broker.requests import RequestError
 from dledger.command import Command, ConsumerOffset, ConsumerOffsets
+from protocol.codes import ResponseCode
 
 log = logging.getLogger(__name__)
 

@@ -25,14 +25,16 @@ from dataclasses import dataclass
 from typing import Final
 
 from broker.context import BrokerContext
-from broker.remoting.codes import ResponseCode
 from broker.requests import RequestError
 from broker.subscription_groups import check_consume_enabled
-from broker.topics import PERM_WRITE, dlq_topic
-from commitlog.message import PROPERTY_TAGS, StoredMessage, decode_record
+from commitlog.message import StoredMessage, decode_record
 from commitlog.store import GetStatus
 from dledger.command import Command, PopAck, PopChangeInvisible, PopReceive, PopRevive
 from dledger.pop import POP_RECEIVE_BATCH_MAX, PopOutcome, due_entries
+from protocol.codes import ResponseCode
+from protocol.properties import PROPERTY_TAGS
+from protocol.route_data import PERM_WRITE
+from protocol.topics import dlq_topic
 
 log = logging.getLogger(__name__)
 

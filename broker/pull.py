@@ -18,13 +18,13 @@ from broker.consumers import ConsumerManager
 from broker.context import BrokerContext
 from broker.offsets import OffsetCommitter
 from broker.pull_rates import PullRates
-from broker.remoting.codes import ResponseCode
-from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import RequestContext
 from broker.requests import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, PullHeader, RequestError
 from broker.subscription_groups import check_consume_enabled
 from commitlog.message import body_at, java_string_hash
 from commitlog.store import GetResult, GetStatus
+from protocol.codes import ResponseCode
+from protocol.command import RemotingCommand, make_response
 
 log = logging.getLogger(__name__)
 

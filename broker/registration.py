@@ -21,11 +21,12 @@ from collections.abc import Callable
 
 from broker.config import BrokerConfig
 from broker.namesrv.headers import RegisterBrokerRequestHeader
-from broker.namesrv.model import DataVersion, RegisterBrokerBody, java_crc32
-from broker.namesrv.model import TopicConfig as RouteTopicConfig
-from broker.remoting.client import RemotingClient, RemotingError
-from broker.remoting.codes import RequestCode, ResponseCode
 from dledger.config import parse_address
+from protocol.client import RemotingClient
+from protocol.codes import RequestCode, ResponseCode
+from protocol.connection import RemotingError
+from protocol.route_data import DataVersion, RegisterBrokerBody, java_crc32
+from protocol.route_data import TopicConfig as RouteTopicConfig
 
 log = logging.getLogger(__name__)
 

@@ -26,11 +26,11 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from broker.remoting.client import ConnectionClosedError, RemotingError
-from broker.remoting.codec import EncodeError
-from broker.remoting.codes import ResponseCode, SerializeType
-from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import Connection, RequestContext
+from protocol.codec import EncodeError
+from protocol.codes import ResponseCode, SerializeType
+from protocol.command import RemotingCommand, make_response
+from protocol.connection import ConnectionClosedError, RemotingError
 
 log = logging.getLogger(__name__)
 

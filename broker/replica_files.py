@@ -48,13 +48,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from broker.acl.signature import signature_content
-from broker.remoting.codes import ResponseCode
-from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import RequestContext
 from commitlog.consume_queue import CQ_UNIT
 from commitlog.key_index import ENTRY
 from commitlog.message import crc32  # ISA-L's CRC-32: zlib's values, several times faster
+from protocol.codes import ResponseCode
+from protocol.command import RemotingCommand, make_response
+from protocol.signature import signature_content
 
 #: raftmq's own request codes (RocketMQ 4.x uses none above 1000)
 REPLICA_FILES_STATUS: Final = 7801

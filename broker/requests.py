@@ -8,14 +8,13 @@ naming the field.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
-from typing import Any, Final
+from typing import Final
 
-from broker.remoting.codes import ResponseCode
-from commitlog.errors import invariant
+from protocol.codes import ResponseCode
+from protocol.invariant import invariant
 
 INT32_MIN: Final = -(2**31)
 INT32_MAX: Final = 2**31 - 1
@@ -41,17 +40,6 @@ class RequestError(Exception):
 
 def bad_header(remark: str) -> RequestError:
     return RequestError(ResponseCode.SYSTEM_ERROR, remark)
-
-
-def object_keyed_json(pairs: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> str:
-    """A map whose keys are objects, written as Java's fastjson writes one (``Map<MessageQueue, ...>`` in
-    ConsumeStats, TopicStatsTable, ConsumerRunningInfo): ``{{"brokerName":"b","queueId":0,"topic":"T"}:{...}}``.
-    Not standard JSON: Java's tools read it, and so does ``client.running_info.loads_lenient``."""
-
-    def dumps(value: Mapping[str, Any]) -> str:
-        return json.dumps(dict(value), separators=(",", ":"), sort_keys=True)
-
-    return "{" + ",".join(f"{dumps(key)}:{dumps(value)}" for key, value in pairs) + "}"
 
 
 def text(fields: Mapping[str, str], key: str, default: str | None = None) -> str:

@@ -42,11 +42,11 @@ from typing import Final
 from broker.context import BrokerContext
 from broker.delay import level_key
 from broker.requests import RequestError
-from broker.topics import SCHEDULE_TOPIC, TRANS_HALF_TOPIC
 from commitlog.message import decode_record
 from commitlog.store import MessageStore
 from dledger.command import Command, Retention
-from dledger.timers import TIMER_PROGRESS_KEY, TIMER_TOPIC, timer_due_second
+from dledger.timers import TIMER_PROGRESS_KEY, timer_due_second
+from protocol.topics import SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_HALF_TOPIC
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from decimal import Decimal
 from typing import Final
 
 from broker.pull_rates import PullRates
-from broker.remoting.command import REMOTING_VERSION
 from dledger.group_commit import GroupCommitter
 from dledger.stages import BUCKETS, bucket_upper_seconds
+from protocol.command import REMOTING_VERSION
 
 #: samples kept: ten minutes of one a second, and the one before them (Java's MAX_RECORDS_OF_SAMPLING + 1)
 SAMPLES_MAX: Final = 601

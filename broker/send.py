@@ -10,30 +10,16 @@ with its real topic and queue in REAL_TOPIC / REAL_QID, and delivered later by t
 from __future__ import annotations
 
 import functools
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
 from broker.context import BrokerContext
-from broker.remoting.codec import encode_json_answer
-from broker.remoting.codes import RequestCode, ResponseCode, SerializeType
-from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import Finish, RequestContext
 from broker.requests import RequestError, SendHeader
 from broker.timers import TIMER_IMMEDIATE_MS, TIMER_PROPERTIES, due_time_ms
-from broker.topics import (
-    DLQ_PREFIX,
-    PERM_WRITE,
-    RETRY_PREFIX,
-    SCHEDULE_TOPIC,
-    SYSTEM_TOPICS,
-    TRANS_HALF_TOPIC,
-    dlq_topic,
-)
 from commitlog.message import (
-    PROPERTIES_BYTES_MAX,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
@@ -45,34 +31,35 @@ from commitlog.store import AppendResult, AppendStatus
 from dledger.command import TopicConfig
 from dledger.group_commit import AppendError
 from dledger.timers import schedule
+from protocol.batch import BATCH_HEAD, PROPERTIES_LENGTH
+from protocol.codec import encode_json_answer
+from protocol.codes import RequestCode, ResponseCode, SerializeType
+from protocol.command import RemotingCommand, make_response
+from protocol.properties import (
+    PROPERTIES_BYTES_MAX,
+    PROPERTY_CLUSTER,
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_UNIQ_KEY,
+    encode_properties_text,
+    parse_properties,
+)
+from protocol.route_data import PERM_WRITE
+from protocol.topics import (
+    DLQ_PREFIX,
+    RETRY_PREFIX,
+    SCHEDULE_TOPIC,
+    SYSTEM_TOPICS,
+    TRANS_HALF_TOPIC,
+    dlq_topic,
+)
 
-BATCH_HEAD = struct.Struct(">iiiii")  # totalSize, magic, bodyCRC, flag, bodyLen
 #: messages one batch may hold (RocketMQ bounds a batch by its 4 MiB body; we bound the count too)
 BATCH_MESSAGES_MAX: Final = 4096
-PROPERTY_DELAY: Final = "DELAY"
-PROPERTY_REAL_TOPIC: Final = "REAL_TOPIC"
-PROPERTY_REAL_QUEUE_ID: Final = "REAL_QID"
-PROPERTY_CLUSTER: Final = "CLUSTER"
-PROPERTY_UNIQ_KEY: Final = "UNIQ_KEY"
-PROPERTY_TRANSACTION_PREPARED: Final = "TRAN_MSG"
-PROPERTY_PRODUCER_GROUP: Final = "PGROUP"
 SEND_CODES: Final = (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
-
-
-def parse_properties(text: str) -> dict[str, str]:
-    """``key\\x01value\\x02`` pairs (MessageDecoder.string2messageProperties: lenient, last one wins)."""
-    properties: dict[str, str] = {}
-    for pair in text.split("\x02"):
-        if not pair:
-            continue
-        key, separator, value = pair.partition("\x01")
-        if separator and key:
-            properties[key] = value
-    return properties
-
-
-def encode_properties_text(properties: dict[str, str]) -> str:
-    return "".join([f"{key}\x01{value}\x02" for key, value in properties.items()])
 
 
 def _properties_bytes(properties: dict[str, str]) -> bytes:
@@ -115,7 +102,7 @@ def decode_batch(body: bytes) -> list[BatchItem]:
         if body_length < 0 or body_start + body_length + 2 > len(body):
             raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"batch message at byte {position} has a bad body length")
         message_body = body[body_start : body_start + body_length]
-        (properties_length,) = struct.unpack_from(">h", body, body_start + body_length)
+        (properties_length,) = PROPERTIES_LENGTH.unpack_from(body, body_start + body_length)
         properties_start = body_start + body_length + 2
         end = properties_start + properties_length
         if properties_length < 0 or end > len(body):
@@ -257,7 +244,7 @@ class SendProcessor:
         if batch:
             items = decode_batch(request.body)
             for item in items:
-                if item.properties.get(PROPERTY_DELAY, "0") not in ("", "0") or any(
+                if item.properties.get(PROPERTY_DELAY_TIME_LEVEL, "0") not in ("", "0") or any(
                         name in item.properties for name in TIMER_PROPERTIES):
                     raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
                                        "a batch message cannot have a delay level or a delivery time")
@@ -301,7 +288,7 @@ class SendProcessor:
                 born_host=born_host, store_timestamp=0, reconsume_times=reconsume_times,
                 prepared_transaction_offset=0, body=body, properties=_properties_bytes(properties),
             ), due_ms)
-        delay_text = properties.get(PROPERTY_DELAY)
+        delay_text = properties.get(PROPERTY_DELAY_TIME_LEVEL)
         if delay_text and transaction_type not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
             try:
                 level = int(delay_text)
@@ -309,7 +296,7 @@ class SendProcessor:
                 raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"DELAY must be a level, got {delay_text[:20]!r}") from None
             if level > 0:
                 level = min(level, len(broker.config.delay_levels_seconds))
-                properties[PROPERTY_DELAY] = str(level)
+                properties[PROPERTY_DELAY_TIME_LEVEL] = str(level)
                 properties[PROPERTY_REAL_TOPIC] = topic
                 properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
                 topic, queue_id = SCHEDULE_TOPIC, level - 1

@@ -7,16 +7,22 @@ from __future__ import annotations
 from typing import Final
 
 from broker.context import BrokerContext
-from broker.remoting.codes import ResponseCode
-from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import RequestContext
 from broker.requests import INT32_MAX, RequestError, integer, text
-from broker.send import PROPERTY_DELAY, SendProcessor
-from broker.topics import PERM_READ, PERM_WRITE, dlq_topic, retry_topic
+from broker.send import SendProcessor
 from commitlog.errors import StoreError
+from protocol.codes import ResponseCode
+from protocol.command import RemotingCommand, make_response
+from protocol.properties import (
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_RETRY_TOPIC,
+)
+from protocol.route_data import PERM_READ, PERM_WRITE
+from protocol.topics import dlq_topic, retry_topic
 
-PROPERTY_RETRY_TOPIC: Final = "RETRY_TOPIC"
-PROPERTY_ORIGIN_MESSAGE_ID: Final = "ORIGIN_MESSAGE_ID"
 #: the first delay level a retry uses when the consumer asks for none (RocketMQ: 3 + reconsume times)
 RETRY_FIRST_LEVEL: Final = 3
 
@@ -57,16 +63,16 @@ class SendBackProcessor:
         properties = original.property_map
         properties.setdefault(PROPERTY_RETRY_TOPIC, original.topic)
         properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, fields.get("originMsgId") or original.msg_id)
-        properties.pop(PROPERTY_DELAY, None)
-        properties.pop("REAL_TOPIC", None)
-        properties.pop("REAL_QID", None)
+        properties.pop(PROPERTY_DELAY_TIME_LEVEL, None)
+        properties.pop(PROPERTY_REAL_TOPIC, None)
+        properties.pop(PROPERTY_REAL_QUEUE_ID, None)
         if original.reconsume_times >= limit or delay_level < 0:
             topic = dlq_topic(group)
             await broker.ensure_topic(topic, 1, PERM_WRITE)
         else:
             topic = retry_topic(group)
             await broker.ensure_topic(topic, 1, PERM_READ | PERM_WRITE)
-            properties[PROPERTY_DELAY] = str(delay_level or RETRY_FIRST_LEVEL + original.reconsume_times)
+            properties[PROPERTY_DELAY_TIME_LEVEL] = str(delay_level or RETRY_FIRST_LEVEL + original.reconsume_times)
         message = self.sender.build_message(topic, 0, original.flag, original.sys_flag & ~0x30,
                                             original.born_timestamp, original.born_host, original.body, properties,
                                             original.reconsume_times + 1)

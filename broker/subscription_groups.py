@@ -23,10 +23,10 @@ import json
 from collections.abc import Mapping
 from typing import Final
 
-from broker.remoting.codes import ResponseCode
 from broker.requests import INT32_MAX, RequestError
-from broker.topics import TOPIC_PATTERN
 from dledger.command import SubscriptionGroup
+from protocol.codes import ResponseCode
+from protocol.topics import TOPIC_PATTERN
 
 #: RocketMQ's Validators.CHARACTER_MAX_LENGTH, for group names
 GROUP_NAME_MAX_CHARS: Final = 255

@@ -18,11 +18,12 @@ from collections.abc import Callable
 from typing import Final
 
 from broker.context import BrokerContext
-from broker.remoting.codes import ResponseCode
 from broker.requests import RequestError
 from dledger.apply import TIMER_CURSOR_SCALE, TIMER_DELIVER_KEY, TIMER_RELEASE_MAX, TIMER_SPAN_MAX_SECONDS
 from dledger.command import Command, TimerProgress
-from dledger.timers import TIMER_PROGRESS_KEY, TIMER_TOPIC, timer_key
+from dledger.timers import TIMER_PROGRESS_KEY, timer_key
+from protocol.codes import ResponseCode
+from protocol.topics import TIMER_TOPIC
 
 log = logging.getLogger(__name__)
 

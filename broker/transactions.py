@@ -30,13 +30,8 @@ from typing import Final
 
 from broker.consumers import ConsumerManager
 from broker.context import BrokerContext
-from broker.remoting.client import RemotingError
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import Connection, RequestContext
 from broker.requests import INT64_MAX, RequestError, integer, text
-from broker.send import PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, encode_properties_text
-from broker.topics import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from commitlog.errors import StoreError
 from commitlog.message import (
     TRANSACTION_COMMIT_TYPE,
@@ -49,13 +44,22 @@ from commitlog.message import (
 )
 from dledger.command import Command, Messages, TimerProgress, TransactionAction, TransactionOp
 from dledger.state import TRANSACTION_PROGRESS_KEY
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand, make_response
+from protocol.connection import RemotingError
+from protocol.properties import (
+    PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_UNIQ_KEY,
+    encode_properties_text,
+)
+from protocol.topics import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 
 log = logging.getLogger(__name__)
 
-PROPERTY_PRODUCER_GROUP: Final = "PGROUP"
-PROPERTY_TRANSACTION_PREPARED: Final = "TRAN_MSG"
-PROPERTY_CHECK_IMMUNITY_SECONDS: Final = "CHECK_IMMUNITY_TIME_IN_SECONDS"
-PROPERTY_UNIQ_KEY: Final = "UNIQ_KEY"
 #: END_TRANSACTION's commitOrRollback values (MessageSysFlag)
 COMMIT_OR_ROLLBACK_UNKNOWN: Final = 0
 COMMIT: Final = 0x8
@@ -216,7 +220,7 @@ class TransactionCheckService:
                     first_pending = half_offset
                 half = decode_record(raw, check_crc=False)
                 properties = half.property_map
-                immunity_ms = int(properties.get(PROPERTY_CHECK_IMMUNITY_SECONDS, "0") or 0) * 1000
+                immunity_ms = int(properties.get(PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS, "0") or 0) * 1000
                 if now_ms - half.store_timestamp < max(config.transaction_timeout_ms, immunity_ms):
                     continue
                 if now - self._last_checked.get(half_offset, -interval) < interval:

@@ -9,9 +9,10 @@ import json
 from collections.abc import Mapping
 from typing import Final
 
-from broker.remoting.client import RemotingClient, RemotingError
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import RemotingCommand
+from protocol.client import RemotingClient
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand
+from protocol.connection import RemotingError
 
 CONNECT_TIMEOUT_SECONDS: Final = 1.0
 

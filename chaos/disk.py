@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Final
 
 from commitlog.checkpoint import read_checkpoint
-from commitlog.message import RecordError, StoredMessage, decode_properties, decode_record
+from commitlog.message import RecordError, StoredMessage, decode_record
+from protocol.properties import PROPERTY_UNIQ_KEY, decode_properties
 
 FILLER_NAME: Final = "chaos-filler"
 FILL_CHUNK_BYTES: Final = 1 << 20
@@ -223,7 +224,7 @@ def corrupt_record(store_dir: Path, rng: random.Random) -> Corruption | None:
         file.write(bytes((flipped,)))
         file.flush()
         os.fsync(file.fileno())
-    uniq_key = decode_properties(record.properties).get("UNIQ_KEY", "")
+    uniq_key = decode_properties(record.properties).get(PROPERTY_UNIQ_KEY, "")
     return Corruption(segment, target, record.physical_offset, uniq_key, original, flipped)
 
 

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-from broker.topics import TRANS_HALF_TOPIC
 from chaos import powerfs
 from chaos.checker import CheckResult, check, describe
 from chaos.cluster import ChaosCluster
@@ -45,6 +44,7 @@ from chaos.toxiproxy_control import ToxiproxyHandle, ensure_toxiproxy
 from chaos.workload import BURST_GRACE_SECONDS, Recorder, Workload, WorkloadConfig
 from cli.cluster import ClusterError, ClusterInfo, is_alive
 from client.admin import AsyncAdmin
+from protocol.topics import TRANS_HALF_TOPIC
 
 EXIT_CLEAN: Final = 0
 EXIT_VIOLATIONS: Final = 1

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from commitlog.errors import invariant
+from protocol.invariant import invariant
 
 #: attribute names of each toxic type, in the order Toxiproxy shows them; all are integers, default 0
 TOXIC_ATTRIBUTES: Mapping[str, tuple[str, ...]] = {

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
-from commitlog.errors import invariant
+from protocol.invariant import invariant
 
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _TARGET = re.compile(rb"/[\x21-\x7e]*")

@@ -28,7 +28,7 @@ from typing import Any
 
 from chaos.toxics import Clock, Piece, Stream, ToxicSpec, ToxicStage, make_stage
 from chaos.toxiproxy_limits import ToxiproxyLimits
-from commitlog.errors import fail, invariant
+from protocol.invariant import fail, invariant
 
 LISTEN_HOST = "127.0.0.1"
 _LINGER_RESET = struct.pack("ii", 1, 0)

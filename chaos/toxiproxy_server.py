@@ -25,7 +25,7 @@ from chaos.toxics import Clock, LoopClock
 from chaos.toxiproxy_api import ApiResponse, ToxiproxyApi
 from chaos.toxiproxy_http import HttpError, RequestParser, encode_response
 from chaos.toxiproxy_limits import ToxiproxyLimits
-from commitlog.errors import invariant
+from protocol.invariant import invariant
 
 _JSON = "application/json"
 

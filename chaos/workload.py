@@ -54,8 +54,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import RemotingCommand
 from chaos.connections import Connections, Unreachable
 from chaos.grpc_workload import GrpcProducerWorker, PopConsumer
 from chaos.history import (
@@ -72,10 +70,13 @@ from chaos.history import (
     SessionEvent,
 )
 from client import ClientConfig, Message, MQClientError, ProducerConfig, select_by_sharding_key
-from client.message import PROPERTY_UNIQ_KEY, MessageExt
+from client.message import MessageExt
 from client.transaction import AsyncTransactionProducer, LocalTransactionState
 from client.unique_id import month_start_ms
-from commitlog.message import RecordError, decode_properties, decode_record
+from commitlog.message import RecordError, decode_record
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand
+from protocol.properties import PROPERTY_UNIQ_KEY, decode_properties
 
 PRODUCER_GROUP: Final = "chaos-producer"
 LEADER_READS: Final = "leader"
@@ -589,7 +590,7 @@ class QueueConsumer:
                 self._note("undecodable pull", node, str(exc)[:120])
                 break
             position += record.total_size
-            uniq_key = decode_properties(record.properties).get("UNIQ_KEY", "")
+            uniq_key = decode_properties(record.properties).get(PROPERTY_UNIQ_KEY, "")
             self.recorder.record(DeliveryEvent(self.group, session, uniq_key, record.queue_id, record.queue_offset,
                                                now, node))
             after_last = max(after_last, record.queue_offset + 1)

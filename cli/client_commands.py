@@ -31,9 +31,6 @@ from typing import Any, Final, TypeVar
 
 import click
 
-from broker.namesrv.model import PERM_READ, PERM_WRITE
-from broker.remoting import event_loop
-from broker.remoting.codes import ResponseCode
 from client.admin import (
     RESET_TO_EARLIEST,
     RESET_TO_LATEST,
@@ -64,6 +61,9 @@ from client.producer import AsyncProducer
 from client.pull_consumer import AsyncPullConsumer
 from client.running_info import ConsumerRunningInfo
 from dledger import stages as stage_counts
+from protocol import event_loop
+from protocol.codes import ResponseCode
+from protocol.route_data import PERM_READ, PERM_WRITE
 
 T = TypeVar("T")
 NAMESRV_ENV: Final = "RAFTMQ_NAMESRV"

@@ -29,13 +29,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from broker.acl.signature import sign_fields
 from broker.config import BrokerConfig
-from broker.remoting.client import RemotingClient, RemotingError
-from broker.remoting.codes import RequestCode, ResponseCode
 from cli.front import FOLLOWER_ROUTE_SOURCE, ROUTES
 from dledger.addresses import split_host_port
 from dledger.config import NodeConfig
+from protocol.client import RemotingClient
+from protocol.codes import RequestCode, ResponseCode
+from protocol.connection import RemotingError
+from protocol.signature import sign_fields
 
 CLUSTER_FILE = "cluster.json"
 START_TIMEOUT_SECONDS = 60.0

@@ -14,8 +14,9 @@ import click
 from cli.extras import require_extra
 from commitlog.config import ConfigError, StoreConfig
 from commitlog.errors import StoreError
-from commitlog.message import MessageInput, decode_record, encode_host, encode_properties
+from commitlog.message import MessageInput, decode_record, encode_host
 from commitlog.store import AppendStatus, MessageStore
+from protocol.properties import encode_properties
 
 USAGE_ERROR = 2
 

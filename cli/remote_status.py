@@ -22,10 +22,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
-from broker.namesrv.model import ClusterInfo
-from broker.remoting.client import RemotingError
-from broker.remoting.codes import RequestCode, ResponseCode
 from cli.cluster import request
+from protocol.codes import RequestCode, ResponseCode
+from protocol.connection import RemotingError
+from protocol.route_data import ClusterInfo
 
 #: requests in flight at once (one per member address)
 PROBES_MAX: Final = 32

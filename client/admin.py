@@ -17,10 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Self
 
-from broker.namesrv.model import PERM_READ, PERM_WRITE, ClusterInfo, decode_topic_list
-from broker.remoting import RequestCode, ResponseCode
-from broker.topics import SYSTEM_TOPICS
-from client.config import AUTO_CREATE_TOPIC_KEY, ClientConfig, ConfigError, ConsumerConfig
+from client.config import ClientConfig, ConfigError, ConsumerConfig
 from client.errors import (
     BrokerUnavailableError,
     ClientErrorCode,
@@ -32,15 +29,7 @@ from client.errors import (
     TopicNotFoundError,
 )
 from client.instance import ClientInstance, check_response, int_field
-from client.message import (
-    DLQ_GROUP_TOPIC_PREFIX,
-    RETRY_GROUP_TOPIC_PREFIX,
-    MessageExt,
-    MessageQueue,
-    check_topic,
-    decode_messages,
-    retry_topic,
-)
+from client.message import MessageExt, MessageQueue, check_topic, decode_messages
 from client.route import TopicRoute
 from client.running_info import (
     ConsumerRunningInfo,
@@ -50,6 +39,9 @@ from client.running_info import (
     queue_of_key,
 )
 from commitlog.message import RecordError, decode_message_id
+from protocol.codes import RequestCode, ResponseCode
+from protocol.route_data import PERM_READ, PERM_WRITE, ClusterInfo, decode_topic_list
+from protocol.topics import AUTO_CREATE_TOPIC, DLQ_PREFIX, RETRY_PREFIX, SYSTEM_TOPICS, retry_topic
 
 #: Java's ``MixAll.UNIQUE_MSG_QUERY_FLAG``
 UNIQUE_MSG_QUERY_FLAG: Final = "_UNIQUE_KEY_QUERY"
@@ -235,7 +227,7 @@ def _topic_fields(settings: TopicSettings) -> dict[str, str]:
     """UPDATE_AND_CREATE_TOPIC's header for ``settings``."""
     return {
         "topic": settings.topic,
-        "defaultTopic": AUTO_CREATE_TOPIC_KEY,
+        "defaultTopic": AUTO_CREATE_TOPIC,
         "readQueueNums": str(settings.read_queue_nums),
         "writeQueueNums": str(settings.write_queue_nums),
         "perm": str(settings.perm),
@@ -268,7 +260,7 @@ def _offset_table(body: bytes, address: str) -> list[tuple[MessageQueue, dict[st
 
 
 def is_system_topic(topic: str) -> bool:
-    return topic == AUTO_CREATE_TOPIC_KEY or topic.startswith(SYSTEM_TOPIC_PREFIXES) or topic in SYSTEM_TOPICS
+    return topic == AUTO_CREATE_TOPIC or topic.startswith(SYSTEM_TOPIC_PREFIXES) or topic in SYSTEM_TOPICS
 
 
 def _check_queue_count(value: object, name: str) -> None:
@@ -931,7 +923,7 @@ class AsyncAdmin:
         candidates = list(topics) if topics is not None else [
             topic
             for topic in await self.list_topics(include_system=False)
-            if not topic.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)) or topic == retry_topic(group)
+            if not topic.startswith((RETRY_PREFIX, DLQ_PREFIX)) or topic == retry_topic(group)
         ]
         results: list[QueueProgress] = []
         for topic in candidates:

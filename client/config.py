@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final, Self, TypeVar
 
-#: RocketMQ's ``MixAll.AUTO_CREATE_TOPIC_KEY_TOPIC``: the route a new topic's first send borrows
-AUTO_CREATE_TOPIC_KEY: Final = "TBW102"
+from protocol.topics import AUTO_CREATE_TOPIC
+
 #: ``MixAll.DEFAULT_PRODUCER_GROUP`` / ``DEFAULT_CONSUMER_GROUP``
 DEFAULT_PRODUCER_GROUP: Final = "DEFAULT_PRODUCER"
 DEFAULT_CONSUMER_GROUP: Final = "DEFAULT_CONSUMER"
@@ -278,7 +278,7 @@ class ProducerConfig:
     compress_level: int = 5
     message_size_max_bytes: int = 4 * 1024 * 1024
     default_topic_queue_nums: int = 4
-    create_topic_key: str = AUTO_CREATE_TOPIC_KEY
+    create_topic_key: str = AUTO_CREATE_TOPIC
     inflight_sends_max: int = 10_000
     coalesce_sends: bool = True
     coalesce_messages_max: int = 128

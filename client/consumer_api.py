@@ -12,12 +12,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from broker.namesrv.model import MASTER_ID
-from broker.remoting import RequestCode, ResponseCode
 from client.errors import MQBrokerError, MQClientError, broker_error
 from client.instance import ClientInstance, check_response, int_field
 from client.message import MessageExt, MessageQueue, PullResult, PullStatus, decode_messages
 from commitlog.message import RecordError, java_string_hash
+from protocol.codes import RequestCode, ResponseCode
+from protocol.route_data import MASTER_ID
 
 SUBSCRIBE_ALL: Final = "*"
 #: PullSysFlag bits

@@ -25,8 +25,6 @@ import traceback
 from collections.abc import Callable
 from typing import Final, Self
 
-from broker.namesrv.model import MASTER_ID
-from broker.remoting import RemotingCommand, RequestCode, ResponseCode, make_response
 from client.allocate import AllocateFunction, allocate_averagely, allocate_consistent_hash
 from client.config import AllocateStrategy, ClientConfig, ConsumeFromWhere, ConsumerConfig, MessageModel
 from client.consumer_api import (
@@ -40,18 +38,15 @@ from client.consumer_api import (
 )
 from client.errors import ClientNotRunningError, MQClientError, TopicNotFoundError
 from client.instance import ClientInstance
-from client.message import (
-    PROPERTY_RETRY_TOPIC,
-    RETRY_GROUP_TOPIC_PREFIX,
-    MessageExt,
-    MessageQueue,
-    PullStatus,
-    check_topic,
-    retry_topic,
-)
+from client.message import MessageExt, MessageQueue, PullStatus, check_topic
 from client.offset_store import LocalFileOffsetStore, OffsetStore, RemoteOffsetStore
 from client.process_queue import ProcessQueue
 from client.running_info import JSTACK_CHARS_MAX, ConsumeStats, consumer_properties, encode_running_info
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand, make_response
+from protocol.properties import PROPERTY_RETRY_TOPIC
+from protocol.route_data import MASTER_ID
+from protocol.topics import RETRY_PREFIX, retry_topic
 
 logger = logging.getLogger(__name__)
 
@@ -326,7 +321,7 @@ class ConsumerBase:
         try:
             route = await self.instance.topic_route(topic)
         except TopicNotFoundError:
-            if not topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            if not topic.startswith(RETRY_PREFIX):
                 logger.info("%s: topic %s has no route yet", self.group, topic)
             return None
         queues = list(route.subscribe_queues)
@@ -397,7 +392,7 @@ class ConsumerBase:
         if offset is not None and offset >= 0:
             return offset
         where = self.config.consume_from_where
-        is_retry = queue.topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
+        is_retry = queue.topic.startswith(RETRY_PREFIX)
         if where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET or (
             is_retry and where is ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
         ):

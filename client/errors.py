@@ -1,6 +1,6 @@
 """Typed client errors, each carrying a RocketMQ response code, so callers handle each failure by its code.
 
-Broker answers keep the broker's code (:class:`~broker.remoting.codes.ResponseCode`); failures found
+Broker answers keep the broker's code (:class:`~protocol.codes.ResponseCode`); failures found
 on the client side use the codes of Java's ``ClientErrorCode`` (10001..10007), so one ``code`` field
 tells every failure apart, as ``MQClientException.getResponseCode()`` does in the Java client.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 
-from broker.remoting.codes import ResponseCode, describe_response_code
+from protocol.codes import ResponseCode, describe_response_code
 
 
 class ClientErrorCode(enum.IntEnum):

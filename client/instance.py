@@ -28,22 +28,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from broker.acl.signature import sign_fields
-from broker.namesrv.model import MASTER_ID, PERM_READ, PERM_WRITE, ClusterInfo, QueueData, TopicRouteData
-from broker.remoting import (
-    ClientLimits,
-    ConnectionClosedError,
-    EncodeError,
-    InvalidResponseError,
-    RemotingClient,
-    RemotingCommand,
-    RemotingConnectError,
-    RequestCode,
-    ResponseCode,
-    TooManyPendingRequestsError,
-    make_response,
-)
-from broker.remoting import RequestTimeoutError as RemotingTimeoutError
 from client.config import ClientConfig
 from client.errors import (
     BrokerUnavailableError,
@@ -58,6 +42,19 @@ from client.errors import (
     broker_error,
 )
 from client.route import TopicRoute, borrowed_route, topic_route_from_data
+from protocol.client import ClientLimits, RemotingClient
+from protocol.codec import EncodeError
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand, make_response
+from protocol.connection import (
+    ConnectionClosedError,
+    InvalidResponseError,
+    RemotingConnectError,
+    TooManyPendingRequestsError,
+)
+from protocol.connection import RequestTimeoutError as RemotingTimeoutError
+from protocol.route_data import MASTER_ID, PERM_READ, PERM_WRITE, ClusterInfo, QueueData, TopicRouteData
+from protocol.signature import sign_fields
 
 logger = logging.getLogger(__name__)
 

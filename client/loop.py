@@ -15,7 +15,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from broker.remoting.event_loop import new_event_loop
+from protocol.event_loop import new_event_loop
 
 T = TypeVar("T")
 

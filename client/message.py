@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import base64
 import enum
-import re
-import struct
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -19,45 +17,48 @@ from typing import Final
 
 from client.errors import MessageValidationError
 from commitlog.message import (
-    KEY_SEPARATOR,
-    PROPERTIES_BYTES_MAX,
     SYSFLAG_COMPRESSED,
     RecordError,
     StoredMessage,
-    decode_properties,
     decode_record,
     encode_message_id,
-    encode_properties,
     format_address,
 )
+from protocol.batch import BATCH_HEAD, PROPERTIES_LENGTH
+from protocol.properties import (
+    KEY_SEPARATOR,
+    PROPERTIES_BYTES_MAX,
+    PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
+    PROPERTY_CLUSTER,
+    PROPERTY_CONSUME_START_TIMESTAMP,
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_KEYS,
+    PROPERTY_MAX_OFFSET,
+    PROPERTY_MAX_RECONSUME_TIMES,
+    PROPERTY_MIN_OFFSET,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_RECONSUME_TIME,
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_START_DELIVER_TIME,
+    PROPERTY_TAGS,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TRANSACTION_CHECK_TIMES,
+    PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_UNIQ_KEY,
+    PROPERTY_WAIT_STORE_MSG_OK,
+    decode_properties,
+    encode_properties,
+)
+from protocol.topics import TOPIC_NAME_MAX_CHARS, TOPIC_PATTERN
 
 # ------------------------------------------------------------------------------- property keys
 
-PROPERTY_KEYS: Final = "KEYS"
-PROPERTY_TAGS: Final = "TAGS"
-PROPERTY_WAIT_STORE_MSG_OK: Final = "WAIT"
-PROPERTY_DELAY_TIME_LEVEL: Final = "DELAY"
-PROPERTY_RETRY_TOPIC: Final = "RETRY_TOPIC"
-PROPERTY_REAL_TOPIC: Final = "REAL_TOPIC"
-PROPERTY_REAL_QUEUE_ID: Final = "REAL_QID"
-PROPERTY_TRANSACTION_PREPARED: Final = "TRAN_MSG"
-PROPERTY_PRODUCER_GROUP: Final = "PGROUP"
-PROPERTY_MIN_OFFSET: Final = "MIN_OFFSET"
-PROPERTY_MAX_OFFSET: Final = "MAX_OFFSET"
-PROPERTY_ORIGIN_MESSAGE_ID: Final = "ORIGIN_MESSAGE_ID"
-PROPERTY_RECONSUME_TIME: Final = "RECONSUME_TIME"
-PROPERTY_MAX_RECONSUME_TIMES: Final = "MAX_RECONSUME_TIMES"
-PROPERTY_CONSUME_START_TIMESTAMP: Final = "CONSUME_START_TIME"
-PROPERTY_UNIQ_KEY: Final = "UNIQ_KEY"
-PROPERTY_TRANSACTION_ID: Final = "__transactionId__"
-PROPERTY_TRANSACTION_CHECK_TIMES: Final = "TRANSACTION_CHECK_TIMES"
-PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS: Final = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+#: where this client puts a message's sharding key (the other names are :mod:`protocol.properties`'); the
+#: 5.x side's ``__SHARDINGKEY`` (a message group, :mod:`broker.v2.messages`) is another property
 PROPERTY_SHARDING_KEY: Final = "SHARDING_KEY"
-#: deliver-at in epoch ms: the 4.x convention (Aliyun ONS, many 4.x brokers) ...
-PROPERTY_START_DELIVER_TIME: Final = "__STARTDELIVERTIME"
-#: ... and RocketMQ 5's timer property; raftmq producers set both to the same value
-PROPERTY_TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"
-PROPERTY_CLUSTER: Final = "CLUSTER"
 
 #: keys a user property may not take (a subset of Java's ``MessageConst.STRING_HASH_SET``)
 SYSTEM_PROPERTY_KEYS: Final = frozenset(
@@ -87,25 +88,16 @@ SYSTEM_PROPERTY_KEYS: Final = frozenset(
     }
 )
 
-#: Java's ``Validators``: topic characters and length
-TOPIC_PATTERN: Final = re.compile(r"^[%|a-zA-Z0-9_-]+$")
-TOPIC_MAX_CHARS: Final = 127
 #: Java's default ``messageDelayLevel`` has 18 levels; brokers cap larger values at their maximum
 DELAY_LEVEL_MAX: Final = 18
-RETRY_GROUP_TOPIC_PREFIX: Final = "%RETRY%"
-DLQ_GROUP_TOPIC_PREFIX: Final = "%DLQ%"
-
-
-def retry_topic(group: str) -> str:
-    return RETRY_GROUP_TOPIC_PREFIX + group
 
 
 def check_topic(topic: object) -> str:
     """Java's ``Validators.checkTopic``: raise :class:`MessageValidationError` or return the topic."""
     if not isinstance(topic, str) or not topic.strip():
         raise MessageValidationError("the topic is blank")
-    if len(topic) > TOPIC_MAX_CHARS:
-        raise MessageValidationError(f"the topic is longer than {TOPIC_MAX_CHARS} characters: {topic[:40]!r}...")
+    if len(topic) > TOPIC_NAME_MAX_CHARS:
+        raise MessageValidationError(f"the topic is longer than {TOPIC_NAME_MAX_CHARS} characters: {topic[:40]!r}...")
     if not TOPIC_PATTERN.match(topic):
         raise MessageValidationError(f"the topic {topic!r} contains characters outside [%|a-zA-Z0-9_-]")
     return topic
@@ -255,9 +247,6 @@ def encode_wire_properties(properties: Mapping[str, str]) -> str:
     return encoded.decode("utf-8")
 
 
-_BATCH_HEAD: Final = struct.Struct(">iIiii")
-
-
 def encode_batch_record(body: bytes, properties: Mapping[str, str], flag: int = 0, magic: int = 0) -> bytes:
     """One message of a batch body, exactly as Java's ``MessageDecoder.encodeMessage``::
 
@@ -271,12 +260,12 @@ def encode_batch_record(body: bytes, properties: Mapping[str, str], flag: int = 
 
 def encode_batch_record_of(body: bytes, encoded_properties: bytes, flag: int = 0, magic: int = 0) -> bytes:
     """:func:`encode_batch_record` of properties already encoded (as a single send's header carries them)."""
-    total = _BATCH_HEAD.size + len(body) + 2 + len(encoded_properties)
+    total = BATCH_HEAD.size + len(body) + 2 + len(encoded_properties)
     return b"".join(
         (
-            _BATCH_HEAD.pack(total, magic & 0xFFFFFFFF, 0, flag, len(body)),
+            BATCH_HEAD.pack(total, magic & 0xFFFFFFFF, 0, flag, len(body)),
             bytes(body),
-            struct.pack(">h", len(encoded_properties)),
+            PROPERTIES_LENGTH.pack(len(encoded_properties)),
             encoded_properties,
         )
     )
@@ -288,15 +277,15 @@ def decode_batch_body(body: bytes) -> list[tuple[int, bytes, dict[str, str]]]:
     result: list[tuple[int, bytes, dict[str, str]]] = []
     position = 0
     while position < len(body):
-        if position + _BATCH_HEAD.size > len(body):
+        if position + BATCH_HEAD.size > len(body):
             raise ValueError(f"truncated batch record head at {position}")
-        total, _magic, _crc, flag, body_length = _BATCH_HEAD.unpack_from(body, position)
+        total, _magic, _crc, flag, body_length = BATCH_HEAD.unpack_from(body, position)
         end = position + total
-        start = position + _BATCH_HEAD.size
-        if total < _BATCH_HEAD.size + 2 or end > len(body) or start + body_length + 2 > end:
+        start = position + BATCH_HEAD.size
+        if total < BATCH_HEAD.size + 2 or end > len(body) or start + body_length + 2 > end:
             raise ValueError(f"bad batch record size {total} at {position}")
         message_body = body[start : start + body_length]
-        (properties_length,) = struct.unpack_from(">h", body, start + body_length)
+        (properties_length,) = PROPERTIES_LENGTH.unpack_from(body, start + body_length)
         properties_start = start + body_length + 2
         if properties_start + properties_length != end:
             raise ValueError(f"bad properties length {properties_length} at {position}")

@@ -17,11 +17,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Final, Protocol
 
-from broker.remoting import ResponseCode
 from client.consumer_api import query_consumer_offset, update_consumer_offset
 from client.errors import MQClientError
 from client.instance import ClientInstance
 from client.message import MessageQueue
+from protocol.codes import ResponseCode
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Self
 
-from broker.remoting import RequestCode, ResponseCode
 from client.coalesce import BATCH_PROPERTIES, CoalesceLimits, SendCoalescer
 from client.config import ClientConfig, ProducerConfig
 from client.errors import (
@@ -34,9 +33,6 @@ from client.errors import (
 )
 from client.instance import ClientInstance, int_field
 from client.message import (
-    PROPERTY_TRANSACTION_PREPARED,
-    PROPERTY_WAIT_STORE_MSG_OK,
-    RETRY_GROUP_TOPIC_PREFIX,
     Message,
     MessageQueue,
     SendResult,
@@ -50,6 +46,9 @@ from client.route import TopicRoute
 from client.selector import MessageQueueSelector, RoundRobin
 from client.unique_id import UniqueIdGenerator
 from commitlog.message import SYSFLAG_COMPRESSED, TRANSACTION_PREPARED_TYPE
+from protocol.codes import RequestCode, ResponseCode
+from protocol.properties import PROPERTY_TRANSACTION_PREPARED, PROPERTY_WAIT_STORE_MSG_OK
+from protocol.topics import RETRY_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -229,7 +228,7 @@ class AsyncProducer:
             sys_flag |= TRANSACTION_PREPARED_TYPE
         coalescable = (
             extra is None and sys_flag == 0 and message.wait_store_msg_ok and not message.delay_level
-            and message.deliver_at_ms is None and not message.topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
+            and message.deliver_at_ms is None and not message.topic.startswith(RETRY_PREFIX)
         )
         return _Prepared(
             message.topic,
@@ -252,7 +251,7 @@ class AsyncProducer:
             message.validate(self.config.message_size_max_bytes)
             if message.topic != first.topic:
                 raise MessageValidationError("every message of a batch must have the same topic")
-            if message.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            if message.topic.startswith(RETRY_PREFIX):
                 raise MessageValidationError("retry-group messages cannot be batched")
             if message.delay_level or message.deliver_at_ms is not None:
                 raise MessageValidationError("delayed messages cannot be batched")

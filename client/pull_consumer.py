@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable
 from typing import Self
 
-from broker.remoting import RemotingCommand, RequestCode, ResponseCode, make_response
 from client.config import ClientConfig, ConsumerConfig, MessageModel
 from client.consumer_api import parse_subscription, pull_message, queue_offset, send_message_back
 from client.errors import ClientNotRunningError
@@ -16,6 +15,8 @@ from client.instance import ClientInstance
 from client.message import MessageExt, MessageQueue, PullResult, check_topic
 from client.offset_store import LocalFileOffsetStore, OffsetStore, RemoteOffsetStore
 from client.running_info import consumer_properties, encode_running_info
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand, make_response
 
 
 class AsyncPullConsumer:

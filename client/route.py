@@ -1,5 +1,5 @@
 """Topic routes as the client uses them: which queues to send to, which to read, and where each broker
-group lives. Pure functions of a :class:`~broker.namesrv.model.TopicRouteData` (Java's
+group lives. Pure functions of a :class:`~protocol.route_data.TopicRouteData` (Java's
 ``MQClientInstance.topicRouteData2TopicPublishInfo`` / ``topicRouteData2TopicSubscribeInfo``).
 """
 
@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from broker.namesrv.model import MASTER_ID, PERM_READ, PERM_WRITE, TopicRouteData
 from client.message import MessageQueue
+from protocol.route_data import MASTER_ID, PERM_READ, PERM_WRITE, TopicRouteData
 
 
 def is_writable(perm: int) -> bool:

@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from broker.requests import object_keyed_json
 from client.config import ConsumerConfig
 from client.message import MessageQueue
+from protocol.fastjson import object_keyed_json
 
 #: ``ConsumerRunningInfo`` property names (Java's constants; the orderly one has no underscore there)
 PROP_NAMESERVER_ADDR: Final = "PROP_NAMESERVER_ADDR"

@@ -27,22 +27,20 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from broker.remoting import RemotingCommand, RequestCode
 from client.config import ClientConfig, ProducerConfig
 from client.errors import MQClientError
 from client.instance import check_response
-from client.message import (
-    PROPERTY_PRODUCER_GROUP,
-    PROPERTY_TRANSACTION_PREPARED,
-    PROPERTY_UNIQ_KEY,
-    Message,
-    MessageExt,
-    SendResult,
-    SendStatus,
-    decode_messages,
-)
+from client.message import Message, MessageExt, SendResult, SendStatus, decode_messages
 from client.producer import AsyncProducer, current_time_ms
 from commitlog.message import RecordError, decode_message_id
+from protocol.codes import RequestCode
+from protocol.command import RemotingCommand
+from protocol.properties import (
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_UNIQ_KEY,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -215,7 +213,7 @@ class AsyncTransactionProducer(AsyncProducer):
             logger.warning("%s: check-back for another group %s ignored", self.group, group)
             return
         message = message.with_changes(
-            topic=message.properties.get("REAL_TOPIC", message.topic),
+            topic=message.properties.get(PROPERTY_REAL_TOPIC, message.topic),
         )
         assert self._checks is not None
         remark: str | None = None

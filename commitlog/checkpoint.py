@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from commitlog.errors import CorruptionError, invariant
+from commitlog.errors import CorruptionError
 from commitlog.mapped_file import MappedFile, atomic_write
+from protocol.invariant import invariant
 
 log = logging.getLogger(__name__)
 

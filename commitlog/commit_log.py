@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from commitlog.errors import CorruptionError, StoreError, invariant
+from commitlog.errors import CorruptionError, StoreError
 from commitlog.mapped_file import MappedFile, ensure_directory
 from commitlog.message import (
     BLANK_MAGIC,
@@ -27,6 +27,7 @@ from commitlog.message import (
     decode_record,
 )
 from commitlog.scrub_walk import SegmentWalk, walk_segment
+from protocol.invariant import invariant
 
 SEGMENT_NAME = re.compile(r"^\d{20}$")
 #: old segments kept mapped for readers besides the one being written; the rest are unmapped so the

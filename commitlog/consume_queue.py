@@ -14,8 +14,9 @@ import struct
 from pathlib import Path
 from typing import Final
 
-from commitlog.errors import CorruptionError, invariant
+from commitlog.errors import CorruptionError
 from commitlog.mapped_file import MappedFile, ensure_directory
+from protocol.invariant import invariant
 
 log = logging.getLogger(__name__)
 

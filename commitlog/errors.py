@@ -1,5 +1,5 @@
-"""The two kinds of error: operating errors are exceptions callers handle; a broken
-invariant stops the process loudly through :func:`invariant`, which ``python -O`` cannot strip."""
+"""The store's operating errors, exceptions its callers handle. Programmer errors (a broken invariant) go
+through :func:`protocol.invariant.invariant` instead and stop the process."""
 
 from __future__ import annotations
 
@@ -11,19 +11,6 @@ log = logging.getLogger(__name__)
 
 #: the exit code of a process stopped by a failed fsync or msync (EX_IOERR)
 EXIT_SYNC_FAILED: Final = 74
-
-
-class InvariantError(AssertionError):
-    """A programmer error: the process state can no longer be trusted."""
-
-
-def invariant(condition: bool, message: str) -> None:
-    if not condition:
-        fail(message)
-
-
-def fail(message: str) -> NoReturn:
-    raise InvariantError(message)
 
 
 class StoreError(Exception):

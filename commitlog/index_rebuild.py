@@ -25,9 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from commitlog.commit_log import CommitLog
-from commitlog.errors import DamagedRecordError, invariant
+from commitlog.errors import DamagedRecordError
 from commitlog.key_index import IndexColumns, IndexEntry, IndexFile, KeyIndex, concatenated
 from commitlog.message import StoredMessage
+from protocol.invariant import invariant
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,9 +40,10 @@ import numpy as np
 import numpy.typing as npt
 
 from commitlog import reaper
-from commitlog.errors import CorruptionError, DiskFullError, invariant
+from commitlog.errors import CorruptionError, DiskFullError
 from commitlog.mapped_file import MappedFile, ensure_directory, fsync_directory
 from commitlog.records import columnwise
+from protocol.invariant import invariant
 
 log = logging.getLogger(__name__)
 

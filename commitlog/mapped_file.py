@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from commitlog import reaper
-from commitlog.errors import DiskFullError, StoreError, SyncError, invariant
+from commitlog.errors import DiskFullError, StoreError, SyncError
+from protocol.invariant import invariant
 
 PAGE_SIZE = mmap.PAGESIZE
 #: suffix of a file being allocated; such a file is never opened as data and is replaced on the next try

@@ -23,7 +23,8 @@ from typing import Final, NamedTuple
 
 from isal import isal_zlib
 
-from commitlog.errors import invariant
+from protocol.invariant import invariant
+from protocol.properties import PROPERTIES_BYTES_MAX, decode_properties
 
 MESSAGE_MAGIC: Final = 0xDAA320A7
 BLANK_MAGIC: Final = 0xCBD43194
@@ -42,16 +43,6 @@ SYSFLAG_BORNHOST_V6: Final = 0x10
 SYSFLAG_STOREHOST_V6: Final = 0x20
 
 TOPIC_BYTES_MAX: Final = 127
-PROPERTIES_BYTES_MAX: Final = 32767
-
-NAME_VALUE_SEPARATOR: Final = b"\x01"
-PROPERTY_SEPARATOR: Final = b"\x02"
-
-PROPERTY_KEYS: Final = "KEYS"
-PROPERTY_TAGS: Final = "TAGS"
-PROPERTY_UNIQ_KEY: Final = "UNIQ_KEY"
-#: Java's MessageConst.KEY_SEPARATOR: several keys in KEYS are separated by a space
-KEY_SEPARATOR: Final = " "
 
 # Head up to and including bornTimestamp; host fields vary in width, so the head is split in three parts.
 HEAD_A: Final = struct.Struct(">iIIiiqqiq")  # totalSize..bornTimestamp
@@ -166,23 +157,6 @@ crc32: Final = isal_zlib.crc32
 def body_crc32(body: bytes) -> int:
     """The body CRC a record stores: RocketMQ's ``UtilAll.crc32``, CRC32 with the top bit cleared."""
     return crc32(body) & 0x7FFFFFFF
-
-
-def encode_properties(properties: dict[str, str]) -> bytes:
-    """``key\\x01value\\x02`` for each pair, in the mapping's order (RocketMQ's messageProperties2String)."""
-    return b"".join(
-        k.encode() + NAME_VALUE_SEPARATOR + v.encode() + PROPERTY_SEPARATOR for k, v in properties.items()
-    )
-
-
-def decode_properties(raw: bytes) -> dict[str, str]:
-    """Inverse of :func:`encode_properties`; malformed pairs (no separator) are skipped, as Java does."""
-    result: dict[str, str] = {}
-    for pair in raw.split(PROPERTY_SEPARATOR):
-        key, sep, value = pair.partition(NAME_VALUE_SEPARATOR)
-        if sep and key:
-            result[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-    return result
 
 
 def record_size(body_len: int, topic_len: int, properties_len: int, born_v6: bool = False,

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from commitlog.errors import invariant
 from commitlog.key_index import IndexColumns, IndexEntry, KeyIndex
+from protocol.invariant import invariant
 
 #: A bitmap holds up to a dedupe window's keys (120 s): at 50k keys/s, 6M keys in 2^27 bits answer "maybe"
 #: for ~4% of new keys per bitmap (2^25 bits: ~16%), and each "maybe" costs a key-index lookup.

@@ -23,7 +23,6 @@ from typing import Final, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from commitlog.errors import invariant
 from commitlog.message import (
     BODY_AT_V4,
     FILLER_HEADER_BYTES,
@@ -31,7 +30,6 @@ from commitlog.message import (
     HOST_V6_BYTES,
     HOST_V6_EXTRA_BYTES,
     MESSAGE_MAGIC,
-    PROPERTIES_BYTES_MAX,
     RECORD_FIXED_BYTES,
     RECORD_HEADS,
     SYSFLAG_BORNHOST_V6,
@@ -44,6 +42,8 @@ from commitlog.message import (
     topic_problem,
 )
 from commitlog.message import crc32 as _crc32
+from protocol.invariant import invariant
+from protocol.properties import PROPERTIES_BYTES_MAX
 
 try:  # the record builder in C (setup.py builds it where a compiler is; the Python one below is the reference)
     from commitlog import _native

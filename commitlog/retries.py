@@ -22,12 +22,16 @@ import hashlib
 import struct
 from typing import Final, NamedTuple
 
-from commitlog.message import KEY_SEPARATOR, NAME_VALUE_SEPARATOR, PROPERTY_KEYS, PROPERTY_SEPARATOR
+from protocol.properties import (
+    KEY_SEPARATOR,
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_KEYS,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_SEPARATOR,
+)
 
 #: the due time of a timed message (epoch ms), which a relative delay makes different on every attempt
 PROPERTY_TIMER_OUT_MS: Final = "TIMER_OUT_MS"
-#: the queue a delayed, timed or half message is bound for (the queue of the attempt)
-PROPERTY_REAL_QUEUE_ID: Final = "REAL_QID"
 #: the KEYS token ``RMQ_TIMER_<second>`` of a timed message (the key index finds a second's timers by it)
 TIMER_KEY_PREFIX: Final = "RMQ_TIMER_"
 DIGEST_BYTES: Final = 16

@@ -20,7 +20,6 @@ from typing import Final, NamedTuple
 import numpy as np
 
 from commitlog.dispatch import dispatch_fields, record_index_entries
-from commitlog.errors import invariant
 from commitlog.message import (
     BLANK_MAGIC,
     FILLER,
@@ -34,6 +33,7 @@ from commitlog.message import (
     crc32,
     decode_record,
 )
+from protocol.invariant import invariant
 
 try:
     from commitlog import _native

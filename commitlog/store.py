@@ -41,7 +41,7 @@ from commitlog.dispatch import dispatch_fields as _dispatch_fields
 from commitlog.dispatch import index_hashes as _index_hashes
 from commitlog.dispatch import record_index_entries as _record_index_entries
 from commitlog.dispatch import topic_prefix_crc as _topic_prefix_crc
-from commitlog.errors import CorruptionError, StoreError, SyncError, fail, invariant, stop_on_sync_error
+from commitlog.errors import CorruptionError, StoreError, SyncError, stop_on_sync_error
 from commitlog.errors import DamagedRecordError as DamagedRecordError  # (where apply and the member find it)
 from commitlog.index_rebuild import rebuild_file, rebuild_index
 from commitlog.key_index import ENTRY, IndexColumns, IndexEntry, IndexFile, KeyIndex, image_problem, key_hash
@@ -49,11 +49,7 @@ from commitlog.mapped_file import drop_cached
 from commitlog.message import (
     FILLER_HEADER_BYTES,
     HEAD_A,
-    KEY_SEPARATOR,
     MESSAGE_MAGIC,
-    PROPERTIES_BYTES_MAX,
-    PROPERTY_KEYS,
-    PROPERTY_UNIQ_KEY,
     RECORD_FIXED_BYTES,
     RECORD_HEADS,
     SYSFLAG_BORNHOST_V6,
@@ -89,6 +85,8 @@ from commitlog.records import (
 )
 from commitlog.retries import KeyCollision, retry_digest
 from commitlog.scrub_walk import KEY_ENTRY_DTYPE, RECORD_FACTS_DTYPE
+from protocol.invariant import fail, invariant
+from protocol.properties import KEY_SEPARATOR, PROPERTIES_BYTES_MAX, PROPERTY_KEYS, PROPERTY_UNIQ_KEY
 
 log = logging.getLogger(__name__)
 

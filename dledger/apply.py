@@ -39,7 +39,7 @@ from typing import Final, TypeVar
 import numpy as np
 
 from commitlog.errors import DiskFullError
-from commitlog.message import MessageInput, RecordError, StoredMessage, decode_record, encode_properties
+from commitlog.message import MessageInput, RecordError, StoredMessage, decode_record
 from commitlog.records import (
     HAS_UNIQ_KEY,
     HASH_DTYPE,
@@ -82,7 +82,9 @@ from dledger.pop import (
     plan_dead_letters,
 )
 from dledger.state import ReplicatedState
-from dledger.timers import TIMER_PROGRESS_KEY, TIMER_TOPIC, release, timer_due_second, timer_key
+from dledger.timers import TIMER_PROGRESS_KEY, release, timer_due_second, timer_key
+from protocol.properties import encode_properties
+from protocol.topics import DLQ_PREFIX, TIMER_TOPIC, TRANS_HALF_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +95,6 @@ OwnBatch = tuple[Sequence[MessageInput], int] | PreparedRecords
 NOOP_HISTORY_MAX = 100
 DISK_FULL_RETRY_SECONDS = 1.0
 #: the topic of transaction half messages (queue 0); its queue offsets name the halves
-TRANSACTION_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 #: a send whose topic, UNIQ_KEY, reconsume count and content (commitlog.retries) match a message stored this
 #: recently is a client's retry and is not stored again (its answer is the stored message's). Part of apply:
 #: every member must use the same value, so it is a constant of the command format, not a setting.
@@ -232,7 +233,7 @@ class StateMachine:
                 if (isinstance(operation, TransactionOp) and operation.action != TransactionAction.CHECK
                         and raft_index > self.state.applied_index
                         and not self.state.transaction_pending(
-                            operation.half_offset, self.store.max_queue_offset(TRANSACTION_HALF_TOPIC, 0))):
+                            operation.half_offset, self.store.max_queue_offset(TRANS_HALF_TOPIC, 0))):
                     # a second END_TRANSACTION (or a check-back racing a commit): the whole command is a no-op
                     resolved = self.state.transactions_resolved.get(operation.half_offset)
                     return self._noop(raft_index, f"transaction half {operation.half_offset} is not pending"
@@ -685,10 +686,6 @@ class StateMachine:
             with self.state_lock:
                 self.state.applied_index = raft_index
         return ApplyResult(raft_index, noop_reason=reason)
-
-
-#: the dead-letter queue of a consumer group (broker.topics.dlq_topic)
-DLQ_PREFIX: Final = "%DLQ%"
 
 
 def dead_letter_copy(stored: StoredMessage, group: str, grant: PopGrant, stamp: int) -> MessageInput:

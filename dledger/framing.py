@@ -54,7 +54,7 @@ from typing import Any, Final
 
 from blake3 import blake3
 
-from commitlog.errors import fail, invariant
+from protocol.invariant import fail, invariant
 
 PROTOCOL_MAGIC: Final = b"RMQDLG"
 PROTOCOL_VERSION: Final = 3  # 2: parted frames; 3: their large parts by BLAKE3, not SHA-256

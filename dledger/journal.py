@@ -70,8 +70,9 @@ from pysyncobj.journal import MemoryJournal
 from pysyncobj.pickle import loads as pysyncobj_loads
 
 from commitlog import reaper
-from commitlog.errors import CorruptionError, DiskFullError, StoreError, invariant, stop_on_sync_error
+from commitlog.errors import CorruptionError, DiskFullError, StoreError, stop_on_sync_error
 from commitlog.mapped_file import atomic_write, fsync_directory
+from protocol.invariant import invariant
 
 log = logging.getLogger(__name__)
 

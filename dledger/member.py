@@ -57,9 +57,9 @@ from dledger.snapshot import (
 )
 from dledger.stages import StageHistograms
 from dledger.state import ReplicatedState, StateError
-from dledger.timers import TIMER_TOPIC
 from dledger.transport import OUT_OF_BAND_MIN_BYTES, transport_class
 from dledger.tuning import tuned_conf
+from protocol.topics import TIMER_TOPIC
 
 log = logging.getLogger(__name__)
 

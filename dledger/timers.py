@@ -17,10 +17,11 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from commitlog.message import MessageInput, decode_properties, encode_properties
+from commitlog.message import MessageInput
 from commitlog.retries import PROPERTY_TIMER_OUT_MS, TIMER_KEY_PREFIX
+from protocol.properties import decode_properties, encode_properties
+from protocol.topics import TIMER_TOPIC
 
-TIMER_TOPIC: Final = "RMQ_SYS_TIMER_TOPIC"
 TIMER_PROGRESS_KEY: Final = "timer"
 #: timers of the second after the progress already delivered (a second's timers can span commands)
 TIMER_CURSOR_KEY: Final = "timer-cursor"

@@ -9,6 +9,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from commitlog.message import FILLER_HEADER_BYTES, StoredMessage
+from protocol.properties import PROPERTY_UNIQ_KEY
 from spark_analytics.layout import Replica, map_file
 from spark_analytics.results import RecordLocation
 from spark_analytics.walker import KIND_FILLER, KIND_MESSAGE, entry_at
@@ -133,6 +134,6 @@ def locate(replica: Replica, segment_size: int, physical_offset: int) -> RecordL
                               field=field, byte_in_record=within)
     return RecordLocation(
         replica.name, physical_offset, entry.kind, record_offset, entry.length, message.topic, message.queue_id,
-        message.queue_offset, message.property_map.get("UNIQ_KEY"), record_field(message, within), within,
+        message.queue_offset, message.property_map.get(PROPERTY_UNIQ_KEY), record_field(message, within), within,
     )
 

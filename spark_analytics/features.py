@@ -6,10 +6,10 @@ records that carry the properties followed) rather than the whole log wherever i
 
 The broker facts these rest on (broker/send.py, broker/delay.py, broker/send_back.py, broker/transactions.py):
 
-* **Transactions.** A half message is stored in :data:`TRANSACTION_HALF_TOPIC` (queue 0) with REAL_TOPIC /
+* **Transactions.** A half message is stored in :data:`TRANS_HALF_TOPIC` (queue 0) with REAL_TOPIC /
   REAL_QID; its queue offset there names it. A commit is a record in the real topic with transaction type
   COMMIT (0x8), the half's UNIQ_KEY and ``preparedTransactionOffset`` = the half's physical offset. Every
-  commit, rollback or discard also stores an op record in :data:`TRANSACTION_OP_TOPIC` (the half's queue id)
+  commit, rollback or discard also stores an op record in :data:`TRANS_OP_HALF_TOPIC` (the half's queue id)
   whose body is the half's queue offset in decimal and whose TAGS is ``d``, at or after the commit it
   goes with. A record of transaction type ROLLBACK (0xC) naming a half is a rollback marker (RocketMQ's
   older brokers wrote them; ours does not, but a store that has one must not also commit that half).
@@ -33,21 +33,10 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from commitlog.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
+from protocol.topics import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from spark_analytics.frames import explode_found, found, hidden
 
-# topics and properties as the broker writes them (broker/topics.py, broker/send.py, broker/send_back.py;
-# tests/spark/test_features.py checks they still agree)
-SCHEDULE_TOPIC: Final = "SCHEDULE_TOPIC_XXXX"
-TRANSACTION_HALF_TOPIC: Final = "RMQ_SYS_TRANS_HALF_TOPIC"
-TRANSACTION_OP_TOPIC: Final = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
-RETRY_PREFIX: Final = "%RETRY%"
-DLQ_PREFIX: Final = "%DLQ%"
 OP_TAG: Final = "d"
-PROPERTY_REAL_TOPIC: Final = "REAL_TOPIC"
-PROPERTY_REAL_QUEUE_ID: Final = "REAL_QID"
-PROPERTY_DELAY: Final = "DELAY"
-PROPERTY_RETRY_TOPIC: Final = "RETRY_TOPIC"
-PROPERTY_ORIGIN_MESSAGE_ID: Final = "ORIGIN_MESSAGE_ID"
 #: RocketMQ's default delay levels (messageDelayLevel), in seconds: level L is element L - 1
 DELAY_LEVELS_SECONDS: Final = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 
@@ -76,7 +65,7 @@ def feature_records(records: DataFrame) -> DataFrame:
     col = F.col
     transaction_type = col("sys_flag").bitwiseAND(TRANSACTION_TYPE_MASK)
     return records.where((col("kind") == "message") & (
-        col("topic").isin(SCHEDULE_TOPIC, TRANSACTION_HALF_TOPIC, TRANSACTION_OP_TOPIC)
+        col("topic").isin(SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC)
         | col("real_topic").isNotNull()
         | transaction_type.isin(TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE)
         | is_retry_copy()))
@@ -101,18 +90,18 @@ def feature_violations(features: DataFrame, records: DataFrame, replica_min: Rep
 def transaction_violations(messages: DataFrame, replica_min: ReplicaMin) -> DataFrame:
     col = F.col
     transaction_type = col("sys_flag").bitwiseAND(TRANSACTION_TYPE_MASK)
-    halves = messages.where(col("topic") == TRANSACTION_HALF_TOPIC).select(
+    halves = messages.where(col("topic") == TRANS_HALF_TOPIC).select(
         "replica", col("physical_offset").alias("half_offset"), col("queue_id").alias("half_queue_id"),
         col("queue_offset").alias("half_queue_offset"), col("uniq_key").alias("half_uniq_key"),
         col("real_topic").alias("half_real_topic"), col("real_qid").alias("half_real_qid"),
     )
-    commits = messages.where((transaction_type == TRANSACTION_COMMIT_TYPE) & (col("topic") != TRANSACTION_HALF_TOPIC))
+    commits = messages.where((transaction_type == TRANSACTION_COMMIT_TYPE) & (col("topic") != TRANS_HALF_TOPIC))
     rollbacks = (messages.where((transaction_type == TRANSACTION_ROLLBACK_TYPE)
-                                & (col("topic") != TRANSACTION_HALF_TOPIC))
+                                & (col("topic") != TRANS_HALF_TOPIC))
                  .groupBy("replica", col("prepared_transaction_offset").alias("half_offset"))
                  .agg(F.min("physical_offset").alias("rollback_offset")))
     body_text = F.trim(col("body").cast("string"))
-    ops = messages.where(col("topic") == TRANSACTION_OP_TOPIC).select(
+    ops = messages.where(col("topic") == TRANS_OP_HALF_TOPIC).select(
         "replica", "physical_offset", "topic", "queue_id", "queue_offset", "store_timestamp", "tags",
         body_text.alias("op_body"),
         F.when(body_text.rlike("^[0-9]{1,18}$"), body_text.cast("bigint")).alias("op_half_queue_offset"),
@@ -128,7 +117,7 @@ def transaction_violations(messages: DataFrame, replica_min: ReplicaMin) -> Data
     resolved = (halves.join(commits_per_half, ["replica", "half_offset"], "left")
                 .join(rollbacks, ["replica", "half_offset"], "left")
                 .join(ops_per_half, ["replica", "half_queue_id", "half_queue_offset"], "left"))
-    half_problems = explode_found(resolved.withColumn("half_topic", F.lit(TRANSACTION_HALF_TOPIC)), [
+    half_problems = explode_found(resolved.withColumn("half_topic", F.lit(TRANS_HALF_TOPIC)), [
         found("transaction_ops", col("commit_records").isNotNull() & col("op_records").isNull(),
               F.format_string("the half is committed (at physical offset %d) but has no op record",
                               col("first_commit_offset"))),
@@ -152,7 +141,7 @@ def transaction_violations(messages: DataFrame, replica_min: ReplicaMin) -> Data
     commit_problems = explode_found(checked, [
         found("transactions", ~has_half & (prepared >= replica_min(col("replica"))),
               F.format_string("commits the half at physical offset %d, where no %s record is stored", prepared,
-                              F.lit(TRANSACTION_HALF_TOPIC))),
+                              F.lit(TRANS_HALF_TOPIC))),
         found("transactions", has_half & ((col("topic") != F.coalesce(col("half_real_topic"), F.lit("")))
                                          | (col("queue_id") != F.coalesce(col("half_real_qid").cast("int"), F.lit(-1)))),
               F.format_string("the half at physical offset %d names %s/%s, the commit is in %s/%d", prepared,

@@ -52,7 +52,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from spark_analytics.features import SCHEDULE_TOPIC, TRANSACTION_HALF_TOPIC
+from protocol.topics import SCHEDULE_TOPIC, TRANS_HALF_TOPIC
 from spark_analytics.frames import hidden
 from spark_analytics.results import HistoryReplica, HistoryResult, InvariantResult, Violation
 from spark_analytics.tables import ReplicaTables
@@ -304,7 +304,7 @@ def _findings(spark: SparkSession, tables: ReplicaTables, history: History, exam
     # or half topic
     matched = records.join(spread(sends), "uniq_key").where(
         (col("topic") == col("send_topic"))
-        | (col("topic").isin(SCHEDULE_TOPIC, TRANSACTION_HALF_TOPIC) & (col("real_topic") == col("send_topic"))))
+        | (col("topic").isin(SCHEDULE_TOPIC, TRANS_HALF_TOPIC) & (col("real_topic") == col("send_topic"))))
     in_topic = (col("topic") == col("send_topic")) & (col("reconsume_times") == 0)
     stored = matched.groupBy("replica", "line").agg(
         F.sum(F.when(in_topic, 1).otherwise(0)).alias("copies"),

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
-from broker.namesrv.model import ClusterInfo
-from broker.remoting.codes import RequestCode, ResponseCode
+from protocol.codes import RequestCode, ResponseCode
+from protocol.route_data import ClusterInfo
 from spark_analytics.remote import (
     STATUS_TIMEOUT_SECONDS,
     Access,

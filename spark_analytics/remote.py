@@ -29,10 +29,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from broker.acl.signature import sign_fields
-from broker.remoting.codec import FrameDecoder, encode_frame
-from broker.remoting.codes import ResponseCode
-from broker.remoting.command import RemotingCommand, make_request
 from broker.replica_files import (
     DIGEST_RANGE_BYTES_MAX,
     KIND_COMMIT_LOG,
@@ -57,6 +53,10 @@ from broker.replica_files import (
 )
 from commitlog.consume_queue import CQ_UNIT, UNIT_BYTES
 from commitlog.key_index import ENTRY, HEADER, HEADER_BYTES
+from protocol.codec import FrameDecoder, encode_frame
+from protocol.codes import ResponseCode
+from protocol.command import RemotingCommand, make_request
+from protocol.signature import sign_fields
 from spark_analytics.layout import CUT_PREFIX
 
 SCHEME: Final = "raftmq://"

@@ -53,23 +53,17 @@ from pyspark.sql.types import (
 )
 
 from commitlog.consume_queue import CQ_UNIT, UNIT_BYTES
-from commitlog.message import (
-    BLANK_MAGIC,
-    MESSAGE_MAGIC,
+from commitlog.message import BLANK_MAGIC, MESSAGE_MAGIC, body_crc32, decode_host, tags_hash_code
+from protocol.properties import (
+    PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_KEYS,
-    PROPERTY_TAGS,
-    PROPERTY_UNIQ_KEY,
-    body_crc32,
-    decode_host,
-    decode_properties,
-    tags_hash_code,
-)
-from spark_analytics.features import (
-    PROPERTY_DELAY,
     PROPERTY_ORIGIN_MESSAGE_ID,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_RETRY_TOPIC,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    decode_properties,
 )
 from spark_analytics.index_file import IndexFileContents, IndexFileError, read_index_file
 from spark_analytics.layout import CUT_PREFIX, Replica, list_replicas, map_file, read_file, segment_size_bytes
@@ -401,7 +395,7 @@ def read_segment_batches(partition: SegmentPartition, bodies: bool, arrow_schema
                 columns["body_length"].append(len(message.body))
                 columns["real_topic"].append(properties.get(PROPERTY_REAL_TOPIC))
                 columns["real_qid"].append(properties.get(PROPERTY_REAL_QUEUE_ID))
-                columns["delay"].append(properties.get(PROPERTY_DELAY))
+                columns["delay"].append(properties.get(PROPERTY_DELAY_TIME_LEVEL))
                 columns["retry_topic"].append(properties.get(PROPERTY_RETRY_TOPIC))
                 columns["origin_message_id"].append(properties.get(PROPERTY_ORIGIN_MESSAGE_ID))
                 if bodies or (some_bodies and message.topic in topics_with_body):

@@ -15,7 +15,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from commitlog.retries import PER_ATTEMPT_PROPERTIES, TIMER_KEY_PREFIX
-from spark_analytics.features import TRANSACTION_OP_TOPIC
+from protocol.topics import TRANS_OP_HALF_TOPIC
 from spark_analytics.layout import Replica, list_replicas, segment_size_bytes
 from spark_analytics.sources import (
     COMMIT_LOG_SOURCE,
@@ -60,7 +60,7 @@ class ReplicaTables:
         path = str(self.cluster_dir)
         self.records: DataFrame = (
             spark.read.format(COMMIT_LOG_SOURCE).option("bodies", "false")
-            .option("body_topics", TRANSACTION_OP_TOPIC)
+            .option("body_topics", TRANS_OP_HALF_TOPIC)
             .option("segment_size_bytes", str(self.segment_size)).load(path)
             .transform(lambda loaded: loaded.withColumn("retry_content", retry_content(loaded)))
             .select(*RECORD_COLUMNS).repartition("replica").persist()

@@ -14,11 +14,11 @@ from __future__ import annotations
 from typing import Final
 
 from broker.acl.authorizer import AclAuthorizer
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import Connection
 from broker.requests import RequestError, SendHeader
 from broker.send import decode_batch
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand, make_response
 
 PROPERTIES_COUNT_MAX: Final = 512
 _SEND_CODES: Final = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE})

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from broker.acl.config import AclConfig
 from broker.acl.permissions import AclConfigError
 from broker.acl.validator import AccessDeniedError, AccessValidator
-from broker.remoting.codes import ResponseCode
-from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import Connection
+from protocol.codes import ResponseCode
+from protocol.command import RemotingCommand, make_response
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from broker.remoting.codes import RequestCode
 from broker.replica_files import REPLICA_FILES_CODES
-from broker.topics import RETRY_PREFIX
+from protocol.codes import RequestCode
+from protocol.topics import RETRY_PREFIX
 
 DENY: Final = 1
 ANY: Final = 1 << 1

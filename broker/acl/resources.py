@@ -37,9 +37,9 @@ from collections.abc import Mapping
 from typing import Final
 
 from broker.acl.permissions import PUB, SUB, group_resource, is_group_resource
-from broker.remoting.codes import RequestCode
-from broker.remoting.command import RemotingCommand
 from broker.requests import RequestError, SendHeader
+from protocol.codes import RequestCode
+from protocol.command import RemotingCommand
 
 
 class UnreadableRequestError(ValueError):

@@ -33,9 +33,9 @@ from broker.acl.permissions import (
     permission_text,
 )
 from broker.acl.resources import UnreadableRequestError, required_permissions
-from broker.acl.signature import ACCESS_KEY, signature_matches
-from broker.remoting.codes import describe_request_code
-from broker.remoting.command import RemotingCommand
+from protocol.codes import describe_request_code
+from protocol.command import RemotingCommand
+from protocol.signature import ACCESS_KEY, signature_matches
 
 
 class AccessDeniedError(Exception):

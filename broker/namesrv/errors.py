@@ -1,11 +1,9 @@
-"""The name server's operating errors."""
+"""The name server's operating errors besides :class:`protocol.route_data.InvalidRequestError` (raised by
+the bodies' decoders, which clients share)."""
 
 from __future__ import annotations
 
-
-class InvalidRequestError(ValueError):
-    """A request header or body the name server cannot use; answered SYSTEM_ERROR with this text as the
-    remark (what the Java name server answers when a header or body does not decode)."""
+from protocol.route_data import InvalidRequestError
 
 
 class RouteLimitError(InvalidRequestError):

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from broker.namesrv.errors import InvalidRequestError
+from protocol.route_data import InvalidRequestError
 
 #: names (broker, cluster) and addresses are bounded: they are held for every registration
 NAME_MAX_CHARS: Final = 255

@@ -26,12 +26,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from broker.namesrv.errors import InvalidRequestError, RouteLimitError
-from broker.namesrv.model import (
+from broker.namesrv.errors import RouteLimitError
+from protocol.route_data import (
     MASTER_ID,
     BrokerData,
     ClusterInfo,
     DataVersion,
+    InvalidRequestError,
     QueueData,
     TopicConfig,
     TopicRouteData,

@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable
 
 from broker.namesrv.config import NameServerConfig
-from broker.namesrv.errors import InvalidRequestError
 from broker.namesrv.headers import (
     DeleteTopicRequestHeader,
     GetRouteInfoRequestHeader,
@@ -35,11 +34,11 @@ from broker.namesrv.headers import (
     RegisterBrokerResponseHeader,
     UnregisterBrokerRequestHeader,
 )
-from broker.namesrv.model import RegisterBrokerBody, encode_topic_list, java_crc32
 from broker.namesrv.route_table import RouteTable
-from broker.remoting.codes import RequestCode, ResponseCode, describe_request_code
-from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import Connection, RemotingServer, RequestContext
+from protocol.codes import RequestCode, ResponseCode, describe_request_code
+from protocol.command import RemotingCommand, make_response
+from protocol.route_data import InvalidRequestError, RegisterBrokerBody, encode_topic_list, java_crc32
 
 logger = logging.getLogger(__name__)
 

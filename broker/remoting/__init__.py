@@ -1,65 +1,10 @@
-"""RocketMQ 4.x remoting: wire constants, the command value, limits, the sans-IO frame codec, and the
-asyncio server and client around it.
+"""The server side of RocketMQ 4.x remoting: the asyncio server around the sans-IO codec, and the PROXY
+protocol header it accepts in front of a stream.
 
-The codec modules touch no socket or event loop; the asyncio shells around them are
-:mod:`broker.remoting.server` (:class:`RemotingServer`) and :mod:`broker.remoting.client`
-(:class:`RemotingClient`, and the connection base both share).
+What both sides share (wire constants, the command value, limits, the codec, the connection base and the
+client) is :mod:`protocol`; the server's connections build on :class:`protocol.connection.RemotingConnection`.
 """
 
-from broker.remoting.client import (
-    ClientLimits,
-    ConnectionClosedError,
-    FrameConnection,
-    InvalidResponseError,
-    PendingResponses,
-    RemotingClient,
-    RemotingConnectError,
-    RemotingError,
-    RequestHandler,
-    RequestTimeoutError,
-    TooManyPendingRequestsError,
-)
-from broker.remoting.codec import (
-    BodyTooLargeError,
-    DecoderUsageError,
-    EncodeError,
-    ExtFieldValueTooLargeError,
-    FrameDecoder,
-    FrameError,
-    FrameLengthError,
-    FrameLimitError,
-    FrameTooLargeError,
-    HeaderEncodingError,
-    HeaderFieldError,
-    HeaderLengthError,
-    HeaderSyntaxError,
-    HeaderTooLargeError,
-    RemarkTooLargeError,
-    TooManyExtFieldsError,
-    TruncatedHeaderError,
-    UnknownSerializeTypeError,
-    decode_frame,
-    encode_frame,
-    make_error_response,
-)
-from broker.remoting.codes import (
-    LanguageCode,
-    RequestCode,
-    ResponseCode,
-    SerializeType,
-    describe_request_code,
-    describe_response_code,
-)
-from broker.remoting.command import (
-    ONEWAY_FLAG,
-    REMOTING_VERSION,
-    RESPONSE_FLAG,
-    InvalidCommandError,
-    RemotingCommand,
-    make_request,
-    make_response,
-)
-from broker.remoting.limits import DEFAULT_LIMITS, CodecLimits
 from broker.remoting.server import (
     Connection,
     ConnectionCloseListener,
@@ -71,58 +16,11 @@ from broker.remoting.server import (
 )
 
 __all__ = [
-    "DEFAULT_LIMITS",
-    "ONEWAY_FLAG",
-    "REMOTING_VERSION",
-    "RESPONSE_FLAG",
-    "BodyTooLargeError",
-    "ClientLimits",
-    "CodecLimits",
     "Connection",
     "ConnectionCloseListener",
-    "ConnectionClosedError",
-    "DecoderUsageError",
-    "EncodeError",
-    "ExtFieldValueTooLargeError",
-    "FrameConnection",
-    "FrameDecoder",
-    "FrameError",
-    "FrameLengthError",
-    "FrameLimitError",
-    "FrameTooLargeError",
-    "HeaderEncodingError",
-    "HeaderFieldError",
-    "HeaderLengthError",
-    "HeaderSyntaxError",
-    "HeaderTooLargeError",
-    "InvalidCommandError",
-    "InvalidResponseError",
-    "LanguageCode",
-    "PendingResponses",
     "Processor",
-    "RemarkTooLargeError",
-    "RemotingClient",
-    "RemotingCommand",
-    "RemotingConnectError",
-    "RemotingError",
     "RemotingServer",
-    "RequestCode",
     "RequestContext",
-    "RequestHandler",
-    "RequestTimeoutError",
-    "ResponseCode",
-    "SerializeType",
     "ServerConnection",
     "ServerLimits",
-    "TooManyExtFieldsError",
-    "TooManyPendingRequestsError",
-    "TruncatedHeaderError",
-    "UnknownSerializeTypeError",
-    "decode_frame",
-    "describe_request_code",
-    "describe_response_code",
-    "encode_frame",
-    "make_error_response",
-    "make_request",
-    "make_response",
 ]

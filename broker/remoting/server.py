@@ -1,6 +1,6 @@
 """asyncio TCP server around the sans-IO codec: connections in, request processors out.
 
-Each connection owns one :class:`~broker.remoting.codec.FrameDecoder`. A request goes to the processor
+Each connection owns one :class:`~protocol.codec.FrameDecoder`. A request goes to the processor
 registered for its code through that processor's bounded queue, served by a fixed number of worker
 tasks (RocketMQ's ``registerProcessor(code, processor, executor)``). The rules every request follows:
 
@@ -19,7 +19,7 @@ tasks (RocketMQ's ``registerProcessor(code, processor, executor)``). The rules e
 - a request with the oneway flag (2) gets no answer at all, whatever happens to it;
 - an answer echoes the request's opaque and header form (JSON or ROCKETMQ binary).
 
-Bad frames: a fatal :class:`~broker.remoting.codec.FrameError` (the stream cannot be resynchronised)
+Bad frames: a fatal :class:`~protocol.codec.FrameError` (the stream cannot be resynchronised)
 aborts the connection; a recoverable one is answered with ``make_error_response`` when the sender is
 listening, and decoding goes on with the next frame.
 
@@ -46,12 +46,12 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Final, Protocol
 
-from broker.remoting.client import FrameConnection, format_address
-from broker.remoting.codes import ResponseCode, describe_request_code
-from broker.remoting.command import RemotingCommand, make_response
-from broker.remoting.limits import DEFAULT_LIMITS, CodecLimits
 from broker.remoting.proxy_protocol import ProxyHeaderError, parse_header
-from commitlog.errors import InvariantError
+from protocol.codes import ResponseCode, describe_request_code
+from protocol.command import RemotingCommand, make_response
+from protocol.connection import RemotingConnection, format_address
+from protocol.invariant import InvariantError
+from protocol.limits import DEFAULT_LIMITS, CodecLimits
 
 logger = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ class _Route:
 # ---------------------------------------------------------------------------------------- connection
 
 
-class ServerConnection(FrameConnection):
+class ServerConnection(RemotingConnection):
     """One accepted connection; processors see it through :class:`Connection`."""
 
     def __init__(self, server: RemotingServer, connection_id: int) -> None:
@@ -341,7 +341,7 @@ class ServerConnection(FrameConnection):
         if rest:
             super().data_received(rest)
 
-    # ---------------------------------------------------------------------------- FrameConnection
+    # ---------------------------------------------------------------------------- RemotingConnection
 
     def _on_request(self, request: RemotingCommand) -> None:
         self._server._dispatch(self, request)

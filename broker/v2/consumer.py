@@ -33,16 +33,10 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from broker.pop import PoppedMessage, PopService
 from broker.pull import SUBSCRIBE_ALL
 from broker.requests import RequestError
-from broker.topics import PERM_READ
 from broker.v2.auth import Access, Authenticator
 from broker.v2.messages import (
-    PROPERTY_KEYS,
     PROPERTY_SHARDING_KEY,
-    PROPERTY_TAGS,
-    PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_TRACE_CONTEXT,
-    PROPERTY_TRANSACTION_PREPARED,
-    PROPERTY_UNIQ_KEY,
     RESERVED_PROPERTIES,
     has_control_character,
     topic_name,
@@ -79,6 +73,14 @@ from broker.v2.protocol.service_pb2 import (
 from broker.v2.status import StatusError, ok
 from commitlog.message import SYSFLAG_COMPRESSED, StoredMessage, format_address, java_string_hash
 from dledger.pop import POP_RECEIVE_BATCH_MAX, decode_handle, encode_handle
+from protocol.properties import (
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_UNIQ_KEY,
+)
+from protocol.route_data import PERM_READ
 
 #: the invisible time of a receive that names none (auto-renewing push consumers): the proxy's default
 DEFAULT_INVISIBLE_MS: Final = 60_000

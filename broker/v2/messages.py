@@ -26,10 +26,18 @@ from dataclasses import dataclass
 from typing import Final
 
 from broker.timers import TIMER_HORIZON_MS
-from broker.topics import DLQ_PREFIX, RETRY_PREFIX, SYSTEM_TOPICS, check_topic_name
 from broker.v2.protocol.definition_pb2 import Code, Encoding, Message, MessageType, Resource
 from broker.v2.status import StatusError
 from commitlog.message import SYSFLAG_COMPRESSED, TRANSACTION_PREPARED_TYPE, java_string_hash
+from protocol.properties import (
+    PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_UNIQ_KEY,
+)
+from protocol.topics import DLQ_PREFIX, RETRY_PREFIX, SYSTEM_TOPICS, check_topic_name
 
 #: the proxy's userPropertyMaxNum, maxUserPropertySize and maxMessageGroupSize
 USER_PROPERTIES_MAX: Final = 128
@@ -54,12 +62,6 @@ RESERVED_PROPERTIES: Final = frozenset({
     # raftmq reads these too (broker.timers, transactions)
     "__STARTDELIVERTIME", "CHECK_IMMUNITY_TIME_IN_SECONDS", "__SHARDINGKEY", "TRACE_CONTEXT",
 })
-PROPERTY_TAGS: Final = "TAGS"
-PROPERTY_KEYS: Final = "KEYS"
-PROPERTY_UNIQ_KEY: Final = "UNIQ_KEY"
-PROPERTY_TRANSACTION_PREPARED: Final = "TRAN_MSG"
-PROPERTY_CHECK_IMMUNITY_SECONDS: Final = "CHECK_IMMUNITY_TIME_IN_SECONDS"
-PROPERTY_TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"
 PROPERTY_SHARDING_KEY: Final = "__SHARDINGKEY"
 PROPERTY_TRACE_CONTEXT: Final = "TRACE_CONTEXT"
 #: the message types the broker accepts on every topic (a topic has no type of its own here: 4.x producers
@@ -179,7 +181,7 @@ def outgoing_message(message: Message, body_size_max_bytes: int, now_ms: int) ->
         sys_flag |= TRANSACTION_PREPARED_TYPE
         properties[PROPERTY_TRANSACTION_PREPARED] = "true"
         if system.HasField("orphaned_transaction_recovery_duration"):
-            properties[PROPERTY_CHECK_IMMUNITY_SECONDS] = str(max(0, system.orphaned_transaction_recovery_duration.seconds))
+            properties[PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS] = str(max(0, system.orphaned_transaction_recovery_duration.seconds))
     if message_type == MessageType.DELAY:
         due = system.delivery_timestamp
         due_ms = due.seconds if due.seconds > TIMESTAMP_SECONDS_MAX else timestamp_ms(due.seconds, due.nanos)

@@ -40,7 +40,6 @@ from broker.offsets import OffsetCommitter
 from broker.pull import HELD_PULLS_MAX, PullWaiters
 from broker.requests import RequestError
 from broker.subscription_groups import check_consume_enabled
-from broker.topics import PERM_READ
 from broker.v2.auth import Access, Authenticator
 from broker.v2.consumer import (
     DEADLINE_MARGIN_SECONDS,
@@ -50,7 +49,7 @@ from broker.v2.consumer import (
     tag_filter,
     v2_stored_message,
 )
-from broker.v2.messages import PROPERTY_TAGS, timestamp_ms, topic_name
+from broker.v2.messages import timestamp_ms, topic_name
 from broker.v2.protocol.definition_pb2 import Code, Message, MessageQueue, QueryOffsetPolicy, Resource, Status
 from broker.v2.protocol.service_pb2 import (
     GetOffsetRequest,
@@ -66,6 +65,8 @@ from broker.v2.service import CallInfo
 from broker.v2.status import StatusError, ok
 from commitlog.message import RecordError, decode_record
 from commitlog.store import GetResult, GetStatus
+from protocol.properties import PROPERTY_TAGS
+from protocol.route_data import PERM_READ
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from broker.v2.pull import PullService
 from broker.v2.service import CallInfo, MessagingService, NotLeaderError, endpoints
 from broker.v2.status import StatusError
 from broker.v2.telemetry import TelemetrySession
-from commitlog.errors import InvariantError
+from protocol.invariant import InvariantError
 
 log = logging.getLogger(__name__)
 

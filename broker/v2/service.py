@@ -25,18 +25,13 @@ from dataclasses import dataclass
 from typing import Final
 
 from broker.context import BrokerContext
-from broker.remoting.codes import RequestCode
-from broker.remoting.command import make_request
 from broker.requests import RequestError
 from broker.send import SendProcessor
-from broker.topics import PERM_READ, PERM_WRITE, TRANS_HALF_TOPIC
-from broker.transactions import COMMIT, PROPERTY_PRODUCER_GROUP, ROLLBACK, EndTransactionProcessor
+from broker.transactions import COMMIT, ROLLBACK, EndTransactionProcessor
 from broker.v2.auth import Access, Authenticator
 from broker.v2.clients import ClientTable, SettingsLimits, server_settings
 from broker.v2.messages import (
     ACCEPTED_MESSAGE_TYPES,
-    PROPERTY_TIMER_DELIVER_MS,
-    PROPERTY_UNIQ_KEY,
     SEND_MESSAGES_MAX,
     fifo_queue_id,
     outgoing_message,
@@ -76,6 +71,16 @@ from commitlog.message import TRANSACTION_TYPE_MASK, encode_host, encode_peer
 from commitlog.store import AppendStatus
 from dledger.config import parse_address
 from dledger.member import GroupMember
+from protocol.codes import RequestCode
+from protocol.command import make_request
+from protocol.properties import (
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_UNIQ_KEY,
+)
+from protocol.route_data import PERM_READ, PERM_WRITE
+from protocol.topics import TRANS_HALF_TOPIC
 
 HEADER_CLIENT_ID: Final = "x-mq-client-id"
 #: a born host that cannot be encoded (an IPv6 peer) is stored as this, as the 4.x path does
@@ -335,7 +340,7 @@ class MessagingService:
                                                            f"{request.transaction_id[:64]!r}: {exc}") from None
         properties = half.property_map
         if (half.topic != TRANS_HALF_TOPIC or properties.get(PROPERTY_UNIQ_KEY) != request.message_id
-                or properties.get("REAL_TOPIC") != topic):
+                or properties.get(PROPERTY_REAL_TOPIC) != topic):
             raise StatusError(Code.INVALID_TRANSACTION_ID,
                               f"transaction id {request.transaction_id} is not the half message of message "
                               f"{request.message_id[:64]!r} on topic {topic}")

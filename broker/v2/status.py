@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from broker.remoting.codes import ResponseCode
 from broker.requests import RequestError
 from broker.v2.protocol.definition_pb2 import Code, Status
+from protocol.codes import ResponseCode
 
 #: 4.x response code -> 5.x code; anything else is INTERNAL_SERVER_ERROR (the proxy's ResponseBuilder default)
 CODE_BY_RESPONSE_CODE: Final[dict[int, Code]] = {

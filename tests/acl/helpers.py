@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from broker.acl.signature import sign_fields
-from broker.remoting.codec import FrameDecoder, encode_frame
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import RemotingCommand, make_request
 from cli.cluster import LocalCluster, NodeInfo, is_alive
+from protocol.codec import FrameDecoder, encode_frame
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand, make_request
+from protocol.signature import sign_fields
 from tests.broker.wire import properties_text
 
 REQUEST_TIMEOUT_SECONDS = 10.0

@@ -15,11 +15,11 @@ from typing import Final
 import pytest
 from click.testing import CliRunner
 
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import RemotingCommand
 from cli.client_commands import send, topic
 from cli.cluster import LocalCluster, route_master
 from commitlog.message import decode_record
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand
 from tests.acl.helpers import (
     ADMIN,
     BASE_ACL,

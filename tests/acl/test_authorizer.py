@@ -11,12 +11,13 @@ import pytest
 from broker.acl.admission import PROPERTIES_COUNT_MAX, Admission, properties_problem
 from broker.acl.authorizer import AclAuthorizer, AclRules
 from broker.acl.config import AclConfig
-from broker.acl.signature import sign_fields
-from broker.remoting import RemotingClient, RemotingCommand, RequestContext, ResponseCode, make_response
-from broker.remoting.codes import RequestCode
-from broker.remoting.command import make_request
+from broker.remoting import RequestContext
 from broker.remoting.server import RemotingServer
-from commitlog.errors import InvariantError
+from protocol.client import RemotingClient
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand, make_request, make_response
+from protocol.invariant import InvariantError
+from protocol.signature import sign_fields
 from tests.acl.helpers import ADMIN, BASE_ACL, PRODUCER, send_fields
 from tests.broker import wire
 from tests.broker.helpers import LOOPBACK, run

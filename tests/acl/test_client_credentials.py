@@ -12,14 +12,15 @@ from click.testing import CliRunner
 from broker.acl.admission import Admission
 from broker.acl.authorizer import AclAuthorizer, AclRules
 from broker.acl.config import AclConfig
-from broker.acl.signature import signature_matches
-from broker.remoting import RemotingCommand, RequestContext, ResponseCode, make_response
-from broker.remoting.codes import RequestCode
+from broker.remoting import RequestContext
 from broker.remoting.server import RemotingServer
 from cli.client_commands import client_config, namesrv_option
 from client.config import ClientConfig, ConfigError, load_credentials
 from client.errors import BrokerUnavailableError
 from client.instance import ClientInstance
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand, make_response
+from protocol.signature import signature_matches
 from tests.acl.helpers import BASE_ACL, PRODUCER, send_fields
 from tests.broker.helpers import LOOPBACK, run
 

@@ -9,7 +9,7 @@ import hmac
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.acl.signature import (
+from protocol.signature import (
     ACCESS_KEY,
     SIGNATURE,
     UNIQUE_KEY_QUERY,

@@ -9,11 +9,11 @@ import pytest
 from broker.acl.config import AclConfig
 from broker.acl.permissions import PUB
 from broker.acl.resources import required_permissions
-from broker.acl.signature import sign_fields
 from broker.acl.validator import AccessDeniedError, AccessValidator
-from broker.remoting.codes import RequestCode
-from broker.remoting.command import RemotingCommand, make_request
 from broker.requests import V2_NAMES, SendHeader
+from protocol.codes import RequestCode
+from protocol.command import RemotingCommand, make_request
+from protocol.signature import sign_fields
 from tests.acl.helpers import ADMIN, BASE_ACL, CONSUMER, PRODUCER, Credentials, pull_fields, send_fields
 
 RULES = AccessValidator(AclConfig.from_toml(BASE_ACL))

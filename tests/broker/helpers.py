@@ -11,15 +11,9 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import TypeVar
 
-from broker.remoting import (
-    FrameDecoder,
-    RemotingCommand,
-    RemotingServer,
-    RequestContext,
-    ServerLimits,
-    encode_frame,
-    make_request,
-)
+from broker.remoting import RemotingServer, RequestContext, ServerLimits
+from protocol.codec import FrameDecoder, encode_frame
+from protocol.command import RemotingCommand, make_request
 
 T = TypeVar("T")
 LOOPBACK = "127.0.0.1"

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import RemotingCommand, make_request
 from broker.requests import RequestError
 from broker.subscription_groups import check_consume_enabled, parse_group_config
 from dledger.command import SubscriptionGroup
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand, make_request
 from tests.broker.test_admin_topics_groups import Admin, scenario
 
 #: a body as mqadmin updateSubGroup sends it (fastjson writes every field of SubscriptionGroupConfig)

@@ -18,12 +18,8 @@ from broker.admin import ONLINE_CONSUMERS_FIELD, RESET_WHILE_ONLINE_FIELD, Admin
 from broker.config import load_node_file
 from broker.consumers import MESSAGE_MODEL_CLUSTERING, ConsumerManager
 from broker.context import BrokerContext
-from broker.namesrv.model import DataVersion
-from broker.namesrv.model import TopicConfig as RouteTopicConfig
 from broker.namesrv.route_table import RouteTable
 from broker.offsets import OffsetCommitter
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import RemotingCommand, make_request
 from client.running_info import loads_lenient, queue_of_key
 from commitlog.store import MessageStore
 from dledger.apply import ApplyResult, StateMachine
@@ -32,6 +28,10 @@ from dledger.group_clock import GroupClock
 from dledger.member import GroupMember, MemberStatus
 from dledger.stages import StageHistograms
 from dledger.state import ReplicatedState
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand, make_request
+from protocol.route_data import DataVersion
+from protocol.route_data import TopicConfig as RouteTopicConfig
 from tests.broker.helpers import NODE_FILE_HEAD, run
 from tests.commitlog.helpers import message, small_config
 

@@ -15,19 +15,19 @@ import pytest
 from broker.config import BrokerConfig, load_node_file
 from broker.context import BrokerContext
 from broker.namesrv import (
-    MASTER_ID,
     NameServer,
     NameServerConfig,
     RegisterBrokerRequestHeader,
     RegisterBrokerResponseHeader,
-    TopicRouteData,
 )
-from broker.namesrv import TopicConfig as RouteTopicConfig
 from broker.registration import Registrar
-from broker.remoting import RemotingClient, RequestCode, ResponseCode
 from commitlog.config import ConfigError
 from dledger.member import GroupMember, MemberStatus
 from dledger.stages import StageHistograms
+from protocol.client import RemotingClient
+from protocol.codes import RequestCode, ResponseCode
+from protocol.route_data import MASTER_ID, TopicRouteData
+from protocol.route_data import TopicConfig as RouteTopicConfig
 from tests.broker.helpers import LOOPBACK, NODE_FILE_HEAD, run
 
 LISTEN, ADVERTISED = "127.0.0.1:10911", "127.0.0.1:30911"

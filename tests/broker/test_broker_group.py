@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from broker.remoting.client import RemotingClient, RemotingError
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import DEFAULT_LANGUAGE, REMOTING_VERSION, RemotingCommand, make_response
-from broker.topics import SCHEDULE_TOPIC
 from cli.cluster import LocalCluster, route_master
 from client.loop import EventLoopThread
 from client.running_info import loads_lenient
 from commitlog.message import StoredMessage, decode_message_id
+from protocol.client import RemotingClient
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import DEFAULT_LANGUAGE, REMOTING_VERSION, RemotingCommand, make_response
+from protocol.connection import RemotingError
+from protocol.topics import SCHEDULE_TOPIC
 from tests.broker import wire
 from tests.support import small_store, wait_for
 

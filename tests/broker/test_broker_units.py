@@ -13,12 +13,13 @@ from broker.admin import record_store_timestamp
 from broker.config import load_node_file
 from broker.consumers import CONSUME_FROM_WHERE, CONSUME_TYPES, _enum_name
 from broker.pull import tag_codes
-from broker.remoting.codes import ResponseCode
 from broker.requests import RequestError, SendHeader
-from broker.send import decode_batch, parse_properties
+from broker.send import decode_batch
 from broker.timers import due_time_ms
 from commitlog.config import ConfigError
 from commitlog.message import MessageInput, decode_record, encode_host, encode_record, java_string_hash
+from protocol.codes import ResponseCode
+from protocol.properties import parse_properties
 from tests.broker.wire import batch_body
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.remoting.codes import ResponseCode
 from cli.cluster import LocalCluster
+from protocol.codes import ResponseCode
 from tests.broker import wire
 from tests.broker.test_retention import min_offsets
 from tests.support import small_store, wait_for

@@ -17,8 +17,12 @@ from types import MappingProxyType
 
 import pytest
 
-from broker.remoting import codec
-from broker.remoting.codec import (
+from broker.requests import RequestError, SendHeader
+from broker.send import SendProcessor
+from commitlog.message import encode_host
+from commitlog.store import AppendResult, AppendStatus
+from protocol import codec
+from protocol.codec import (
     EncodeError,
     FrameDecoder,
     FrameError,
@@ -28,13 +32,9 @@ from broker.remoting.codec import (
     decode_frame,
     encode_frame,
 )
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import RemotingCommand, make_request
-from broker.remoting.limits import DEFAULT_LIMITS, CodecLimits
-from broker.requests import RequestError, SendHeader
-from broker.send import SendProcessor
-from commitlog.message import encode_host
-from commitlog.store import AppendResult, AppendStatus
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand, make_request
+from protocol.limits import DEFAULT_LIMITS, CodecLimits
 from tests.remoting import read_corpus, replay
 
 pytestmark = pytest.mark.skipif(codec._fast_loads is None, reason="orjson is not installed: no fast path to test")
@@ -291,8 +291,8 @@ def test_codec_without_orjson_is_complete() -> None:
     script = """
 import sys
 sys.modules["orjson"] = None  # import orjson now raises ImportError
-from broker.remoting import codec
-from broker.remoting.command import make_request
+from protocol import codec
+from protocol.command import make_request
 assert codec._fast_loads is None and codec._fast_dumps is None
 command = make_request(310, 7, {"a": "g", "i": "K\\x01V\\x02"}, b"x", remark="r")
 frame = codec.encode_frame(command)

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 import pytest
 
 from broker.consumers import ConsumerCallProcessor, ConsumerManager
-from broker.remoting.client import ConnectionClosedError, RequestTimeoutError
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import RemotingCommand, make_request
 from broker.remoting.server import RequestContext
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand, make_request
+from protocol.connection import ConnectionClosedError, RequestTimeoutError
 
 
 class FakeConnection:

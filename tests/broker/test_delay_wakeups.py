@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from broker.context import BrokerContext
 from broker.delay import DelayService
-from broker.topics import SCHEDULE_TOPIC
+from protocol.topics import SCHEDULE_TOPIC
 
 
 def fake_broker(leader: bool) -> Any:

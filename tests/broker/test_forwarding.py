@@ -22,17 +22,12 @@ from broker.forwarding import (
     LeaderOnly,
     MemberLinks,
 )
-from broker.remoting import (
-    RemotingClient,
-    RemotingCommand,
-    RequestCode,
-    RequestContext,
-    ResponseCode,
-    make_response,
-)
-from broker.remoting.command import ONEWAY_FLAG
+from broker.remoting import RequestContext
 from broker.remoting.server import FORWARDED_FOR_FIELD, RemotingServer
 from broker.requests import RequestError
+from protocol.client import RemotingClient
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import ONEWAY_FLAG, RemotingCommand, make_response
 from tests.broker.helpers import LOOPBACK, poll_until, run
 
 SECRET = b"s" * 32

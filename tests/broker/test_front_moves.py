@@ -9,8 +9,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from broker.front_moves import MOVE_AFTER_SECONDS, FrontMover, front_host_set
-from broker.remoting import RemotingClient, RemotingCommand, RequestContext, ResponseCode, make_response
+from broker.remoting import RequestContext
 from broker.remoting.server import ServerConnection
+from protocol.client import RemotingClient
+from protocol.codes import ResponseCode
+from protocol.command import RemotingCommand, make_response
 from tests.broker.helpers import LOOPBACK, poll_until, run, running_server
 
 

@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from broker.config import BrokerConfig, load_node_file
-from broker.namesrv import MASTER_ID, NameServer, NameServerConfig
-from broker.namesrv import TopicConfig as RouteTopicConfig
+from broker.namesrv import NameServer, NameServerConfig
 from broker.registration import Registrar
-from broker.remoting import RemotingClient, RequestCode, ResponseCode
 from commitlog.config import ConfigError
+from protocol.client import RemotingClient
+from protocol.codes import RequestCode, ResponseCode
+from protocol.route_data import MASTER_ID
+from protocol.route_data import TopicConfig as RouteTopicConfig
 from tests.broker.helpers import LOOPBACK, NODE_FILE_HEAD, poll_until, run
 
 FRONT, LEADER, FOLLOWER = "127.0.0.1:30900", "127.0.0.1:10911", "127.0.0.1:10921"

@@ -17,10 +17,8 @@ from broker.config import load_node_file
 from broker.context import BrokerContext
 from broker.delay import DelayService
 from broker.retention import CLOCK_JUMP_TOLERANCE_MS, RetentionService
-from broker.send import PROPERTY_DELAY, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC
 from broker.timers import TimerService
-from broker.topics import SCHEDULE_TOPIC
-from commitlog.message import MessageInput, decode_properties, encode_properties
+from commitlog.message import MessageInput
 from commitlog.records import PreparedRecords
 from commitlog.store import MessageStore
 from dledger.apply import ApplyResult, OwnBatch, StateMachine
@@ -32,6 +30,14 @@ from dledger.member import GroupMember, MemberStatus
 from dledger.stages import StageHistograms
 from dledger.state import ReplicatedState
 from dledger.timers import schedule
+from protocol.properties import (
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    decode_properties,
+    encode_properties,
+)
+from protocol.topics import SCHEDULE_TOPIC
 from tests.broker.helpers import NODE_FILE_HEAD, run
 from tests.commitlog.helpers import message, small_config
 
@@ -190,7 +196,7 @@ def scheduled(number: int, due_ms: int) -> MessageInput:
 def delayed(number: int, level: int) -> MessageInput:
     original = message(number)
     properties = decode_properties(original.properties)
-    properties.update({PROPERTY_DELAY: str(level), PROPERTY_REAL_TOPIC: TOPIC, PROPERTY_REAL_QUEUE_ID: "0"})
+    properties.update({PROPERTY_DELAY_TIME_LEVEL: str(level), PROPERTY_REAL_TOPIC: TOPIC, PROPERTY_REAL_QUEUE_ID: "0"})
     return original._replace(topic=SCHEDULE_TOPIC, queue_id=level - 1, properties=encode_properties(properties))
 
 

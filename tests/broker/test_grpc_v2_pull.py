@@ -18,7 +18,6 @@ from broker.acl.config import AclConfig
 from broker.config import BrokerConfig
 from broker.offsets import OffsetCommitter
 from broker.pull import PullWaiters
-from broker.topics import PERM_READ, PERM_WRITE
 from broker.v2.auth import Authenticator
 from broker.v2.consumer import tag_filter
 from broker.v2.protocol.definition_pb2 import (
@@ -44,6 +43,7 @@ from commitlog.store import MessageStore
 from dledger.apply import ApplyResult, StateMachine
 from dledger.command import Command, Messages, SubscriptionGroup, TopicConfig, encode_command
 from dledger.state import ReplicatedState
+from protocol.route_data import PERM_READ, PERM_WRITE
 from tests.commitlog.helpers import message, small_config
 
 TOPIC: Final = "TopicTest"

@@ -12,7 +12,6 @@ import pytest
 from broker.acl.authorizer import AclRules
 from broker.acl.config import AclConfig
 from broker.config import BrokerConfig
-from broker.topics import PERM_READ, PERM_WRITE
 from broker.v2.auth import Access, Authenticator, parse_credentials
 from broker.v2.clients import (
     PRODUCER_MAX_ATTEMPTS,
@@ -45,6 +44,7 @@ from broker.v2.service import endpoints, route_queues
 from broker.v2.status import StatusError
 from commitlog.config import ConfigError
 from commitlog.message import SYSFLAG_COMPRESSED, TRANSACTION_PREPARED_TYPE
+from protocol.route_data import PERM_READ, PERM_WRITE
 
 NOW_MS = 1_700_000_000_000
 BODY_MAX = 1024

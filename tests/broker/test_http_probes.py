@@ -30,7 +30,6 @@ from broker.http import (
 )
 from broker.metrics import CONTENT_TYPE, DurationCounts, MetricsSnapshot, group_lags, new_registry, render
 from broker.probes import READY_APPLY_LAG_ENTRIES_MAX, Probes, ProbeState, read_probe_state, readiness_problem
-from broker.remoting.codes import RequestCode, ResponseCode
 from broker.runtime_stats import (
     QueueFacts,
     RuntimeStats,
@@ -44,6 +43,7 @@ from broker.runtime_stats import (
 from cli.cluster import CLUSTER_FILE, LocalCluster, node_status, parse_setting
 from commitlog.config import ConfigError
 from dledger.stages import BUCKETS, bucket_of
+from protocol.codes import RequestCode, ResponseCode
 from tests.broker import wire
 from tests.support import small_store, wait_for
 

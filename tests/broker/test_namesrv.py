@@ -11,24 +11,28 @@ from contextlib import asynccontextmanager
 import pytest
 
 from broker.namesrv import (
+    DeleteTopicRequestHeader,
+    GetRouteInfoRequestHeader,
+    NameServer,
+    NameServerConfig,
+    RegisterBrokerRequestHeader,
+    RegisterBrokerResponseHeader,
+    UnregisterBrokerRequestHeader,
+)
+from protocol.client import RemotingClient
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand
+from protocol.route_data import (
     MASTER_ID,
     ClusterInfo,
     DataVersion,
-    DeleteTopicRequestHeader,
-    GetRouteInfoRequestHeader,
     InvalidRequestError,
-    NameServer,
-    NameServerConfig,
     RegisterBrokerBody,
-    RegisterBrokerRequestHeader,
-    RegisterBrokerResponseHeader,
     TopicConfig,
     TopicRouteData,
-    UnregisterBrokerRequestHeader,
     decode_topic_list,
     java_crc32,
 )
-from broker.remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
 from tests.broker.helpers import LOOPBACK, RawConnection, poll_until, run
 
 CLUSTER = "DefaultCluster"

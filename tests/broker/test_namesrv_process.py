@@ -13,14 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.namesrv import (
-    GetRouteInfoRequestHeader,
-    RegisterBrokerBody,
-    RegisterBrokerRequestHeader,
-    TopicConfig,
-    TopicRouteData,
-)
-from broker.remoting import RemotingClient, RemotingConnectError, RequestCode, ResponseCode
+from broker.namesrv import GetRouteInfoRequestHeader, RegisterBrokerRequestHeader
+from protocol.client import RemotingClient
+from protocol.codes import RequestCode, ResponseCode
+from protocol.connection import RemotingConnectError
+from protocol.route_data import RegisterBrokerBody, TopicConfig, TopicRouteData
 from tests.broker.helpers import LOOPBACK, run
 
 REPOSITORY = Path(__file__).resolve().parents[2]

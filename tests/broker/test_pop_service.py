@@ -18,7 +18,6 @@ from broker.acl.config import AclConfig
 from broker.config import BrokerConfig
 from broker.pop import RENEW_AHEAD_MS, RENEW_INVISIBLE_MS, PopService
 from broker.pull import tag_codes
-from broker.topics import PERM_READ, PERM_WRITE
 from broker.v2.auth import Authenticator
 from broker.v2.consumer import ConsumerService, v2_message
 from broker.v2.protocol.definition_pb2 import (
@@ -41,6 +40,7 @@ from commitlog.store import MessageStore
 from dledger.apply import ApplyResult, StateMachine
 from dledger.command import Command, Messages, SubscriptionGroup, TopicConfig, encode_command
 from dledger.state import ReplicatedState
+from protocol.route_data import PERM_READ, PERM_WRITE
 from tests.commitlog.helpers import message, small_config
 
 TOPIC = "TopicTest"

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from broker.remoting import RemotingCommand, RemotingServer, RequestContext, ResponseCode, make_response
+from broker.remoting import RemotingServer, RequestContext
 from broker.remoting.proxy_protocol import (
     BODY_MAX_BYTES,
     SIGNATURE,
@@ -16,6 +16,8 @@ from broker.remoting.proxy_protocol import (
     encode_header,
     parse_header,
 )
+from protocol.codes import ResponseCode
+from protocol.command import RemotingCommand, make_response
 from tests.broker.helpers import LOOPBACK, RawConnection, run
 
 

@@ -17,8 +17,6 @@ from broker.consumers import ConsumerManager
 from broker.context import BrokerContext
 from broker.offsets import OffsetCommitter
 from broker.pull import PullProcessor, PullWaiters
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import RemotingCommand, make_request
 from broker.remoting.server import RequestContext
 from commitlog.store import GetResult, GetStatus
 from dledger.apply import ApplyResult
@@ -27,6 +25,8 @@ from dledger.group_clock import GroupClock
 from dledger.group_commit import NotLeaderError
 from dledger.member import GroupMember, MemberStatus
 from dledger.stages import StageHistograms
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand, make_request
 from tests.broker.helpers import NODE_FILE_HEAD, run
 
 TOPIC = "Orders"

@@ -21,8 +21,6 @@ import spark_analytics.remote
 from broker.acl.config import AclConfig
 from broker.acl.permissions import ADMIN_CODES
 from broker.acl.validator import AccessDeniedError, AccessValidator
-from broker.remoting.codes import ResponseCode
-from broker.remoting.command import RemotingCommand, make_request
 from broker.remoting.server import RequestContext
 from broker.replica_files import (
     DIGEST_RANGE_BYTES_MAX,
@@ -54,6 +52,8 @@ from broker.replica_files import (
 from commitlog.consume_queue import CQ_UNIT
 from commitlog.key_index import ENTRY, HEADER, HEADER_BYTES
 from commitlog.store import MessageStore
+from protocol.codes import ResponseCode
+from protocol.command import RemotingCommand, make_request
 from spark_analytics.index_file import read_index_file
 from spark_analytics.layout import list_replicas
 from spark_analytics.remote import (

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.remoting.codes import RequestCode, ResponseCode
 from cli.cluster import LocalCluster
 from commitlog.message import decode_message_id
+from protocol.codes import RequestCode, ResponseCode
 from tests.broker import wire
 from tests.support import small_store, wait_for
 

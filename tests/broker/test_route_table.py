@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker.namesrv import (
-    MASTER_ID,
-    PERM_READ,
-    PERM_WRITE,
-    DataVersion,
-    RouteLimitError,
-    RouteTable,
-    TopicConfig,
-)
+from broker.namesrv import RouteLimitError, RouteTable
 from broker.namesrv.route_table import StaleLeaderError
+from protocol.route_data import MASTER_ID, PERM_READ, PERM_WRITE, DataVersion, TopicConfig
 
 CLUSTER = "DefaultCluster"
 GROUP = "raft-group-a"

@@ -13,16 +13,16 @@ from typing import Any, cast
 import pytest
 
 from broker.context import AppendDone, BrokerContext
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import RemotingCommand, make_request
 from broker.remoting.server import RequestContext
 from broker.requests import RequestError
 from broker.send import SendProcessor
-from broker.topics import PERM_READ, PERM_WRITE
 from commitlog.message import MessageInput
 from commitlog.store import AppendResult, AppendStatus
 from dledger.command import TopicConfig
 from dledger.stages import StageHistograms
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand, make_request
+from protocol.route_data import PERM_READ, PERM_WRITE
 from tests.broker import wire
 
 

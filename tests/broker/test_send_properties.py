@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from broker.remoting.codes import ResponseCode
 from broker.requests import RequestError
-from broker.send import _properties_bytes, parse_properties
-from commitlog.message import PROPERTIES_BYTES_MAX
+from broker.send import _properties_bytes
+from protocol.codes import ResponseCode
+from protocol.properties import PROPERTIES_BYTES_MAX, parse_properties
 
 
 def test_properties_are_encoded_in_order() -> None:

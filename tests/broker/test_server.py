@@ -13,29 +13,20 @@ from contextlib import suppress
 
 import pytest
 
-from broker.remoting import (
-    ONEWAY_FLAG,
-    CodecLimits,
-    ConnectionClosedError,
-    RemotingClient,
-    RemotingCommand,
-    RequestCode,
-    RequestContext,
-    RequestTimeoutError,
-    ResponseCode,
-    SerializeType,
-    ServerLimits,
-    encode_frame,
-    make_request,
-    make_response,
-)
+from broker.remoting import RequestContext, ServerLimits
 from broker.remoting.server import (
     PAUSED_FOR_IN_FLIGHT,
     PAUSED_FOR_STOP,
     PAUSED_FOR_WRITE_BUFFER,
     RemotingServer,
 )
-from commitlog.errors import InvariantError
+from protocol.client import RemotingClient
+from protocol.codec import encode_frame
+from protocol.codes import RequestCode, ResponseCode, SerializeType
+from protocol.command import ONEWAY_FLAG, RemotingCommand, make_request, make_response
+from protocol.connection import ConnectionClosedError, RequestTimeoutError
+from protocol.invariant import InvariantError
+from protocol.limits import CodecLimits
 from tests.broker.helpers import LOOPBACK, RawConnection, poll_until, run, running_server
 
 ECHO = 1000

@@ -15,20 +15,14 @@ from contextlib import asynccontextmanager, suppress
 
 import pytest
 
-from broker.remoting import (
-    ConnectionClosedError,
-    RemotingClient,
-    RemotingCommand,
-    RequestContext,
-    ResponseCode,
-    ServerLimits,
-    encode_frame,
-    make_request,
-    make_response,
-)
-from broker.remoting.codec import encode_json_answer
+from broker.remoting import RequestContext, ServerLimits
 from broker.remoting.server import PAUSED_FOR_IN_FLIGHT, PAUSED_FOR_STOP, Finish, RemotingServer
-from commitlog.errors import InvariantError
+from protocol.client import RemotingClient
+from protocol.codec import encode_frame, encode_json_answer
+from protocol.codes import ResponseCode
+from protocol.command import RemotingCommand, make_request, make_response
+from protocol.connection import ConnectionClosedError
+from protocol.invariant import InvariantError
 from tests.broker.helpers import LOOPBACK, RawConnection, poll_until, run
 
 CODE = 1100

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.remoting.client import RemotingError
-from broker.remoting.codes import RequestCode, ResponseCode
 from cli.cluster import LocalCluster
 from commitlog.message import StoredMessage
+from protocol.codes import RequestCode, ResponseCode
+from protocol.connection import RemotingError
 from tests.broker import wire
 from tests.support import small_store, wait_for
 

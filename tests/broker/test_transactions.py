@@ -10,11 +10,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.remoting.client import RemotingClient, RemotingError
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import RemotingCommand
 from cli.cluster import LocalCluster, route_master
 from commitlog.message import decode_message_id
+from protocol.client import RemotingClient
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand
+from protocol.connection import RemotingError
 from tests.broker import wire
 from tests.support import small_store, wait_for
 

@@ -8,7 +8,6 @@ import random
 
 import pytest
 
-from broker.topics import TRANS_HALF_TOPIC
 from broker.v2.protocol.definition_pb2 import Code, MessageType, Publishing, Resource, Settings, Subscription
 from broker.v2.status import StatusError
 from broker.v2.telemetry import TELEMETRY_OUTBOX_MAX, TelemetrySessions
@@ -19,6 +18,7 @@ from commitlog.message import (
     decode_record,
     encode_record,
 )
+from protocol.topics import TRANS_HALF_TOPIC
 
 STORE_HOST = bytes([127, 0, 0, 1]) + (10911).to_bytes(4, "big")
 

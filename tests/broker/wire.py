@@ -8,8 +8,8 @@ import time
 import zlib
 from typing import Any
 
-from broker.remoting.codes import RequestCode
 from commitlog.message import decode_record
+from protocol.codes import RequestCode
 
 BATCH_MAGIC = 0xDAA320A7
 
@@ -59,7 +59,7 @@ def send_batch(address: str, topic: str, body: bytes, queue_id: int = 0) -> tupl
 def _request_with_body(address: str, code: int, fields: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
     import asyncio
 
-    from broker.remoting.client import RemotingClient
+    from protocol.client import RemotingClient
 
     async def run() -> tuple[int, dict[str, str], bytes]:
         host, _, port = address.rpartition(":")

@@ -15,12 +15,12 @@ from typing import TypeVar
 
 import pytest
 
-from broker.remoting.codes import RequestCode, ResponseCode
 from chaos.cluster import ChaosCluster
 from chaos.toxiproxy_control import ToxiproxyHandle, get_proxy, heal, partition
 from chaos.toxiproxy_server import ToxiproxyServer
 from cli.cluster import node_status, request
 from client import ClientConfig, Message, MQClientError, Producer, ProducerConfig
+from protocol.codes import RequestCode, ResponseCode
 from tests.support import small_store
 
 pytestmark = pytest.mark.slow

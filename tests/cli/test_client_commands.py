@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from broker.remoting.codes import RequestCode, ResponseCode
 from cli.client_commands import BenchStats, parse_deliver_at
 from cli.cluster import LocalCluster, request
 from cli.main import main
 from client import ClientConfig, ConsumerConfig, Message, MessageQueue, Producer, PushConsumer
 from client.loop import EventLoopThread
 from dledger.stages import STAGES
+from protocol.codes import RequestCode, ResponseCode
 from tests.client.fake_broker import FakeGroup
 from tests.support import free_ports, small_store, wait_for
 

@@ -21,39 +21,29 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from broker.namesrv import (
-    PERM_READ,
-    PERM_WRITE,
     NameServer,
     NameServerConfig,
-    RegisterBrokerBody,
     RegisterBrokerRequestHeader,
-    TopicConfig,
     UnregisterBrokerRequestHeader,
 )
 from broker.pull_rates import PullRates
-from broker.remoting import (
-    Connection,
-    RemotingClient,
-    RemotingCommand,
-    RemotingServer,
-    RequestCode,
-    RequestContext,
-    ResponseCode,
-    make_response,
-)
-from broker.requests import object_keyed_json
+from broker.remoting import Connection, RemotingServer, RequestContext
 from client.message import decode_batch_body
 from commitlog.message import (
     MessageInput,
-    decode_properties,
     decode_record,
     encode_host,
     encode_message_id,
-    encode_properties,
     encode_record,
     tags_hash_code,
 )
 from commitlog.retries import retry_digest
+from protocol.client import RemotingClient
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand, make_response
+from protocol.fastjson import object_keyed_json
+from protocol.properties import decode_properties, encode_properties
+from protocol.route_data import PERM_READ, PERM_WRITE, RegisterBrokerBody, TopicConfig
 
 LOOPBACK = "127.0.0.1"
 BROKER_NAME = "broker-a"

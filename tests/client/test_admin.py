@@ -6,8 +6,6 @@ import random
 
 import pytest
 
-from broker.namesrv import PERM_READ, PERM_WRITE
-from broker.remoting import RequestCode, ResponseCode
 from client.admin import RESET_TO_LATEST, AsyncAdmin, TopicSettings
 from client.config import ProducerConfig
 from client.errors import MessageValidationError, MQClientError, TopicNotFoundError
@@ -15,6 +13,8 @@ from client.loop import EventLoopThread
 from client.message import Message, MessageQueue
 from client.producer import AsyncProducer
 from client.sync import Admin
+from protocol.codes import RequestCode, ResponseCode
+from protocol.route_data import PERM_READ, PERM_WRITE
 from tests.client.fake_broker import FakeGroup
 from tests.client.helpers import fake_group, fast_client_config, run
 

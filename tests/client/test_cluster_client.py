@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from broker.remoting.codes import RequestCode, ResponseCode
 from cli.cluster import LocalCluster
 from client import (
     Admin,
@@ -39,6 +38,7 @@ from client import (
 )
 from client.producer import AsyncProducer
 from client.unique_id import month_start_ms
+from protocol.codes import RequestCode, ResponseCode
 from tests.broker import wire
 from tests.support import small_store, wait_for
 

@@ -10,11 +10,11 @@ from collections import Counter
 
 import pytest
 
-from broker.remoting import RequestCode, ResponseCode
 from client.config import ConfigError, ProducerConfig
 from client.errors import MQBrokerError
 from client.message import Message, SendResult
 from client.producer import AsyncProducer
+from protocol.codes import RequestCode, ResponseCode
 from tests.client.fake_broker import FakeGroup
 from tests.client.helpers import fake_group, fast_client_config, run
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from broker.remoting import RequestCode, ResponseCode
 from client.config import ConsumerConfig, ProducerConfig
 from client.errors import MQClientError
 from client.lite_pull_consumer import AsyncLitePullConsumer
@@ -30,6 +29,7 @@ from client.push_consumer import (
 )
 from client.selector import select_by_sharding_key
 from client.sync import LitePullConsumer, PullConsumer, PushConsumer
+from protocol.codes import RequestCode, ResponseCode
 from tests.client.fake_broker import FakeGroup
 from tests.client.helpers import fake_group, fast_client_config, poll_until, run
 

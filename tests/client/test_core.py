@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from broker.namesrv.model import PERM_READ, PERM_WRITE, BrokerData, QueueData, TopicRouteData
-from broker.remoting import ResponseCode
 from client.config import (
     ClientConfig,
     ConfigError,
@@ -36,14 +34,10 @@ from client.message import (
 )
 from client.route import borrowed_route, topic_route_from_data
 from client.selector import RoundRobin, java_hash_code, select_by_hash, select_by_sharding_key
-from commitlog.message import (
-    SYSFLAG_COMPRESSED,
-    MessageInput,
-    decode_record,
-    encode_host,
-    encode_properties,
-    encode_record,
-)
+from commitlog.message import SYSFLAG_COMPRESSED, MessageInput, decode_record, encode_host, encode_record
+from protocol.codes import ResponseCode
+from protocol.properties import encode_properties
+from protocol.route_data import PERM_READ, PERM_WRITE, BrokerData, QueueData, TopicRouteData
 
 # ----------------------------------------------------------------------------------- configuration
 

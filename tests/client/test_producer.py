@@ -9,7 +9,6 @@ import zlib
 
 import pytest
 
-from broker.remoting import RequestCode, ResponseCode
 from client.config import ProducerConfig
 from client.errors import MessageValidationError, MQBrokerError, RequestTimeoutError
 from client.message import Message, MessageQueue, SendStatus
@@ -18,6 +17,7 @@ from client.selector import select_by_sharding_key
 from client.sync import Producer
 from client.unique_id import is_unique_id
 from commitlog.message import decode_record
+from protocol.codes import RequestCode, ResponseCode
 from tests.client.fake_broker import FakeGroup
 from tests.client.helpers import fake_group, fast_client_config, run
 

@@ -7,8 +7,9 @@ from typing import Any
 
 from commitlog.config import StoreConfig
 from commitlog.mapped_file import ALLOCATING_SUFFIX
-from commitlog.message import MessageInput, decode_properties, encode_host, encode_properties
+from commitlog.message import MessageInput, encode_host
 from commitlog.retries import retry_digest
+from protocol.properties import decode_properties, encode_properties
 
 BORN_HOST = encode_host("192.168.0.10", 40123)
 

@@ -17,11 +17,9 @@ from commitlog.message import (
     RecordError,
     decode_host,
     decode_message_id,
-    decode_properties,
     decode_record,
     encode_host,
     encode_message_id,
-    encode_properties,
     encode_record,
     java_string_hash,
     record_size,
@@ -29,6 +27,7 @@ from commitlog.message import (
     validate_input,
 )
 from commitlog.store import _encode
+from protocol.properties import decode_properties, encode_properties
 
 STORE_HOST = encode_host("10.1.2.3", 10911)
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from commitlog.message import encode_properties
 from commitlog.retries import retry_digest, retry_properties
+from protocol.properties import encode_properties
 
 
 def props(**values: str) -> bytes:

@@ -24,10 +24,10 @@ from commitlog.message import (
     MessageInput,
     decode_record,
     encode_host,
-    encode_properties,
     java_string_hash,
 )
 from commitlog.store import AppendStatus, GetStatus, MessageStore
+from protocol.properties import encode_properties
 from tests.commitlog.helpers import data_bytes, message, small_config, tree_bytes
 
 

@@ -33,7 +33,6 @@ from broker.config import BrokerConfig
 from broker.context import BrokerContext
 from broker.delay import delivered_message, level_key
 from broker.send import SendProcessor
-from broker.topics import SCHEDULE_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC
 from broker.transactions import committed_message, op_record
 from commitlog.config import StoreConfig
 from commitlog.message import (
@@ -73,7 +72,8 @@ from dledger.command import (
 from dledger.pop import due_entries
 from dledger.snapshot import Snapshot, decode_snapshot, encode_snapshot
 from dledger.state import TRANSACTION_PROGRESS_KEY, ReplicatedState
-from dledger.timers import TIMER_PROGRESS_KEY, TIMER_TOPIC
+from dledger.timers import TIMER_PROGRESS_KEY
+from protocol.topics import SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC
 from spark_analytics.equality import first_difference
 from spark_analytics.replicated_state import ReplicaCheckpoint, compare_states
 from tests.commitlog.helpers import data_bytes, small_config

@@ -36,7 +36,8 @@ from dledger.command import (
     encode_records_command,
 )
 from dledger.state import ReplicatedState, StateError
-from dledger.timers import TIMER_PROGRESS_KEY, TIMER_TOPIC, schedule
+from dledger.timers import TIMER_PROGRESS_KEY, schedule
+from protocol.topics import TIMER_TOPIC
 from tests.commitlog.helpers import data_bytes, message, small_config, tree_bytes
 from tests.support import both_apply_paths  # noqa: F401  (a fixture)
 

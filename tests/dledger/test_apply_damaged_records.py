@@ -20,7 +20,8 @@ from commitlog.store import MessageStore
 from dledger.apply import TIMER_CURSOR_SCALE, TIMER_DELIVER_KEY, StateMachine
 from dledger.command import Command, Messages, TimerProgress, encode_command, encode_records_command
 from dledger.state import ReplicatedState
-from dledger.timers import TIMER_TOPIC, schedule, timer_key
+from dledger.timers import schedule, timer_key
+from protocol.topics import TIMER_TOPIC
 from tests.commitlog.helpers import data_bytes, message, small_config
 from tests.support import both_apply_paths  # noqa: F401  (a fixture)
 

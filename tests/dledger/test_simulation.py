@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from broker.topics import TRANS_HALF_TOPIC
 from broker.transactions import committed_message, op_record
 from commitlog.message import TRANSACTION_PREPARED_TYPE, decode_record
 from commitlog.records import PreparedRecords
@@ -31,6 +30,7 @@ from dledger.command import (
     encode_command,
     encode_messages_command,
 )
+from protocol.topics import TRANS_HALF_TOPIC
 from tests.dledger.simulation import (
     DEFAULT_SEEDS,
     PRODUCER_GROUP,

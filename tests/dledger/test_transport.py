@@ -20,7 +20,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pysyncobj import SyncObj, SyncObjConf
 
-from commitlog.errors import InvariantError
 from dledger.framing import (
     DIGEST_MIN_BYTES,
     FRAME_HEADER,
@@ -49,6 +48,7 @@ from dledger.transport import (
     transport_class,
 )
 from dledger.tuning import entry_size_max_bytes, tuned_conf
+from protocol.invariant import InvariantError
 from tests.dledger.member_group import MemberGroup, running_group
 
 SECRET = b"raftmq test secret: 32 bytes ok!"

@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Final
 
-from broker.remoting.codes import RequestCode
+from protocol.codes import RequestCode
 from tests.remoting import read_corpus
 
 KINDS: Final = ("random", "random_header", "random_request", "mutated_corpus", "cut_short", "connect_only")

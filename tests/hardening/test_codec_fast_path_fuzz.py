@@ -20,12 +20,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.remoting import codec
-from broker.remoting.codec import EncodeError, FrameDecoder, FrameError, encode_frame
-from broker.remoting.codes import RequestCode
-from broker.remoting.command import RemotingCommand, make_request
-from broker.remoting.limits import DEFAULT_LIMITS, CodecLimits
 from broker.requests import INT32_MAX, INT32_MIN, V2_NAMES, RequestError, SendHeader, boolean, integer, text
+from protocol import codec
+from protocol.codec import EncodeError, FrameDecoder, FrameError, encode_frame
+from protocol.codes import RequestCode
+from protocol.command import RemotingCommand, make_request
+from protocol.limits import DEFAULT_LIMITS, CodecLimits
 from tests.remoting import read_corpus
 
 pytestmark = pytest.mark.skipif(codec._fast_loads is None, reason="orjson is not installed: no fast path to test")

@@ -24,13 +24,14 @@ from hypothesis import strategies as st
 from broker.acl.resources import UnreadableRequestError, required_permissions
 from broker.config import load_node_file
 from broker.consumers import ClientProcessor, ConsumerManager, QueueLocks
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import make_request
 from broker.remoting.server import RequestContext
 from broker.requests import RequestError
-from broker.send import BATCH_HEAD, decode_batch
+from broker.send import decode_batch
 from commitlog.config import ConfigError
 from commitlog.message import MessageInput, RecordError, decode_record, encode_host, encode_record
+from protocol.batch import BATCH_HEAD
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import make_request
 
 CORPUS: Final = Path(__file__).parent / "corpus"
 DETERMINISTIC = settings(derandomize=True, database=None, deadline=None, max_examples=200,

@@ -29,10 +29,10 @@ from typing import Final
 import pytest
 from pysyncobj import SyncObj, SyncObjConf
 
-from broker.remoting.codes import ResponseCode
 from cli.cluster import LocalCluster, route_master
 from dledger.catchup import MAC_BYTES, NONCE_BYTES, REQUEST, RESPONSE, STATUS_OK
 from dledger.transport import transport_class
+from protocol.codes import ResponseCode
 from tests.acl.helpers import runtime_info
 from tests.broker import wire
 from tests.dledger.test_transport import malicious_pickle, read_until_closed

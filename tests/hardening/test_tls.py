@@ -20,12 +20,12 @@ from typing import Final
 import pytest
 from click.testing import CliRunner
 
-from broker.remoting.codes import RequestCode, ResponseCode
 from cli.client_commands import send
 from cli.cluster import LocalCluster, route_master
 from client import ClientConfig, Message, Producer, ProducerConfig, SendStatus
 from client.errors import MQClientError
 from commitlog.message import decode_record
+from protocol.codes import RequestCode, ResponseCode
 from tests.acl.helpers import probed_cluster, pull_fields, request
 from tests.support import small_store, wait_for
 

@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from broker.remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
 from client import ConsumerConfig, PullConsumer
 from client.message import MessageExt, PullStatus
+from protocol.client import RemotingClient
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand
 from tests.interop.cpp_driver import read_events
 from tests.support import wait_for
 

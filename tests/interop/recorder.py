@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Final
 
-from broker.remoting.codes import RequestCode, ResponseCode
-from broker.remoting.command import RemotingCommand, make_response
 from broker.remoting.server import Connection, RemotingServer, RequestContext
 from commitlog.message import (
     MessageInput,
@@ -36,6 +34,9 @@ from commitlog.message import (
     encode_message_id,
     encode_record,
 )
+from protocol.batch import BATCH_HEAD
+from protocol.codes import RequestCode, ResponseCode
+from protocol.command import RemotingCommand, make_response
 
 HOST: Final = "127.0.0.1"
 BROKER_NAME: Final = "recorder"
@@ -51,8 +52,6 @@ V2_NAMES: Final = dict(zip("abcdefghijklmn", (
     "bornTimestamp", "flag", "properties", "reconsumeTimes", "unitMode", "maxReconsumeTimes", "batch",
     "brokerName",
 ), strict=True))
-#: one record of a batch body as the C++ client writes it: size, magic, crc, flag, body length
-BATCH_HEAD: Final = struct.Struct(">iiiii")
 _FRAME_HEAD: Final = struct.Struct(">ii")
 
 

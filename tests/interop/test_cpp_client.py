@@ -25,10 +25,10 @@ from typing import Final
 import pytest
 from click.testing import CliRunner
 
-from broker.remoting import RequestCode, ResponseCode
 from cli.cluster import LocalCluster
 from cli.main import main as cli_main
 from client.running_info import decode_running_info
+from protocol.codes import RequestCode, ResponseCode
 from tests.interop.harness import (
     REPOSITORY,
     Driver,

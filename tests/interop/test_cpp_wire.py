@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import struct
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from typing import Any, Final
 
 import pytest
 
+from protocol.batch import BATCH_HEAD
 from tests.interop.harness import REPOSITORY, DriverPool, Event
 from tests.support import wait_for
 
@@ -82,7 +82,7 @@ def test_what_the_cpp_client_sends(recorder: tuple[str, Path], drivers: DriverPo
     assert len(batch) == 1
     assert batch[0]["header"]["extFields"]["properties"] == "WAIT\x01true\x02"
     body = base64.b64decode(batch[0]["body_base64"])
-    size, magic, crc, _flag, body_length = struct.unpack_from(">iiiii", body, 0)
+    size, magic, crc, _flag, body_length = BATCH_HEAD.unpack_from(body, 0)
     assert (magic, crc) == (0, 0), "batch records carry neither the magic code nor the body CRC"
     assert body[20:20 + body_length] == b"batch|0|0|0" and size < len(body)
 

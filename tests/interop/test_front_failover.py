@@ -24,9 +24,9 @@ from typing import Any, Final
 
 import pytest
 
-from broker.remoting import RequestCode, ResponseCode
 from cli.cluster import LocalCluster, is_alive
 from cli.front import FOLLOWER_ROUTE_SOURCE
+from protocol.codes import RequestCode, ResponseCode
 from tests.interop.harness import (
     REPOSITORY,
     call,

@@ -21,7 +21,6 @@ import grpc
 import pytest
 from google.protobuf.message import Message as ProtobufMessage
 
-from broker.remoting import ResponseCode
 from broker.v2.messages import fifo_queue_id
 from broker.v2.protocol import service_pb2 as pb
 from broker.v2.protocol.definition_pb2 import (
@@ -38,6 +37,7 @@ from cli.cluster import LocalCluster, NodeInfo
 from client.config import ClientConfig, ConsumerConfig
 from client.message import MessageExt
 from client.pull_consumer import AsyncPullConsumer
+from protocol.codes import ResponseCode
 from tests.interop import sdk5
 from tests.interop.harness import create_topic, max_offset, run_async
 from tests.support import small_store, wait_for

@@ -36,11 +36,11 @@ from typing import Any, Final
 import grpc
 import pytest
 
-from broker.remoting import ResponseCode
 from broker.v2.protocol import service_pb2 as pb
 from broker.v2.protocol.definition_pb2 import Code, Resource
 from broker.v2.server import SERVICE_NAME
 from cli.cluster import LocalCluster, NodeInfo
+from protocol.codes import ResponseCode
 from tests.interop import sdk5
 from tests.interop.harness import create_topic, describe, run_async, stored_messages
 from tests.support import small_store, wait_for

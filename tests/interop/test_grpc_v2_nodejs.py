@@ -19,13 +19,13 @@ from typing import Any, Final
 
 import pytest
 
-from broker.remoting import RequestCode, ResponseCode
 from broker.v2.messages import fifo_queue_id
 from broker.v2.protocol.definition_pb2 import Code
 from cli.cluster import LocalCluster
 from client.config import ClientConfig, ProducerConfig
 from client.message import Message as Message4
 from client.producer import AsyncProducer
+from protocol.codes import RequestCode, ResponseCode
 from tests.broker import wire
 from tests.interop import sdk5_nodejs
 from tests.interop.harness import run_async

@@ -19,7 +19,6 @@ import grpc
 import pytest
 from google.protobuf.message import Message as ProtobufMessage
 
-from broker.remoting import ResponseCode
 from broker.v2.protocol import service_pb2 as pb
 from broker.v2.protocol.definition_pb2 import (
     Code,
@@ -32,6 +31,7 @@ from broker.v2.protocol.definition_pb2 import (
 )
 from broker.v2.server import SERVICE_NAME
 from cli.cluster import LocalCluster, NodeInfo
+from protocol.codes import ResponseCode
 from tests.interop.harness import consumer_offset, create_topic, run_async
 from tests.support import small_store, wait_for
 

@@ -21,7 +21,6 @@ from click.testing import CliRunner, Result
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message as ProtobufMessage
 
-from broker.remoting import RequestCode, ResponseCode
 from broker.v2.protocol import service_pb2 as pb
 from broker.v2.protocol.definition_pb2 import (
     Code,
@@ -37,6 +36,7 @@ from cli.main import main as cli_main
 from client.config import ClientConfig, ProducerConfig
 from client.message import Message as Message4
 from client.producer import AsyncProducer
+from protocol.codes import RequestCode, ResponseCode
 from tests.broker import wire
 from tests.interop import sdk5
 from tests.interop.harness import create_topic, max_offset, member_ready, run_async

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.remoting import FrameDecoder, FrameError, RemotingCommand
+from protocol.codec import FrameDecoder, FrameError
+from protocol.command import RemotingCommand
 
 CORPUS_DIRECTORY = Path(__file__).parent / "corpus"
 

@@ -8,13 +8,8 @@ from types import MappingProxyType
 
 import pytest
 
-from broker.remoting import (
-    DEFAULT_LIMITS,
-    ONEWAY_FLAG,
-    REMOTING_VERSION,
-    RESPONSE_FLAG,
+from protocol.codec import (
     BodyTooLargeError,
-    CodecLimits,
     DecoderUsageError,
     EncodeError,
     ExtFieldValueTooLargeError,
@@ -28,24 +23,32 @@ from broker.remoting import (
     HeaderLengthError,
     HeaderSyntaxError,
     HeaderTooLargeError,
-    InvalidCommandError,
-    LanguageCode,
     RemarkTooLargeError,
-    RemotingCommand,
-    RequestCode,
-    ResponseCode,
-    SerializeType,
     TooManyExtFieldsError,
     TruncatedHeaderError,
     UnknownSerializeTypeError,
     decode_frame,
-    describe_request_code,
-    describe_response_code,
     encode_frame,
     make_error_response,
+)
+from protocol.codes import (
+    LanguageCode,
+    RequestCode,
+    ResponseCode,
+    SerializeType,
+    describe_request_code,
+    describe_response_code,
+)
+from protocol.command import (
+    ONEWAY_FLAG,
+    REMOTING_VERSION,
+    RESPONSE_FLAG,
+    InvalidCommandError,
+    RemotingCommand,
     make_request,
     make_response,
 )
+from protocol.limits import DEFAULT_LIMITS, CodecLimits
 from tests.remoting import CORPUS_DIRECTORY, read_corpus_entry, replay
 
 SMALL_LIMITS = CodecLimits(

@@ -15,15 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.remoting import (
-    CodecLimits,
-    FrameDecoder,
-    FrameError,
-    LanguageCode,
-    RemotingCommand,
-    SerializeType,
-    encode_frame,
-)
+from protocol.codec import FrameDecoder, FrameError, encode_frame
+from protocol.codes import LanguageCode, SerializeType
+from protocol.command import RemotingCommand
+from protocol.limits import CodecLimits
 from tests.remoting import CorpusEntry, read_corpus, replay
 
 T = TypeVar("T")

@@ -26,11 +26,7 @@ from commitlog.message import (
 from commitlog.store import MessageStore
 from dledger.command import ConsumerOffset, SubscriptionGroup, TopicConfig
 from dledger.state import ReplicatedState
-from spark_analytics.features import (
-    SCHEDULE_TOPIC,
-    TRANSACTION_HALF_TOPIC,
-    TRANSACTION_OP_TOPIC,
-)
+from protocol.topics import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from spark_analytics.walker import walk_segment
 from tests.commitlog.helpers import message, small_config
 
@@ -107,7 +103,7 @@ class FeatureDefects:
 def append_features(store: MessageStore, raft_index: int, defects: FeatureDefects) -> int:
     """Append what the broker writes for transactions, delays and retries; returns the last Raft index."""
     stamp = FEATURE_STAMP
-    halves = [message(number, topic=TRANSACTION_HALF_TOPIC, queue_id=0, REAL_TOPIC="Orders", REAL_QID="1",
+    halves = [message(number, topic=TRANS_HALF_TOPIC, queue_id=0, REAL_TOPIC="Orders", REAL_QID="1",
                       TRAN_MSG="true", PGROUP="pg") for number in HALVES]
     delayed = [message(DELAYED_LEVEL_1, topic=SCHEDULE_TOPIC, queue_id=0, REAL_TOPIC="TopicTest", REAL_QID="2",
                        DELAY="1"),
@@ -120,8 +116,8 @@ def append_features(store: MessageStore, raft_index: int, defects: FeatureDefect
 
     commit = message(HALVES[0], topic="Orders", queue_id=1, sys_flag=TRANSACTION_COMMIT_TYPE, REAL_TOPIC="Orders",
                      REAL_QID="1", TRAN_MSG="true", PGROUP="pg")._replace(prepared_transaction_offset=half_offset)
-    op_commit = message(OP_NUMBERS[0], topic=TRANSACTION_OP_TOPIC, queue_id=0, body=b"0", tags="d")
-    op_rollback = message(OP_NUMBERS[1], topic=TRANSACTION_OP_TOPIC, queue_id=0, body=b"1", tags="d")
+    op_commit = message(OP_NUMBERS[0], topic=TRANS_OP_HALF_TOPIC, queue_id=0, body=b"0", tags="d")
+    op_rollback = message(OP_NUMBERS[1], topic=TRANS_OP_HALF_TOPIC, queue_id=0, body=b"1", tags="d")
     sent_back = message(RETRIED, topic=SCHEDULE_TOPIC, queue_id=2, REAL_TOPIC=RETRY_TOPIC, REAL_QID="0", DELAY="3",
                         RETRY_TOPIC="TopicTest", ORIGIN_MESSAGE_ID=original_id)._replace(reconsume_times=1)
     second = [commit, *(() if defects.missing_op else (op_commit,)), op_rollback, sent_back]

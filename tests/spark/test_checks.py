@@ -236,7 +236,7 @@ def test_a_copy_stored_after_the_dedup_window_is_not_a_duplicate(spark: SparkSes
 def test_retry_content_ignores_what_each_attempt_changes_and_nothing_else(spark: SparkSession) -> None:
     """The content a copy is compared by (spark_analytics.tables.retry_content): a timed message's retry has
     another REAL_QID, due time and timer token; another body CRC, length, flag or property is another message."""
-    from commitlog.message import encode_properties
+    from protocol.properties import encode_properties
     from spark_analytics.tables import retry_content
 
     def properties(**values: str) -> bytes:

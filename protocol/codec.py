@@ -41,8 +41,8 @@ from collections.abc import Callable
 from types import MappingProxyType, MemberDescriptorType
 from typing import Any, ClassVar, Final
 
-from broker.remoting.codes import LanguageCode, ResponseCode, SerializeType
-from broker.remoting.command import (
+from protocol.codes import LanguageCode, ResponseCode, SerializeType
+from protocol.command import (
     DEFAULT_LANGUAGE,
     INT16_MAX,
     INT16_MIN,
@@ -53,8 +53,8 @@ from broker.remoting.command import (
     InvalidCommandError,
     RemotingCommand,
 )
-from broker.remoting.limits import DEFAULT_LIMITS, FRAME_OVERHEAD_BYTES, HEADER_LENGTH_FIELD_MAX, CodecLimits
-from commitlog.errors import invariant
+from protocol.invariant import invariant
+from protocol.limits import DEFAULT_LIMITS, FRAME_OVERHEAD_BYTES, HEADER_LENGTH_FIELD_MAX, CodecLimits
 
 _INT16: Final = struct.Struct(">h")
 _INT32: Final = struct.Struct(">i")

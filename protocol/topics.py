@@ -5,17 +5,12 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from broker.namesrv.model import PERM_INHERIT, PERM_READ, PERM_WRITE
-from dledger.timers import TIMER_TOPIC
-
 __all__ = [
     "AUTO_CREATE_TOPIC",
     "INTERNAL_TOPIC_QUEUES",
-    "PERM_INHERIT",
-    "PERM_READ",
-    "PERM_WRITE",
     "SCHEDULE_TOPIC",
     "SYSTEM_TOPICS",
+    "TIMER_TOPIC",
     "TOPIC_NAME_MAX_CHARS",
     "TRANS_CHECK_MAX_TIME_TOPIC",
     "TRANS_HALF_TOPIC",
@@ -34,6 +29,8 @@ SCHEDULE_TOPIC: Final = "SCHEDULE_TOPIC_XXXX"
 TRANS_HALF_TOPIC: Final = "RMQ_SYS_TRANS_HALF_TOPIC"
 TRANS_OP_HALF_TOPIC: Final = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 TRANS_CHECK_MAX_TIME_TOPIC: Final = "TRANS_CHECK_MAX_TIME_TOPIC"
+#: where timer messages wait for their second (the delay machinery of TIMER_DELIVER_MS and friends)
+TIMER_TOPIC: Final = "RMQ_SYS_TIMER_TOPIC"
 #: topics clients may not send to directly
 SYSTEM_TOPICS: Final = frozenset({
     AUTO_CREATE_TOPIC, TIMER_TOPIC, SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
-from broker.remoting.codes import LanguageCode, SerializeType
+from protocol.codes import LanguageCode, SerializeType
 
 #: flag bit 0: the command is a response (``RemotingCommand.markResponseType`` in Java)
 RESPONSE_FLAG: Final = 1

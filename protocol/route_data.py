@@ -19,9 +19,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
-from broker.namesrv.errors import InvalidRequestError
 
 #: brokerId of the master: clients send only to the address registered under it
+class InvalidRequestError(ValueError):
+    """A request header or body the name server cannot use; answered SYSTEM_ERROR with this text as the
+    remark (what the Java name server answers when a header or body does not decode)."""
+
+
 MASTER_ID: Final = 0
 #: ``PermName``: what a topic's queues allow on a broker
 PERM_PRIORITY: Final = 8

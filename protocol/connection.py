@@ -1,11 +1,11 @@
-"""asyncio shell around the sans-IO codec for the side of a connection that sends requests.
+"""asyncio shell around the sans-IO codec: what every RocketMQ remoting connection does, whichever side
+opened it.
 
-Both ends of a RocketMQ remoting connection send requests: our client SDK sends SEND/PULL/..., and the
-broker sends CHECK_TRANSACTION_STATE or NOTIFY_CONSUMER_IDS_CHANGED back over the same connection. So
-this module holds what every connection does, whichever side opened it (:class:`FrameConnection`:
-framing, opaque allocation, responses matched by opaque, flow control on writes), and the small client
-(:class:`RemotingClient`) our SDK and tests use. The server (:mod:`broker.remoting.server`) builds on
-:class:`FrameConnection` too.
+Both ends of a remoting connection send requests: our client SDK sends SEND/PULL/..., and the broker sends
+CHECK_TRANSACTION_STATE or NOTIFY_CONSUMER_IDS_CHANGED back over the same connection. So
+:class:`RemotingConnection` holds framing, opaque allocation, responses matched by opaque and flow control
+on writes for both: the client (:class:`protocol.client.RemotingClient`) and the server
+(:mod:`broker.remoting.server`) build on it.
 
 Requests this side sends get opaques from a per-connection counter; the peer's requests carry the
 peer's own opaques. The two never mix: a frame's response bit says which map its opaque belongs to.
@@ -16,19 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import ssl
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 from typing import Final, cast
 
-from broker.remoting.codec import (
-    FrameDecoder,
-    FrameError,
-    encode_frame,
-    make_error_response,
-)
-from broker.remoting.codes import ResponseCode, SerializeType, describe_request_code
-from broker.remoting.command import (
+from protocol.codec import FrameDecoder, FrameError, encode_frame, make_error_response
+from protocol.codes import ResponseCode, SerializeType, describe_request_code
+from protocol.command import (
     INT32_MAX,
     ONEWAY_FLAG,
     RESPONSE_FLAG,
@@ -36,7 +30,7 @@ from broker.remoting.command import (
     make_request,
     make_response,
 )
-from broker.remoting.limits import DEFAULT_LIMITS, CodecLimits
+from protocol.limits import CodecLimits
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +38,7 @@ logger = logging.getLogger(__name__)
 #: None means "send no answer" (a oneway call, whatever its flag says)
 RequestHandler = Callable[[RemotingCommand], Awaitable[RemotingCommand | None]]
 
-_DEFAULT_REQUEST_TIMEOUT_SECONDS: Final = 3.0
+DEFAULT_REQUEST_TIMEOUT_SECONDS: Final = 3.0
 
 
 # --------------------------------------------------------------------------------------------- errors
@@ -160,14 +154,14 @@ def format_address(address: object) -> tuple[str, int, str]:
     return "", 0, str(address)
 
 
-def _check_timeout(timeout_seconds: float) -> None:
+def check_timeout(timeout_seconds: float) -> None:
     if not (
         isinstance(timeout_seconds, int | float) and math.isfinite(timeout_seconds) and timeout_seconds > 0
     ):
         raise ValueError(f"timeout_seconds must be a positive finite number, got {timeout_seconds!r}")
 
 
-class FrameConnection(asyncio.Protocol):
+class RemotingConnection(asyncio.Protocol):
     """One RemotingCommand stream over a transport: frames in through a :class:`FrameDecoder`, commands
     out through :func:`encode_frame`, and this side's requests matched to their responses by opaque.
 
@@ -254,7 +248,7 @@ class FrameConnection(asyncio.Protocol):
         ext_fields: Mapping[str, str] | None = None,
         body: bytes = b"",
         *,
-        timeout_seconds: float = _DEFAULT_REQUEST_TIMEOUT_SECONDS,
+        timeout_seconds: float = DEFAULT_REQUEST_TIMEOUT_SECONDS,
         remark: str | None = None,
         serialize_type: int = SerializeType.JSON,
     ) -> RemotingCommand:
@@ -262,10 +256,10 @@ class FrameConnection(asyncio.Protocol):
 
         The timeout covers waiting for a writable transport as well as for the answer. Raises
         :class:`RequestTimeoutError`, :class:`ConnectionClosedError`, :class:`TooManyPendingRequestsError`,
-        :class:`InvalidResponseError`, or :class:`~broker.remoting.codec.EncodeError` for a request that
+        :class:`InvalidResponseError`, or :class:`~protocol.codec.EncodeError` for a request that
         cannot be framed.
         """
-        _check_timeout(timeout_seconds)
+        check_timeout(timeout_seconds)
         self._raise_if_closed()
         opaque, waiter = self._pending.open(self._loop)
         try:
@@ -289,13 +283,13 @@ class FrameConnection(asyncio.Protocol):
         ext_fields: Mapping[str, str] | None = None,
         body: bytes = b"",
         *,
-        timeout_seconds: float = _DEFAULT_REQUEST_TIMEOUT_SECONDS,
+        timeout_seconds: float = DEFAULT_REQUEST_TIMEOUT_SECONDS,
         remark: str | None = None,
         serialize_type: int = SerializeType.JSON,
     ) -> None:
         """Send a request with the oneway flag; the peer sends no answer. The timeout bounds only the wait
         for a writable transport. The opaque still comes from this connection's counter, as Java's does."""
-        _check_timeout(timeout_seconds)
+        check_timeout(timeout_seconds)
         self._raise_if_closed()
         opaque = self._pending.take_opaque()
         try:
@@ -313,12 +307,12 @@ class FrameConnection(asyncio.Protocol):
         )
 
     async def relay_request(
-        self, request: RemotingCommand, *, timeout_seconds: float = _DEFAULT_REQUEST_TIMEOUT_SECONDS
+        self, request: RemotingCommand, *, timeout_seconds: float = DEFAULT_REQUEST_TIMEOUT_SECONDS
     ) -> RemotingCommand | None:
         """Send ``request`` as it is (code, flag, language, version, remark, fields, body, header form) under
         an opaque of this connection's own, and return the answer: None for a request with the oneway flag
         (the peer sends none). Raises as :meth:`send_request` does."""
-        _check_timeout(timeout_seconds)
+        check_timeout(timeout_seconds)
         self._raise_if_closed()
         if request.is_oneway:
             opaque = self._pending.take_opaque()
@@ -569,220 +563,3 @@ class FrameConnection(asyncio.Protocol):
                     )
             else:
                 self._on_request(command)
-
-
-# ------------------------------------------------------------------------------------------- client
-
-
-@dataclass(frozen=True, slots=True)
-class ClientLimits:
-    """Limits of one client connection.
-
-    ``outbound_requests_max``: requests waiting for a response at once (a full table fails fast with
-    :class:`TooManyPendingRequestsError`). ``incoming_requests_max``: server-initiated requests being
-    handled at once; more are answered SYSTEM_BUSY (pausing reads instead would also hold back the
-    responses to our own requests).
-    """
-
-    outbound_requests_max: int = 65_536
-    incoming_requests_max: int = 64
-    write_buffer_high_water_bytes: int = 4 * 1024 * 1024
-    write_buffer_low_water_bytes: int = 1024 * 1024
-    codec: CodecLimits = DEFAULT_LIMITS
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        for limit in fields(self):
-            value = getattr(self, limit.name)
-            if limit.name == "codec":
-                if not isinstance(value, CodecLimits):
-                    raise ValueError(f"codec must be a CodecLimits, got {type(value).__name__}")
-                value.validate()
-                continue
-            if type(value) is not int or value < 1:
-                raise ValueError(f"{limit.name} must be a positive int, got {value!r}")
-        if self.write_buffer_low_water_bytes > self.write_buffer_high_water_bytes:
-            raise ValueError(
-                f"write_buffer_low_water_bytes ({self.write_buffer_low_water_bytes}) cannot exceed "
-                f"write_buffer_high_water_bytes ({self.write_buffer_high_water_bytes})"
-            )
-
-
-class _ClientConnection(FrameConnection):
-    def __init__(self, limits: ClientLimits, request_handler: RequestHandler | None) -> None:
-        super().__init__(codec_limits=limits.codec, outbound_requests_max=limits.outbound_requests_max)
-        self._limits = limits
-        self._request_handler = request_handler
-        self._handler_tasks: set[asyncio.Task[None]] = set()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        if self._transport is not None:
-            self._transport.set_write_buffer_limits(
-                high=self._limits.write_buffer_high_water_bytes, low=self._limits.write_buffer_low_water_bytes
-            )
-
-    def _on_request(self, request: RemotingCommand) -> None:
-        if self._request_handler is None:
-            self._answer(
-                request,
-                make_response(
-                    request,
-                    ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-                    f"this client handles no requests ({describe_request_code(request.code)})",
-                ),
-            )
-            return
-        if len(self._handler_tasks) >= self._limits.incoming_requests_max:
-            self._answer(
-                request,
-                make_response(
-                    request,
-                    ResponseCode.SYSTEM_BUSY,
-                    f"[OVERLOAD] client busy: {len(self._handler_tasks)} requests being handled",
-                ),
-            )
-            return
-        task = self._loop.create_task(self._handle(self._request_handler, request))
-        self._handler_tasks.add(task)
-        task.add_done_callback(self._handler_tasks.discard)
-
-    async def _handle(self, handler: RequestHandler, request: RemotingCommand) -> None:
-        try:
-            response = await handler(request)
-        except Exception as error:  # an operating error of the handler: the server hears about it
-            logger.exception(
-                "handler for %s from %s failed", describe_request_code(request.code), self.remote_address
-            )
-            response = make_response(request, ResponseCode.SYSTEM_ERROR, f"{type(error).__name__}: {error}")
-        self._answer(request, response)
-
-    def cancel_handlers(self) -> None:
-        for task in list(self._handler_tasks):
-            task.cancel()
-
-
-class RemotingClient:
-    """One connection to a RocketMQ remoting server (a broker or a name server).
-
-    ``request_handler`` receives the requests the server initiates (CHECK_TRANSACTION_STATE,
-    NOTIFY_CONSUMER_IDS_CHANGED, GET_CONSUMER_RUNNING_INFO); its return value is the answer, None for
-    no answer. Without a handler such requests are answered REQUEST_CODE_NOT_SUPPORTED.
-    """
-
-    def __init__(self, connection: _ClientConnection) -> None:
-        # Use connect(): a client wraps a connected protocol.
-        self._connection = connection
-
-    @classmethod
-    async def connect(
-        cls,
-        host: str,
-        port: int,
-        *,
-        limits: ClientLimits | None = None,
-        request_handler: RequestHandler | None = None,
-        connect_timeout_seconds: float = 3.0,
-        ssl_context: ssl.SSLContext | None = None,
-    ) -> RemotingClient:
-        """Connect (with TLS when ``ssl_context`` is given: the host is the name its certificate must
-        carry; the handshake counts against the connect timeout)."""
-        _check_timeout(connect_timeout_seconds)
-        client_limits = ClientLimits() if limits is None else limits
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(connect_timeout_seconds):
-                _, connection = await loop.create_connection(
-                    lambda: _ClientConnection(client_limits, request_handler), host, port, ssl=ssl_context
-                )
-        except TimeoutError:
-            raise RemotingConnectError(
-                f"connecting to {host}:{port} timed out after {connect_timeout_seconds} s"
-            ) from None
-        except OSError as error:
-            raise RemotingConnectError(f"cannot connect to {host}:{port}: {error}") from error
-        return cls(connection)
-
-    @property
-    def remote_address(self) -> str:
-        return self._connection.remote_address
-
-    @property
-    def is_closed(self) -> bool:
-        return self._connection.is_closed
-
-    @property
-    def pending_requests(self) -> int:
-        return self._connection.pending_requests
-
-    async def request(
-        self,
-        code: int,
-        ext_fields: Mapping[str, str] | None = None,
-        body: bytes = b"",
-        *,
-        timeout_seconds: float = _DEFAULT_REQUEST_TIMEOUT_SECONDS,
-        remark: str | None = None,
-        serialize_type: int = SerializeType.JSON,
-    ) -> RemotingCommand:
-        """Send a request and return its response; see :meth:`FrameConnection.send_request`."""
-        return await self._connection.send_request(
-            code,
-            ext_fields,
-            body,
-            timeout_seconds=timeout_seconds,
-            remark=remark,
-            serialize_type=serialize_type,
-        )
-
-    async def oneway(
-        self,
-        code: int,
-        ext_fields: Mapping[str, str] | None = None,
-        body: bytes = b"",
-        *,
-        timeout_seconds: float = _DEFAULT_REQUEST_TIMEOUT_SECONDS,
-        remark: str | None = None,
-        serialize_type: int = SerializeType.JSON,
-    ) -> None:
-        """Send a request with the oneway flag; nothing is awaited but a writable transport."""
-        await self._connection.send_oneway(
-            code,
-            ext_fields,
-            body,
-            timeout_seconds=timeout_seconds,
-            remark=remark,
-            serialize_type=serialize_type,
-        )
-
-    async def relay(
-        self, request: RemotingCommand, *, timeout_seconds: float = _DEFAULT_REQUEST_TIMEOUT_SECONDS
-    ) -> RemotingCommand | None:
-        """Send a request received elsewhere as it is; see :meth:`FrameConnection.relay_request`."""
-        return await self._connection.relay_request(request, timeout_seconds=timeout_seconds)
-
-    async def close(self, timeout_seconds: float = 3.0) -> None:
-        """Close the connection after buffered writes and wait until it is closed; a server that does
-        not read them within ``timeout_seconds`` gets the connection aborted. Requests still waiting
-        fail with :class:`ConnectionClosedError`; handlers of server requests are cancelled."""
-        _check_timeout(timeout_seconds)
-        self._connection.cancel_handlers()
-        self._connection.close()
-        try:
-            async with asyncio.timeout(timeout_seconds):
-                await self._connection.wait_closed()
-        except TimeoutError:
-            self._connection.abort()
-            await self._connection.wait_closed()
-
-    async def wait_closed(self) -> None:
-        """Return once the connection is closed, by either side."""
-        await self._connection.wait_closed()
-
-    async def __aenter__(self) -> RemotingClient:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
