@@ -213,7 +213,7 @@ class EncodeError(ValueError):
     """A command cannot be written in its serialize type, or the frame would exceed the frame limit."""
 
 
-class _Known:
+class _DecodedSoFar:
     """What has been read of the frame being decoded, for the error raised if it goes wrong."""
 
     __slots__ = ("code", "flag", "opaque", "serialize_type")
@@ -257,7 +257,7 @@ def _utf8_length_exceeds(text: str, limit: int) -> bool:
 # ---------------------------------------------------------------------------------------- JSON header
 
 
-def _json_int(header: dict[str, object], key: str, known: _Known, default: int | None) -> int:
+def _json_int(header: dict[str, object], key: str, known: _DecodedSoFar, default: int | None) -> int:
     """An int32 header field; fastjson also accepts a decimal string, so do we. None default = required."""
     value = header.get(key)
     if value is None:
@@ -277,7 +277,7 @@ def _json_int(header: dict[str, object], key: str, known: _Known, default: int |
     return number
 
 
-def _json_language(value: object, known: _Known) -> str:
+def _json_language(value: object, known: _DecodedSoFar) -> str:
     if value is None:
         return _LANGUAGE_MISSING
     if type(value) is str:
@@ -294,7 +294,7 @@ def _json_language(value: object, known: _Known) -> str:
     )
 
 
-def _json_ext_value(key: str, value: object, known: _Known) -> str:
+def _json_ext_value(key: str, value: object, known: _DecodedSoFar) -> str:
     """A non-string extFields value as Java's ``HashMap<String, String>`` would hold it."""
     if value is True:
         return "true"
@@ -314,7 +314,7 @@ def _json_ext_value(key: str, value: object, known: _Known) -> str:
 
 
 def _decode_json_header(
-    text: str, known: _Known, limits: CodecLimits
+    text: str, known: _DecodedSoFar, limits: CodecLimits
 ) -> tuple[int, str, int, int, int, str | None, dict[str, str]]:
     """(code, language, version, opaque, flag, remark, ext_fields) from a JSON header."""
     try:
@@ -495,7 +495,7 @@ def _fast_ext_fields(raw: dict[str, object], value_max_bytes: int) -> dict[str, 
 # -------------------------------------------------------------------------------------- binary header
 
 
-def _binary_text(view: memoryview, start: int, end: int, what: str, known: _Known) -> str:
+def _binary_text(view: memoryview, start: int, end: int, what: str, known: _DecodedSoFar) -> str:
     # No slice of ``view`` may outlive this call: a live slice pins the decoder's bytearray (no resize).
     try:
         return str(view[start:end], "utf-8")
@@ -506,7 +506,7 @@ def _binary_text(view: memoryview, start: int, end: int, what: str, known: _Know
 
 
 def _decode_binary_header(
-    view: memoryview, start: int, end: int, known: _Known, limits: CodecLimits
+    view: memoryview, start: int, end: int, known: _DecodedSoFar, limits: CodecLimits
 ) -> tuple[int, str, int, int, int, str | None, dict[str, str]]:
     """(code, language, version, opaque, flag, remark, ext_fields) from a ROCKETMQ binary header
     occupying ``view[start:end]``. A remark of length 0 reads as None, as in Java."""
@@ -695,7 +695,7 @@ def _decode_frame_content_reference(
     (type_and_length,) = _UINT32.unpack_from(buffer, start)
     serialize_type = type_and_length >> 24
     header_length = type_and_length & HEADER_LENGTH_FIELD_MAX
-    known = _Known(serialize_type)
+    known = _DecodedSoFar(serialize_type)
     if serialize_type != _JSON and serialize_type != _ROCKETMQ:
         known.serialize_type = None
         raise known.error(

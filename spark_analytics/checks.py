@@ -32,7 +32,6 @@ from spark_analytics.equality import (
     vote,
 )
 from spark_analytics.features import FEATURE_INVARIANTS, feature_records, feature_violations, is_retry_copy
-from spark_analytics.frames import explode_found, found, hidden, replica_lookup
 from spark_analytics.layout import CUT_PREFIX, Replica, list_replicas, segment_size_bytes
 from spark_analytics.replicated_state import delay_progress, read_checkpoints
 from spark_analytics.results import (
@@ -48,6 +47,7 @@ from spark_analytics.results import (
 from spark_analytics.rounds import RoundCarry, message_key, recent_candidates
 from spark_analytics.sources import BLOCK_SIZE_BYTES_DEFAULT, BLOCKS_SOURCE, register_sources
 from spark_analytics.tables import ReplicaTables
+from spark_analytics.violations import explode_found, found, hidden, replica_lookup
 
 #: differing blocks examined byte by byte on the driver (each costs a read of the block on every replica)
 DIFFERENCES_MAX: Final = 10

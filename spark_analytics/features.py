@@ -1,6 +1,6 @@
 """Feature invariants over one replica's commit log: transactions, their op records, delay levels, retry
 and dead-letter copies. Each pass takes the cached records (:mod:`spark_analytics.tables`) and yields
-violations in the shape of :mod:`spark_analytics.frames`; every join is keyed by replica first, so it
+violations in the shape of :mod:`spark_analytics.violations`; every join is keyed by replica first, so it
 uses the records' partitioning instead of shuffling them again, and joins subsets (system topics, the
 records that carry the properties followed) rather than the whole log wherever it can.
 
@@ -34,7 +34,7 @@ from pyspark.sql import functions as F
 
 from commitlog.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 from protocol.topics import DLQ_PREFIX, RETRY_PREFIX, SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
-from spark_analytics.frames import explode_found, found, hidden
+from spark_analytics.violations import explode_found, found, hidden
 
 OP_TAG: Final = "d"
 #: RocketMQ's default delay levels (messageDelayLevel), in seconds: level L is element L - 1

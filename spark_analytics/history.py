@@ -53,9 +53,9 @@ from pyspark.sql.types import (
 )
 
 from protocol.topics import SCHEDULE_TOPIC, TRANS_HALF_TOPIC
-from spark_analytics.frames import hidden
 from spark_analytics.results import HistoryReplica, HistoryResult, InvariantResult, Violation
 from spark_analytics.tables import ReplicaTables
+from spark_analytics.violations import hidden
 
 #: a line longer than this is not a history line
 LINE_BYTES_MAX: Final = 1 << 20

@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from dledger.apply import UNIQ_KEY_WINDOW_MS
-from spark_analytics.frames import hidden, replica_lookup
+from spark_analytics.violations import hidden, replica_lookup
 
 #: recent copies one round hands to the next at most (four numbers and a replica name each, in the driver)
 CARRY_ROWS_MAX: Final = 2_000_000
