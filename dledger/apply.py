@@ -613,8 +613,12 @@ def _record_sends(batch: PreparedRecords, store: MessageStore, since_timestamp: 
             return int(metas["flags"][position])
 
         def worth_lookup(indexes: list[int] | None) -> list[int]:
-            chosen = np.arange(len(hashes)) if indexes is None else np.array(indexes, dtype=np.int64)
-            looked_up: list[int] = chosen[store.recently_stored_mask(hashes[chosen], since_timestamp)].tolist()
+            looked_up: list[int]
+            if indexes is None:
+                looked_up = np.flatnonzero(store.recently_stored_mask(hashes, since_timestamp)).tolist()
+            else:
+                chosen = np.array(indexes, dtype=np.int64)
+                looked_up = chosen[store.recently_stored_mask(hashes[chosen], since_timestamp)].tolist()
             return looked_up
 
         return KeyedSends(batch.topics, keyed.tolist(), metas["topic"][keyed].tolist(), hashes.tolist(),
