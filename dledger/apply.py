@@ -25,33 +25,19 @@ Rules (shared/DESIGN.md):
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
-import re
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Final, NamedTuple, TypeVar
-
-import numpy as np
+from typing import Final, TypeVar
 
 from commitlog.errors import DiskFullError
 from commitlog.message import MessageInput, RecordError, StoredMessage, decode_record, encode_properties
-from commitlog.records import (
-    HAS_UNIQ_KEY,
-    HASH_DTYPE,
-    PreparedRecords,
-    check_layout,
-    columnwise,
-    hash_list,
-    layout_of,
-    meta_list,
-    uniq_key_of,
-)
-from commitlog.retries import KeyCollision, retry_digest
+from commitlog.records import PreparedRecords, check_layout
+from commitlog.retries import KeyCollision
 from commitlog.store import AppendOutcome, AppendResult, DamagedRecordError, MessageStore
 from dledger.command import (
     TIMER_RELEASE_KEY,
@@ -75,6 +61,7 @@ from dledger.command import (
     TransactionOp,
     decode_command,
 )
+from dledger.dedupe import KeyedSends, Lookup, find_retries, message_sends, record_sends
 from dledger.pop import (
     PopGrant,
     PopOutcome,
@@ -105,7 +92,6 @@ TRANSACTION_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 #: recently is a client's retry and is not stored again (its answer is the stored message's). Part of apply:
 #: every member must use the same value, so it is a constant of the command format, not a setting.
 UNIQ_KEY_WINDOW_MS = 120_000
-_UNIQ_KEY_PROPERTY = re.compile(rb"(?:^|\x02)UNIQ_KEY\x01([^\x02]+)")
 #: the exit code of a member whose byte configuration is not the group's (EX_CONFIG)
 EXIT_BYTE_CONFIG_MISMATCH: Final = 78
 _Read = TypeVar("_Read")
@@ -258,7 +244,7 @@ class StateMachine:
             to_store = release_late(progress, to_store)
         results: tuple[Sequence[AppendResult], ...] = ()
         if newest is not None and raft_index > self.store.applied_raft_index:
-            duplicates = self._retries(_message_sends(to_store), newest - UNIQ_KEY_WINDOW_MS)
+            duplicates = self._retries(message_sends(to_store), newest - UNIQ_KEY_WINDOW_MS)
             fresh = [m for position, m in enumerate(to_store) if position not in duplicates] if duplicates else to_store
             outcome = self._until_space(raft_index, functools.partial(self.store.append, raft_index, fresh))
             flat = self._merge(outcome.results, duplicates, len(to_store)) if duplicates else outcome.results
@@ -374,7 +360,7 @@ class StateMachine:
         stamp = max(batch.stamp, self.state.last_store_timestamp)
         results: tuple[Sequence[AppendResult], ...] = ()
         if batch.record_count and raft_index > self.store.applied_raft_index:
-            duplicates = self._retries(_record_sends(batch, self.store, stamp - UNIQ_KEY_WINDOW_MS),
+            duplicates = self._retries(record_sends(batch, self.store, stamp - UNIQ_KEY_WINDOW_MS),
                                        stamp - UNIQ_KEY_WINDOW_MS)
             outcome = self._until_space(raft_index, functools.partial(
                 self.store.append_records, raft_index, batch, duplicates, stamp, want_results))
@@ -392,74 +378,19 @@ class StateMachine:
         return ApplyResult(raft_index, results)
 
     def _retries(self, sends: KeyedSends, since_timestamp: int) -> dict[int, AppendResult | int]:
-        """The retried sends of a command: each send with the topic, UNIQ_KEY, reconsume count and content
-        (``commitlog.retries``) of a message stored since ``since_timestamp`` or of an earlier send of the
-        command, mapped to the stored message's result or to the earlier send's position. A send whose key
-        matches but whose content does not is a new message, counted in :attr:`key_collisions`. The one rule
-        for every form of a command: ``sends`` reads its UNIQ_KEYs (:func:`_message_sends`, :func:`_record_sends`)."""
-        keys = sends.keys
-        if not keys:
-            return {}
-        duplicates: dict[int, AppendResult | int] = {}
-        collided: dict[int, tuple[str, bytes]] = {}
-        looked_up: list[int] | None = None  # of the keyed sends, those sent first (None: all of them)
-        if len(set(keys)) < len(keys):  # equal keys (or hashes): maybe a send repeated in this command
-            positions = sends.positions
-            first: dict[tuple[int, bytes | int, int], int] = {}  # identity -> position of its first send
-            again: list[tuple[int, tuple[int, bytes | int, int]]] = []
-            for position, identity in zip(positions, zip(sends.topic_indexes, keys, sends.reconsume_times,
-                                                         strict=True), strict=True):
-                if first.setdefault(identity, position) != position:
-                    again.append((position, identity))
-            if again:
-                self._repeated_sends(sends, first, again, duplicates, collided)
-                looked_up = [index for index, position in enumerate(positions) if position not in duplicates]
-        candidates = sends.worth_lookup(looked_up)
-        if candidates:
-            positions = [sends.positions[index] for index in candidates]
-            lookups = [(sends.topics[sends.topic_indexes[index]], sends.uniq_key(position),
-                        sends.reconsume_times[index], sends.digest(position))
-                       for index, position in zip(candidates, positions, strict=True)]
-            found = self._read_verified(functools.partial(self.store.find_recent_sends, lookups, since_timestamp))
-            for position, lookup, stored in zip(positions, lookups, found, strict=True):
-                if isinstance(stored, KeyCollision):
-                    collided[position] = (lookup[0], lookup[1])
-                elif stored is not None:
-                    duplicates[position] = stored
-        for position, (topic, uniq_key) in collided.items():
-            if position not in duplicates:
-                self.key_collisions += 1
-                log.warning("UNIQ_KEY %s of topic %s is a recent message's too, with other content: stored as a "
-                            "new message (%d such sends)", uniq_key.decode("utf-8", "replace"), topic,
-                            self.key_collisions)
+        """:func:`dledger.dedupe.find_retries` against this store (its reads verified), counting and logging
+        the key collisions in :attr:`key_collisions`."""
+        duplicates, collisions = find_retries(sends, since_timestamp, self._find_recent_sends)
+        for topic, uniq_key in collisions:
+            self.key_collisions += 1
+            log.warning("UNIQ_KEY %s of topic %s is a recent message's too, with other content: stored as a "
+                        "new message (%d such sends)", uniq_key.decode("utf-8", "replace"), topic,
+                        self.key_collisions)
         return duplicates
 
-    @staticmethod
-    def _repeated_sends(sends: KeyedSends, first: dict[tuple[int, bytes | int, int], int],
-                        again: list[tuple[int, tuple[int, bytes | int, int]]],
-                        duplicates: dict[int, AppendResult | int], collided: dict[int, tuple[str, bytes]]) -> None:
-        """Of the sends in ``again``, whose (topic, key or hash, reconsume count) an earlier send of the
-        command has (``first``: identity -> its first position): those whose UNIQ_KEY and content are an
-        earlier one's too go into ``duplicates`` (position -> that earlier position); the others (a CRC
-        collision of distinct keys, or a key collision of distinct contents) are first sends after all; of
-        those, a key collision goes into ``collided`` (position -> topic, UNIQ_KEY)."""
-        uniq_key, digest = sends.uniq_key, sends.digest
-        exact: dict[tuple[int, bytes, int, bytes], int] = {}
-        digests: dict[tuple[int, bytes, int], set[bytes]] = {}  # (topic, UNIQ_KEY, reconsume count) -> contents
-        for position, identity in again:
-            earlier = first[identity]
-            key, content = (identity[0], uniq_key(earlier), identity[2]), digest(earlier)
-            exact.setdefault((*key, content), earlier)
-            digests.setdefault(key, set()).add(content)
-            key, content = (identity[0], uniq_key(position), identity[2]), digest(position)
-            found = exact.setdefault((*key, content), position)
-            if found != position:
-                duplicates[position] = found
-            else:
-                contents = digests.setdefault(key, set())
-                if contents:
-                    collided[position] = (sends.topics[key[0]], key[1])
-                contents.add(content)
+    def _find_recent_sends(self, lookups: list[Lookup], since_timestamp: int
+                           ) -> list[AppendResult | KeyCollision | None]:
+        return self._read_verified(functools.partial(self.store.find_recent_sends, lookups, since_timestamp))
 
     def _until_space(self, raft_index: int, append: Callable[[], AppendOutcome]) -> AppendOutcome:
         """``append()`` (a store append of the entry at ``raft_index``), again and again while the disk is
@@ -547,127 +478,3 @@ def dead_letter_copy(stored: StoredMessage, group: str, grant: PopGrant, stamp: 
     return MessageInput(f"{DLQ_PREFIX}{group}", 0, stored.flag, stored.sys_flag & ~0x30, stored.born_timestamp,
                         stored.born_host, stamp, stored.reconsume_times + grant.attempt,
                         stored.prepared_transaction_offset, stored.body, encode_properties(properties))
-
-
-class KeyedSends(NamedTuple):
-    """The sends of one command that carry a UNIQ_KEY, in order, as :meth:`StateMachine._retries` reads them:
-    one reader per form of a command (:func:`_message_sends`, :func:`_record_sends`), one rule."""
-
-    #: topic names, by the indexes in ``topic_indexes``
-    topics: Sequence[str]
-    #: each keyed send's position in the command, and its topic index, UNIQ_KEY (or the key-index hash of it:
-    #: records carry the hashes, and a record's key is read only when hashes cannot decide) and reconsume count
-    positions: list[int]
-    topic_indexes: list[int]
-    keys: Sequence[bytes | int]
-    reconsume_times: list[int]
-    #: the UNIQ_KEY and the content digest (commitlog.retries) of the send at a position
-    uniq_key: Callable[[int], bytes]
-    digest: Callable[[int], bytes]
-    #: of the given keyed sends (indexes into the lists above, in order; None for all of them), those the store
-    #: may hold a message of, in order: the ones worth a look-up
-    worth_lookup: Callable[[list[int] | None], list[int]]
-
-
-def _message_sends(messages: Sequence[MessageInput]) -> KeyedSends:
-    """A Messages command's keyed sends, their UNIQ_KEYs read from their properties. Every one is looked up:
-    the store filters them by its recent keys itself (``MessageStore.find_recent_sends``)."""
-    topics: dict[str, int] = {}
-    positions: list[int] = []
-    topic_indexes: list[int] = []
-    keys: list[bytes] = []
-    reconsume_times: list[int] = []
-    for position, message in enumerate(messages):
-        match = _UNIQ_KEY_PROPERTY.search(message.properties)
-        if match is not None:
-            positions.append(position)
-            topic_indexes.append(topics.setdefault(message.topic, len(topics)))
-            keys.append(match.group(1))
-            reconsume_times.append(message.reconsume_times)
-
-    def digest(position: int) -> bytes:
-        message = messages[position]
-        return retry_digest(message.flag, message.body, message.properties)
-
-    def worth_lookup(indexes: list[int] | None) -> list[int]:
-        return list(range(len(positions))) if indexes is None else indexes
-
-    return KeyedSends(list(topics), positions, topic_indexes, keys, reconsume_times,
-                      dict(zip(positions, keys, strict=True)).__getitem__, digest, worth_lookup)
-
-
-def _record_sends(batch: PreparedRecords, store: MessageStore, since_timestamp: int) -> KeyedSends:
-    """A Records operation's keyed sends, by the UNIQ_KEY hashes its records carry; those the store's recent
-    keys rule out are not looked up. Column-wise for a large batch (:func:`commitlog.records.columnwise`),
-    record by record for a small one."""
-    if columnwise(batch.record_count):
-        layout = layout_of(batch)
-        metas = layout.metas
-        (keyed,) = (metas["flags"] & HAS_UNIQ_KEY).nonzero()
-        hashes = np.frombuffer(batch.key_hashes, HASH_DTYPE)[layout.key_starts[keyed]]
-
-        def start_of(position: int) -> int:
-            return int(layout.starts[position])
-
-        def flags_of(position: int) -> int:
-            return int(metas["flags"][position])
-
-        def worth_lookup(indexes: list[int] | None) -> list[int]:
-            looked_up: list[int]
-            if indexes is None:
-                looked_up = np.flatnonzero(store.recently_stored_mask(hashes, since_timestamp)).tolist()
-            else:
-                chosen = np.array(indexes, dtype=np.int64)
-                looked_up = chosen[store.recently_stored_mask(hashes[chosen], since_timestamp)].tolist()
-            return looked_up
-
-        return KeyedSends(batch.topics, keyed.tolist(), metas["topic"][keyed].tolist(), hashes.tolist(),
-                          metas["reconsume"][keyed].tolist(), functools.partial(_record_uniq_key, batch, start_of,
-                                                                                flags_of),
-                          functools.partial(_record_retry_digest, batch, start_of), worth_lookup)
-    key_hashes = hash_list(batch)
-    meta_tuples = meta_list(batch)
-    positions: list[int] = []
-    topic_indexes: list[int] = []
-    keys: list[int] = []
-    reconsume_times: list[int] = []
-    key_position = 0
-    for position, (_, topic_index, flags, _, _, reconsume, key_count) in enumerate(meta_tuples):
-        if flags & HAS_UNIQ_KEY:
-            positions.append(position)
-            topic_indexes.append(topic_index)
-            keys.append(key_hashes[key_position])
-            reconsume_times.append(reconsume)
-        key_position += key_count
-    starts: list[int] = []
-
-    def record_start(position: int) -> int:
-        if not starts:
-            starts.extend(itertools.accumulate((meta[0] for meta in meta_tuples), initial=0))
-        return starts[position]
-
-    def record_flags(position: int) -> int:
-        return meta_tuples[position][2]
-
-    def recently_stored(indexes: list[int] | None) -> list[int]:
-        chosen = range(len(positions)) if indexes is None else indexes
-        return sorted(store.recently_stored({index: keys[index] for index in chosen}, since_timestamp))
-
-    return KeyedSends(batch.topics, positions, topic_indexes, keys, reconsume_times,
-                      functools.partial(_record_uniq_key, batch, record_start, record_flags),
-                      functools.partial(_record_retry_digest, batch, record_start), recently_stored)
-
-
-def _record_uniq_key(batch: PreparedRecords, start_of: Callable[[int], int], flags_of: Callable[[int], int],
-                     position: int) -> bytes:
-    return uniq_key_of(batch, start_of(position), flags_of(position)) or b""
-
-
-def _record_retry_digest(batch: PreparedRecords, start_of: Callable[[int], int], position: int) -> bytes:
-    return _record_digest(batch, start_of(position))
-
-
-def _record_digest(batch: PreparedRecords, start: int) -> bytes:
-    """The :func:`retry_digest` of the record at ``start`` of a batch."""
-    record = decode_record(batch.records, start, check_crc=False)
-    return retry_digest(record.flag, record.body, record.properties)
