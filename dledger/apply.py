@@ -78,6 +78,7 @@ from dledger.timers import (
     TIMER_TOPIC,
     release_due,
     release_late,
+    starting_progress,
     timer_key,
 )
 
@@ -239,8 +240,8 @@ class StateMachine:
         newest = max(message.store_timestamp for message in to_store) if to_store else None
         if newest is not None and state_due:
             progress = self.state.timer_progress.get(TIMER_PROGRESS_KEY)
-            if progress is None:  # the first messages ever: the progress starts the second before them
-                progress = timer_start = newest // 1000 - 1
+            if progress is None:  # the first messages ever
+                progress = timer_start = starting_progress(newest)
             to_store = release_late(progress, to_store)
         results: tuple[Sequence[AppendResult], ...] = ()
         if newest is not None and raft_index > self.store.applied_raft_index:
@@ -370,9 +371,8 @@ class StateMachine:
         if raft_index > self.state.applied_index:
             with self.state_lock:
                 if batch.record_count:
-                    if self.state.timer_progress.get(TIMER_PROGRESS_KEY) is None:
-                        # as for messages: the first messages ever start the timer progress
-                        self.state.apply_timer_progress(TIMER_PROGRESS_KEY, stamp // 1000 - 1)
+                    if self.state.timer_progress.get(TIMER_PROGRESS_KEY) is None:  # the first messages ever
+                        self.state.apply_timer_progress(TIMER_PROGRESS_KEY, starting_progress(stamp))
                     self.state.last_store_timestamp = max(self.state.last_store_timestamp, stamp)
                 self.state.applied_index = raft_index
         return ApplyResult(raft_index, results)

@@ -258,16 +258,15 @@ class GroupMember:
             self.raft.forceLogCompaction()  # taken up by pysyncobj on its next tick (this thread)
         if built is not None:  # nothing to decode: not even a copy of the entry without its prefix
             return self.apply(raft_index, b"", built)
-        # nobody here waits for the results of an entry this member did not build (a follower's)
-        return self.apply(raft_index, command[len(RAW_COMMAND_PREFIX):], want_results=False)
+        return self.apply(raft_index, command[len(RAW_COMMAND_PREFIX):])
 
-    def apply(self, raft_index: int, data: bytes, decoded: Command | None = None,
-              want_results: bool = True) -> ApplyResult:
+    def apply(self, raft_index: int, data: bytes, built: Command | None = None) -> ApplyResult:
         """:meth:`StateMachine.apply`, total: a programmer error stops the process (a stalled or diverged
-        replica is worse)."""
+        replica is worse). ``built``: the command this member built for the entry (``data`` is not read then);
+        only its proposer waits for the per-message results of records (nobody waits for a follower's)."""
         try:
             with self._apply_lock:
-                result = self.machine.apply(raft_index, data, decoded, want_results)
+                result = self.machine.apply(raft_index, data, built, want_results=built is not None)
             if not self._byte_config_applied.is_set():
                 self._note_byte_config()
             if self.on_applied is not None:

@@ -81,6 +81,12 @@ def release(message: MessageInput, store_timestamp: int) -> MessageInput | None:
                             properties=encode_properties(properties))
 
 
+def starting_progress(store_timestamp: int) -> int:
+    """The timer progress of a group whose first messages ever are stored at ``store_timestamp``: the second
+    before them (no timer can be due before the group stored anything)."""
+    return store_timestamp // 1000 - 1
+
+
 def release_late(progress: int, messages: Sequence[MessageInput]) -> Sequence[MessageInput]:
     """``messages`` with each timed one already due by the timer ``progress`` (its second at or below it)
     replaced by its real message, stored now."""
