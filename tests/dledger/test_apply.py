@@ -633,3 +633,36 @@ def test_every_state_change_is_made_under_the_state_lock_and_retention_outside_i
     assert store.commit_log.min_offset == 2 * store.config.segment_size_bytes
     assert state.applied_index == index and len(state.consumer_offsets) == 150
     assert WatchedState.changes > 300
+
+
+def test_a_full_disk_is_waited_out_for_messages_and_records_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    """Apply never skips an entry for a full disk (a skipped entry is a diverged replica): each form of a
+    command retries its append, sleeping in between, until there is space."""
+    from collections.abc import Callable
+
+    from commitlog.errors import DiskFullError
+
+    state = ReplicatedState()
+    store = MessageStore(small_config(tmp_path / "a"), extension_provider=state.encode)
+    slept: list[float] = []
+    sm = StateMachine(store, state, sleep=slept.append)
+    failures = {"append": 2, "append_records": 1}
+    for name in failures:
+        original = getattr(store, name)
+
+        def full_then_space(*args: object, _name: str = name, _original: Callable[..., object] = original,
+                            **kwargs: object) -> object:
+            if failures[_name]:
+                failures[_name] -= 1
+                raise DiskFullError("no space left")
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(store, name, full_then_space)
+    first = sm.apply(1, encode_messages_command([message(1)], store_timestamp=1_700_000_000_000))
+    records = record_builder(tmp_path).build([message(2)], 1_700_000_000_001)
+    assert records is not None
+    second = sm.apply(2, encode_records_command(records), Command((records,)))
+    assert failures == {"append": 0, "append_records": 0} and len(slept) == 3
+    assert first.message_results[0][0].status == second.message_results[0][0].status == AppendStatus.OK
+    assert store.max_queue_offset("TopicTest", 0) == 2 and sm.applied_index == 2
