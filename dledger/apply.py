@@ -1,8 +1,10 @@
 """The deterministic, total, idempotent apply: ``apply(raft_index, command_bytes) -> ApplyResult``.
 
-Rules (shared/DESIGN.md):
+Rules:
 
 * It reads nothing but its arguments, the store and the replicated state: no clock, no randomness.
+* One way in, on every member: the decoded command. The leader applies the command it built for its own
+  entry (``dledger.member.BuiltCommands``), which is what the followers decode from the entry's bytes.
 * It is idempotent by Raft index, per kind of effect: commit-log effects are skipped when the store has
   already applied the index (the store knows that exactly, even after a crash), state effects when the
   state has (it is persisted with the store's checkpoint, so after a crash it may lag the store, and
