@@ -1,11 +1,11 @@
 """Timed delivery at an arbitrary time (second precision, up to 30 days ahead): the send-side rules and the
-leader's timer service. The stored form and the replicated rules are in ``dledger.timers`` and apply.
+leader's timer service. The stored form and the replicated rules (what a release releases) are in
+``dledger.timers``.
 
 A producer names the time with ``__STARTDELIVERTIME`` or ``TIMER_DELIVER_MS`` (epoch milliseconds) or
 ``TIMER_DELAY_SEC`` / ``TIMER_DELAY_MS`` (relative). A time less than about a second ahead is delivered at
-once; anything else is stored as a timer and released by the leader with a
-``TimerProgress(TIMER_DELIVER_KEY, ...)`` operation once due: apply reads the due timers from the local
-store's key index, so the command stays small and memory does not grow with the timers pending.
+once; anything else is stored as a timer and released by the leader with a ``TimerRelease`` operation once
+due.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from typing import Final
 
 from broker.context import BrokerContext
 from broker.requests import RequestError
-from dledger.apply import TIMER_CURSOR_SCALE, TIMER_DELIVER_KEY, TIMER_RELEASE_MAX, TIMER_SPAN_MAX_SECONDS
-from dledger.command import Command, TimerProgress
-from dledger.timers import TIMER_PROGRESS_KEY, timer_key
+from dledger.command import Command, TimerRelease
+from dledger.timers import TIMER_PROGRESS_KEY, TIMER_RELEASE_MAX, TIMER_SPAN_MAX_SECONDS, timer_key
 from protocol.codes import ResponseCode
 from protocol.topics import TIMER_TOPIC
 
@@ -129,8 +128,7 @@ class TimerService:
                 target = last
             start = 0
             while True:
-                result = await broker.propose(Command((TimerProgress(TIMER_DELIVER_KEY,
-                                                                     target * TIMER_CURSOR_SCALE + start),)))
+                result = await broker.propose(Command((TimerRelease(target, start),)))
                 self.released += sum(len(results) for results in result.message_results)
                 self._last_advance = self.monotonic()
                 if broker.state.timer_progress.get(TIMER_PROGRESS_KEY, 0) >= target:

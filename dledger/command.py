@@ -22,7 +22,11 @@ Payloads (all big-endian; ``str`` is ``u16 length + UTF-8``, ``bytes`` is ``u32 
   broker_id i64, deleted u8, then consume_orderly u8 only when set.
 * TRANSACTION_OP: half_offset i64, action u8 (1 commit, 2 rollback, 3 check, 4 discard), producer_group str,
   timestamp i64. (Issue: transactions) The real message and op record travel as MESSAGES in the same command.
-* TIMER_PROGRESS: timer_key str, delivered_up_to i64. (Issue: delay/timer)
+* TIMER_PROGRESS: timer_key str, delivered_up_to i64. (Issue: delay/timer) A TIMER_PROGRESS under the key
+  :data:`TIMER_RELEASE_KEY` is a :class:`TimerRelease` (release the timers due up to ``second``, from position
+  ``start`` of them): its value is ``second * TIMER_RELEASE_STARTS + start``. Releases have always travelled
+  so, and a replica of an older version reads them so: the operation has a type of its own in the code, not
+  on the wire, so journals already written and members not yet upgraded agree with the new ones.
 * RETENTION: min_physical_offset i64.
 * LEADER_STAMP: term i64, node str, timestamp i64: the first command of a new leader's term.
 * ACL_DOCUMENT: document bytes: the access-control rules every member enforces (canonical JSON written
@@ -164,10 +168,41 @@ class TransactionOp:
     timestamp: int
 
 
+#: the TIMER_PROGRESS key that carries a :class:`TimerRelease`
+TIMER_RELEASE_KEY: Final = "timer-deliver"
+#: a release's ``start`` is below this: its value on the wire is ``second * TIMER_RELEASE_STARTS + start``
+TIMER_RELEASE_STARTS: Final = 1_000_000
+
+
 @dataclass(frozen=True, slots=True)
 class TimerProgress:
+    """A delivery progress (a delay level's next queue offset, the transaction half queue's resolved
+    prefix); never under :data:`TIMER_RELEASE_KEY`, which is a :class:`TimerRelease`'s."""
+
     timer_key: str
     delivered_up_to: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimerRelease:
+    """Release the timed messages due after the replicated timer progress and at or before ``second``
+    (``dledger.timers``): at most ``TIMER_RELEASE_MAX`` of them, from position ``start`` in commit-log order."""
+
+    second: int
+    start: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start < TIMER_RELEASE_STARTS:
+            raise ValueError(f"a timer release starts in [0, {TIMER_RELEASE_STARTS}), not at {self.start}")
+
+    @property
+    def packed(self) -> int:
+        """Its value on the wire, and in the replicated state's timer progress under TIMER_RELEASE_KEY."""
+        return self.second * TIMER_RELEASE_STARTS + self.start
+
+    @classmethod
+    def unpacked(cls, packed: int) -> TimerRelease:
+        return cls(*divmod(packed, TIMER_RELEASE_STARTS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,8 +326,8 @@ class PopRevive:
 PopOperation = PopReceive | PopAck | PopChangeInvisible | PopRevive
 
 Operation = (
-    Messages | ConsumerOffsets | TopicConfig | SubscriptionGroup | TransactionOp | TimerProgress | Retention
-    | LeaderStamp | AclDocument | PreparedRecords | ByteConfig | PopReceive | PopAck | PopChangeInvisible
+    Messages | ConsumerOffsets | TopicConfig | SubscriptionGroup | TransactionOp | TimerProgress | TimerRelease
+    | Retention | LeaderStamp | AclDocument | PreparedRecords | ByteConfig | PopReceive | PopAck | PopChangeInvisible
     | PopRevive
 )
 
@@ -356,7 +391,11 @@ def _encode_operation(operation: Operation) -> tuple[OpType, bytes]:
                 + I64.pack(operation.timestamp)
             )
         case TimerProgress():
+            if operation.timer_key == TIMER_RELEASE_KEY:
+                raise ValueError(f"a timer progress under {TIMER_RELEASE_KEY!r} is a TimerRelease")
             return OpType.TIMER_PROGRESS, _str(operation.timer_key) + I64.pack(operation.delivered_up_to)
+        case TimerRelease():
+            return OpType.TIMER_PROGRESS, _str(TIMER_RELEASE_KEY) + I64.pack(operation.packed)
         case Retention():
             return OpType.RETENTION, I64.pack(operation.min_physical_offset)
         case LeaderStamp():
@@ -431,6 +470,12 @@ def encode_messages_command(messages: Sequence[MessageInput], store_timestamp: i
     stamp), without building new message objects."""
     payload = _encode_messages(Messages(tuple(messages)), store_timestamp)
     return _frame(U32.pack(1) + OP_HEAD.pack(OpType.MESSAGES, len(payload)) + payload, compress)
+
+
+def stamped_messages_command(messages: Sequence[MessageInput], store_timestamp: int) -> Command:
+    """The command :func:`encode_messages_command` encodes: what decoding its bytes gives."""
+    return Command((Messages(tuple(message if message.store_timestamp == store_timestamp
+                                   else message._replace(store_timestamp=store_timestamp) for message in messages)),))
 
 
 def encode_records_command(batch: PreparedRecords, compress: bool = True, prefix: bytes = b"") -> bytes:
@@ -612,7 +657,7 @@ def _decode_operation(op_type: int, reader: _Reader) -> Operation:
     if op_type == OpType.TIMER_PROGRESS:
         key = reader.string()
         (delivered,) = reader.unpack(I64)
-        return TimerProgress(key, delivered)
+        return TimerRelease.unpacked(delivered) if key == TIMER_RELEASE_KEY else TimerProgress(key, delivered)
     if op_type == OpType.RETENTION:
         (offset,) = reader.unpack(I64)
         return Retention(offset)

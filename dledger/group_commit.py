@@ -33,8 +33,15 @@ from typing import Final
 from commitlog.message import MessageInput, validate_input
 from commitlog.records import PreparedRecords
 from commitlog.store import AppendResult
-from dledger.apply import ApplyResult, OwnBatch
-from dledger.command import COMPRESS_MIN_BYTES, FLAG_LZ4, encode_messages_command, encode_records_command
+from dledger.apply import ApplyResult
+from dledger.command import (
+    COMPRESS_MIN_BYTES,
+    FLAG_LZ4,
+    Command,
+    encode_messages_command,
+    encode_records_command,
+    stamped_messages_command,
+)
 from dledger.config import GroupCommitSettings
 from dledger.future import PENDING, AppendFuture, Callbacks, set_results
 from dledger.stages import StageHistograms
@@ -63,8 +70,11 @@ FAIL_NOT_LEADER = 4
 FAIL_LEADER_CHANGED = 5
 FAIL_REQUEST_DENIED = 6
 
-#: propose(command prefix + command bytes, callback, (messages, store timestamp) or the records the bytes encode)
-Propose = Callable[[bytes, Callable[[ApplyResult | None, int], None], OwnBatch], None]
+#: a batch as it is proposed: its messages and the store timestamp it stamped them with, or the records it laid
+#: them out as
+Batch = tuple[Sequence[MessageInput], int] | PreparedRecords
+#: propose(command prefix + command bytes, callback, the command those bytes encode: what decoding them gives)
+Propose = Callable[[bytes, Callable[[ApplyResult | None, int], None], Command], None]
 #: prepare(messages, store timestamp): the messages laid out as records, or None to send them as messages
 Prepare = Callable[[Sequence[MessageInput], int], PreparedRecords | None]
 
@@ -317,31 +327,34 @@ class GroupCommitter:
             self.entry_messages_counts[min((len(messages) - 1).bit_length(), ENTRY_MESSAGES_BUCKETS - 1)] += 1
             try:
                 records = self.prepare(messages, stamp) if self.prepare is not None else None
-                own: OwnBatch = (messages, stamp) if records is None else records
-                data = self._encode(own)
+                proposal: Batch = (messages, stamp) if records is None else records
+                data = self._encode(proposal)
                 if records is not None and len(data) > self.entry_bytes_max:
                     # record heads and key hashes outgrew the size the batch was taken by: as messages
-                    own = (messages, stamp)
-                    data = self._encode(own)
+                    proposal = (messages, stamp)
+                    data = self._encode(proposal)
             except (struct.error, ValueError, OverflowError) as exc:  # submit validated: a programmer error
                 log.error("could not encode a batch, failing it: %s", exc)
                 with self._condition:
                     self._in_flight.pop(batch_id, None)
                 self._fail(batch, InvalidMessageError(f"cannot encode: {exc}"))
                 continue
-            if own is records:
+            if isinstance(proposal, PreparedRecords):
                 # the records carry what apply needs: the messages go now, on this thread (see _Request)
                 del messages
+                built = Command((proposal,))
+            else:
+                built = stamped_messages_command(*proposal)
             self.stages.record("encode", self.monotonic() - taken)
-            self.propose(data, functools.partial(self._on_applied, batch_id), own)
+            self.propose(data, functools.partial(self._on_applied, batch_id), built)
 
-    def _encode(self, own: OwnBatch) -> bytes:
+    def _encode(self, proposal: Batch) -> bytes:
         compress = not self._compress_skips
         prefix = self.command_prefix
-        if isinstance(own, PreparedRecords):
-            data = encode_records_command(own, compress=compress, prefix=prefix)
+        if isinstance(proposal, PreparedRecords):
+            data = encode_records_command(proposal, compress=compress, prefix=prefix)
         else:
-            data = prefix + encode_messages_command(own[0], store_timestamp=own[1], compress=compress)
+            data = prefix + encode_messages_command(proposal[0], store_timestamp=proposal[1], compress=compress)
         if not compress:
             self._compress_skips -= 1
         elif data[len(prefix) + 1] & FLAG_LZ4:

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +36,6 @@ from dledger.apply import (
     EXIT_BYTE_CONFIG_MISMATCH,
     ApplyResult,
     ByteConfigMismatchError,
-    OwnBatch,
     StateMachine,
     check_byte_config,
 )
@@ -71,7 +70,7 @@ _LEADING: Final[tuple[bool, str | None]] = (True, None)
 #: a command carries more than its messages: operation heads, version, pickling
 ENTRY_OVERHEAD_BYTES = 4096
 #: entries this leader proposed and remembers decoded, until they apply
-OWN_ENTRIES_MAX = 1024
+BUILT_ENTRIES_MAX = 1024
 #: how often a leader that is not the preferred one offers leadership to it
 PREFERENCE_CHECK_SECONDS = 1.0
 TRANSFER_TIMEOUT_SECONDS = 5.0
@@ -89,6 +88,44 @@ INDEX_SCRUB_BYTES = 4 << 20
 INDEX_SCRUB_INTERVAL_SECONDS = 10.0
 #: at most one warning this often that a peer did not answer a digest request
 DIGEST_WARNING_SECONDS = 60.0
+
+
+class BuiltCommands:
+    """The commands this leader built for the entries it proposed (group commit's batches), so that apply
+    takes them as they are instead of decoding the entry's bytes again: each is exactly what decoding its
+    entry gives (``dledger.group_commit``), so the leader applies what the followers apply.
+
+    An entry is found by the very bytes object proposed, which pysyncobj's log holds and hands back to
+    apply (``is``: neither hashing nor comparing the entry's bytes). Entries reach the log in the order
+    they are proposed here (:meth:`proposing` is held around both), and apply in log order: when one
+    applies, those remembered before it never will (their proposals failed) and are let go. Bounded by
+    ``entries_max``: an entry that falls out is decoded like any other."""
+
+    def __init__(self, entries_max: int = BUILT_ENTRIES_MAX) -> None:
+        self._entries: deque[tuple[bytes, Command]] = deque(maxlen=entries_max)
+        #: held around remembering an entry and proposing it, and around taking one
+        self.proposing = threading.Lock()
+
+    def remember(self, entry: bytes, command: Command) -> None:
+        """``command`` is what ``entry`` (about to be proposed, under :attr:`proposing`) decodes to."""
+        self._entries.append((entry, command))
+
+    def take(self, entry: bytes) -> Command | None:
+        """The command built for ``entry`` (this very object), or None (an entry of another leader's, or one
+        that fell out)."""
+        with self.proposing:
+            entries = self._entries
+            for position, (held, command) in enumerate(entries):
+                if held is entry:
+                    for _ in range(position + 1):
+                        entries.popleft()
+                    return command
+            return None
+
+    def clear(self) -> None:
+        """No longer leading: what was not applied yet is decoded if it ever applies here."""
+        with self.proposing:
+            self._entries.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,14 +190,13 @@ class GroupMember:
         self.machine = StateMachine(self.store, self.state, state_lock=self._state_lock, repair=self._repair)
         self._role = RoleChange("follower", 0, None)
         self._apply_lock = threading.Lock()
-        self._own_lock = threading.Lock()
         self._leader_name: tuple[object, str] = (None, "")  # (pysyncobj's leader node, its name)
         #: pysyncobj's state is leader: set first thing by its state-change callback (on its tick thread)
         self._leading = False
         #: bytes of entries applied since the last forced compaction (tick thread only)
         self._uncompacted_bytes = 0
-        #: id(raw command) -> (the raw command, what it encodes); the command is held, so the id stays unique
-        self._own_entries: OrderedDict[int, tuple[bytes, OwnBatch]] = OrderedDict()
+        #: the commands this member built for the entries it proposed as leader, until they apply
+        self._built = BuiltCommands()
         self.catchup_server = CatchupServer(parse_address(config.catchup_address, "catchup_address"),
                                             config.secret, self.store)
         store_config = config.store_config
@@ -188,7 +224,7 @@ class GroupMember:
         self.group_clock = GroupClock(1 + len(config.peers), lambda: replicated_floor_ms(self.state))
         #: where the send path's time goes (dledger.stages), recorded by the committer, Raft and the broker
         self.stages = StageHistograms()
-        self.committer = GroupCommitter(config.group_commit, self._propose_raw, self._leadership, self.entry_bytes_max,
+        self.committer = GroupCommitter(config.group_commit, self._propose_built, self._leadership, self.entry_bytes_max,
                                         store_config.body_size_max_bytes, wall_clock_ms=self.group_clock.now_ms,
                                         prepare=builder.build, command_prefix=RAW_COMMAND_PREFIX, stages=self.stages)
         self._transfer: tuple[str, float] | None = None  # (target address or "" for any, deadline)
@@ -213,24 +249,24 @@ class GroupMember:
     # ------------------------------------------------------------------ apply (tick thread)
 
     def apply_raw(self, raft_index: int, command: bytes) -> ApplyResult:
-        """A raw command from the log. On the leader, the very object it proposed comes back: its decoded
-        form is looked up by identity (no hashing of the entry's bytes)."""
-        with self._own_lock:
-            entry = self._own_entries.pop(id(command), None)
-        own = entry[1] if entry is not None and entry[0] is command else None
+        """A raw command from the log. On the leader, the very object it proposed comes back, with the
+        command it built for it (:class:`BuiltCommands`)."""
+        built = self._built.take(command)
         self._uncompacted_bytes += len(command)
         if self._uncompacted_bytes >= self.config.raft.log_compaction_bytes:
             self._uncompacted_bytes = 0
             self.raft.forceLogCompaction()  # taken up by pysyncobj on its next tick (this thread)
-        if own is not None:  # nothing to decode: not even a copy of the entry without its prefix
-            return self.apply(raft_index, b"", own)
+        if built is not None:  # nothing to decode: not even a copy of the entry without its prefix
+            return self.apply(raft_index, b"", built)
         return self.apply(raft_index, command[len(RAW_COMMAND_PREFIX):])
 
-    def apply(self, raft_index: int, data: bytes, own: OwnBatch | None = None) -> ApplyResult:
-        """Total: a programmer error stops the process (a stalled or diverged replica is worse)."""
+    def apply(self, raft_index: int, data: bytes, built: Command | None = None) -> ApplyResult:
+        """:meth:`StateMachine.apply`, total: a programmer error stops the process (a stalled or diverged
+        replica is worse). ``built``: the command this member built for the entry (``data`` is not read then);
+        only its proposer waits for the per-message results of records (nobody waits for a follower's)."""
         try:
             with self._apply_lock:
-                result = self.machine.apply(raft_index, data, own)
+                result = self.machine.apply(raft_index, data, built, want_results=built is not None)
             if not self._byte_config_applied.is_set():
                 self._note_byte_config()
             if self.on_applied is not None:
@@ -398,6 +434,7 @@ class GroupMember:
             self._leading = True
         else:
             self.committer.step_down()
+            self._built.clear()
         log.info("role %s -> %s (term %d)", RAFT_STATES.get(old_state), change.role, change.term)
         if self.on_role_change is not None:
             self.on_role_change(change)
@@ -457,25 +494,20 @@ class GroupMember:
 
     # ------------------------------------------------------------------ writes
 
-    def _propose(self, data: bytes, callback: Callable[[ApplyResult | None, int], None],
-                 own: OwnBatch | None = None) -> None:
-        self._propose_raw(RAW_COMMAND_PREFIX + data, callback, own)
+    def _propose(self, data: bytes, callback: Callable[[ApplyResult | None, int], None]) -> None:
+        self.raft.propose_raw(RAW_COMMAND_PREFIX + data, callback)
 
-    def _propose_raw(self, command: bytes, callback: Callable[[ApplyResult | None, int], None],
-                     own: OwnBatch | None = None) -> None:
-        """Propose ``command``: RAW_COMMAND_PREFIX and our command's bytes (group commit encodes them so,
-        in one piece: adding the prefix here copied every entry once more)."""
+    def _propose_built(self, command: bytes, callback: Callable[[ApplyResult | None, int], None],
+                       built: Command) -> None:
+        """Propose ``command`` (RAW_COMMAND_PREFIX and our command's bytes: group commit encodes them so, in
+        one piece, as adding the prefix here copied every entry once more), which decodes to ``built``:
+        remembered, so that apply takes ``built`` instead of decoding the entry."""
         if len(command) >= OUT_OF_BAND_MIN_BYTES:
             # hashed here, off the Raft thread, which then finds the digest for each follower it sends to
             ENTRY_DIGESTS.remember(command)
-        if own is not None:
-            # remembered so apply need not decode what this leader encoded (bounded: an entry that never
-            # applies here, after a leader change, just falls out)
-            with self._own_lock:
-                self._own_entries[id(command)] = (command, own)
-                while len(self._own_entries) > OWN_ENTRIES_MAX:
-                    self._own_entries.popitem(last=False)
-        self.raft.propose_raw(command, callback)
+        with self._built.proposing:
+            self._built.remember(command, built)
+            self.raft.propose_raw(command, callback)
 
     def append(self, messages: Sequence[MessageInput],
                callback: Callable[[AppendFuture[tuple[AppendResult, ...]]], object] | None = None,

@@ -21,8 +21,8 @@ from broker.timers import TimerService
 from commitlog.message import MessageInput
 from commitlog.records import PreparedRecords
 from commitlog.store import MessageStore
-from dledger.apply import ApplyResult, OwnBatch, StateMachine
-from dledger.command import Command, LeaderStamp, encode_command, encode_messages_command
+from dledger.apply import ApplyResult, StateMachine
+from dledger.command import Command, LeaderStamp, Messages, encode_command, encode_messages_command
 from dledger.config import GroupCommitSettings
 from dledger.group_clock import GroupClock, replicated_floor_ms
 from dledger.group_commit import GroupCommitter
@@ -260,8 +260,13 @@ def test_a_new_leader_behind_never_stamps_below_its_predecessor(tmp_path: Path) 
     stamps: list[int] = []
     done = threading.Event()
 
-    def propose(data: bytes, callback: Callable[[ApplyResult | None, int], None], own: OwnBatch) -> None:
-        stamps.append(own.stamp if isinstance(own, PreparedRecords) else own[1])
+    def propose(data: bytes, callback: Callable[[ApplyResult | None, int], None], built: Command) -> None:
+        (operation,) = built.operations
+        if isinstance(operation, PreparedRecords):
+            stamps.append(operation.stamp)
+        else:
+            assert isinstance(operation, Messages)
+            stamps.append(operation.messages[0].store_timestamp)
         done.set()
 
     committer = GroupCommitter(GroupCommitSettings(linger_ms=0), propose, lambda: (True, None), 1 << 20,

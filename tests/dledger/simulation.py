@@ -44,7 +44,7 @@ from commitlog.message import (
 )
 from commitlog.records import RecordBuilder
 from commitlog.store import MessageStore
-from dledger.apply import TIMER_CURSOR_SCALE, TIMER_DELIVER_KEY, TIMER_RELEASE_MAX, StateMachine
+from dledger.apply import StateMachine
 from dledger.catchup import CatchupServer, fetch
 from dledger.command import (
     AclDocument,
@@ -62,6 +62,7 @@ from dledger.command import (
     Retention,
     SubscriptionGroup,
     TimerProgress,
+    TimerRelease,
     TopicConfig,
     TransactionAction,
     TransactionOp,
@@ -72,7 +73,7 @@ from dledger.command import (
 from dledger.pop import due_entries
 from dledger.snapshot import Snapshot, decode_snapshot, encode_snapshot
 from dledger.state import TRANSACTION_PROGRESS_KEY, ReplicatedState
-from dledger.timers import TIMER_PROGRESS_KEY
+from dledger.timers import TIMER_PROGRESS_KEY, TIMER_RELEASE_MAX
 from protocol.topics import SCHEDULE_TOPIC, TIMER_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC
 from spark_analytics.equality import first_difference
 from spark_analytics.replicated_state import ReplicaCheckpoint, compare_states
@@ -511,7 +512,7 @@ class Simulation:
             return self._send()
         second = self.random.randint(progress + 1, now_second)
         start = self.random.choice((0, 0, 0, TIMER_RELEASE_MAX))
-        self.propose(encode_command(Command((TimerProgress(TIMER_DELIVER_KEY, second * TIMER_CURSOR_SCALE + start),))),
+        self.propose(encode_command(Command((TimerRelease(second, start),))),
                      f"release timers due by second {second} from {start}")
 
     def _deliver_delays(self) -> None:

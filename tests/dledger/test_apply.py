@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import zlib
 from pathlib import Path
 
@@ -12,9 +13,6 @@ from commitlog.recent_keys import SEED_SPAN_MS
 from commitlog.records import PreparedRecords, RecordBuilder
 from commitlog.store import AppendStatus, MessageStore
 from dledger.apply import (
-    TIMER_CURSOR_SCALE,
-    TIMER_DELIVER_KEY,
-    TIMER_RELEASE_MAX,
     UNIQ_KEY_WINDOW_MS,
     ApplyResult,
     StateMachine,
@@ -28,15 +26,17 @@ from dledger.command import (
     Retention,
     SubscriptionGroup,
     TimerProgress,
+    TimerRelease,
     TopicConfig,
     TransactionAction,
     TransactionOp,
     encode_command,
     encode_messages_command,
     encode_records_command,
+    stamped_messages_command,
 )
 from dledger.state import ReplicatedState, StateError
-from dledger.timers import TIMER_PROGRESS_KEY, schedule
+from dledger.timers import TIMER_PROGRESS_KEY, TIMER_RELEASE_MAX, schedule
 from protocol.topics import TIMER_TOPIC
 from tests.commitlog.helpers import data_bytes, message, small_config, tree_bytes
 from tests.support import both_apply_paths  # noqa: F401  (a fixture)
@@ -167,7 +167,7 @@ def test_the_leaders_own_batches_apply_exactly_like_decoded_ones(tmp_path: Path)
     for index, stamp in enumerate(stamps, start=1):
         batch = [message(index * 100 + j, queue_id=j % 2, keys=f"k{index}") for j in range(10)]
         data = encode_messages_command(batch, store_timestamp=stamp)
-        mine = leader.apply(index, data, own=(batch, stamp))
+        mine = leader.apply(index, data, stamped_messages_command(batch, stamp))
         theirs = follower.apply(index, data)
         assert [r[:3] for r in mine.message_results[0]] == [r[:3] for r in theirs.message_results[0]]
     assert leader.state.last_store_timestamp == follower.state.last_store_timestamp == stamps[2]
@@ -250,8 +250,7 @@ def test_timers_release_once_in_chunks_and_late_ones_at_once(tmp_path: Path) -> 
     due_second = base // 1000 + 100
     timers = [schedule(stamped(n, base), (due_second - 1) * 1000 + 1) for n in range(300)]
     late = schedule(stamped(999, base + 1), base - 50_000)  # already past when it is applied
-    deliver = [TimerProgress(TIMER_DELIVER_KEY, due_second * TIMER_CURSOR_SCALE + start)
-               for start in (0, TIMER_RELEASE_MAX, 2 * TIMER_RELEASE_MAX)]
+    deliver = [TimerRelease(due_second, start) for start in (0, TIMER_RELEASE_MAX, 2 * TIMER_RELEASE_MAX)]
     commands = [Command((Messages(tuple(timers)),)), Command((Messages((late,)),)),
                 *(Command((operation,)) for operation in deliver)]
     for replica in replicas:
@@ -267,6 +266,41 @@ def test_timers_release_once_in_chunks_and_late_ones_at_once(tmp_path: Path) -> 
     assert all(m.store_timestamp >= due_second * 1000 - 999 for m in released[1:])
     assert sm.state.timer_progress["timer"] == due_second
     assert data_bytes(tmp_path / "a") == data_bytes(tmp_path / "b")
+
+
+def release_as_written(second: int, start: int) -> bytes:
+    """A timer release as raft journals already hold it, laid out by hand: a TIMER_PROGRESS operation (type 6)
+    under "timer-deliver" whose value is second * 1,000,000 + start."""
+    key = b"timer-deliver"
+    payload = struct.pack(">H", len(key)) + key + struct.pack(">q", second * 1_000_000 + start)
+    return bytes((1, 0)) + struct.pack(">IBI", 1, 6, len(payload)) + payload
+
+
+def test_timer_releases_already_in_journals_apply_as_they_did(tmp_path: Path) -> None:
+    """Releases written before TimerRelease had a type of its own apply as TimerRelease does: the same timers
+    released, the same files, the same state (its value kept under its wire key, as it always was)."""
+    assert release_as_written(1_700_000_100, 256) == bytes.fromhex(
+        "0100000000010600000017000d74696d65722d64656c6976657200060a241e142200")
+    base = 1_700_000_000_000
+    due_second = base // 1000 + 100
+    timers = encode_command(Command((Messages(tuple(schedule(stamped(n, base), due_second * 1000 - 5)
+                                                    for n in range(TIMER_RELEASE_MAX + 10))),)))
+    replicas = {name: machine(tmp_path / name) for name in ("journal", "new")}
+    for name, replica in replicas.items():
+        replica.apply(1, timers)
+        for index, start in enumerate((0, TIMER_RELEASE_MAX), start=2):
+            if name == "journal":
+                released = replica.apply(index, release_as_written(due_second, start))
+            else:
+                released = replica.apply(index, encode_command(Command((TimerRelease(due_second, start),))))
+            assert len(released.message_results[0]) == (TIMER_RELEASE_MAX if start == 0 else 10)
+        assert replica.state.timer_progress == {TIMER_PROGRESS_KEY: due_second,
+                                                "timer-deliver": due_second * 1_000_000 + TIMER_RELEASE_MAX}
+        assert replica.store.max_queue_offset("TopicTest", 0) == TIMER_RELEASE_MAX + 10
+    assert replicas["journal"].state.encode() == replicas["new"].state.encode()
+    for replica in replicas.values():
+        replica.store.close()
+    assert data_bytes(tmp_path / "journal") == data_bytes(tmp_path / "new")
 
 
 def test_incompressible_entries_stop_lz4_attempts_for_a_while_then_try_again() -> None:
@@ -356,8 +390,8 @@ def test_records_apply_like_messages_on_leader_and_followers(tmp_path: Path, sto
         assert records is not None
         data = encode_records_command(records)
         plain = replicas["messages"].apply(index, encode_messages_command(batch, store_timestamp=stamp))
-        theirs = replicas["follower"].apply(index, data)
-        mine = replicas["leader"].apply(index, data, own=records)
+        theirs = replicas["follower"].apply(index, data, want_results=False)
+        mine = replicas["leader"].apply(index, data, Command((records,)))
         assert mine.message_results == plain.message_results
         assert theirs.message_results == ()  # nobody waits for a follower's results
         assert mine.message_results[0][4] == mine.message_results[0][1]
@@ -393,7 +427,7 @@ def test_records_deduplicate_by_key_not_by_hash(tmp_path: Path, store_host: str)
         records = build.build(batch, stamp)
         assert records is not None
         outcomes.append((replicas[0].apply(index, encode_messages_command(batch, store_timestamp=stamp)),
-                         replicas[1].apply(index, encode_records_command(records), own=records)))
+                         replicas[1].apply(index, encode_records_command(records), Command((records,)))))
     for plain, prepared in outcomes:
         assert plain.message_results == prepared.message_results
     first, second = outcomes[0][1].message_results[0], outcomes[1][1].message_results[0]
@@ -421,7 +455,7 @@ def test_a_repeated_uniq_key_with_other_content_is_a_new_message(tmp_path: Path)
         assert records is not None
         results.append(replicas["messages"].apply(index, encode_messages_command(batch, store_timestamp=stamp)))
         replicas["follower"].apply(index, encode_records_command(records))
-        assert replicas["leader"].apply(index, encode_records_command(records), own=records) == results[-1]
+        assert replicas["leader"].apply(index, encode_records_command(records), Command((records,))) == results[-1]
     (stored_a,), (of_b, of_a, again_b, of_c, _) = results[0].message_results[0], results[1].message_results[0]
     assert of_a == stored_a and again_b == of_b  # retries: the stored message's answer
     assert len({stored_a.physical_offset, of_b.physical_offset, of_c.physical_offset}) == 3
@@ -446,7 +480,7 @@ def test_ids_that_repeat_every_65536_sends_lose_nothing(tmp_path: Path) -> None:
         batch = [message(index * 100 + n, UNIQ_KEY=keys[n]) for n in range(8)]
         records = build.build(batch, 1_700_000_000_000 + index)
         assert records is not None
-        outcome = sm.apply(index, encode_records_command(records), own=records)
+        outcome = sm.apply(index, encode_records_command(records), Command((records,)))
         stored += len({result.physical_offset for result in outcome.message_results[0]})
     assert stored == 32 and sm.store.max_queue_offset("TopicTest", 0) == 32
     assert sm.key_collisions == 24
@@ -476,7 +510,7 @@ def test_bad_records_commands_are_noops_on_every_replica(tmp_path: Path) -> None
     assert "alone" in (sm.apply(1, mixed).noop_reason or "")
     broken = records._replace(key_hashes=b"")
     assert "inconsistent records" in (sm.apply(2, encode_records_command(broken)).noop_reason or "")
-    assert "inconsistent records" in (sm.apply(3, b"", own=broken).noop_reason or "")
+    assert "inconsistent records" in (sm.apply(3, b"", Command((broken,))).noop_reason or "")
     assert sm.store.commit_log.end_offset == 0 and sm.applied_index == 3
     assert sm.state.leader_stamp is None  # the mixed command did nothing at all
 
@@ -489,11 +523,11 @@ def test_group_commit_sends_records_and_falls_back_to_messages(tmp_path: Path) -
     from dledger.config import GroupCommitSettings
     from dledger.group_commit import GroupCommitter
 
-    proposed: list[tuple[bytes, object]] = []
+    proposed: list[tuple[bytes, Command]] = []
     arrived = threading.Semaphore(0)
 
-    def propose(data: bytes, callback: Callable[[ApplyResult | None, int], None], own: object) -> None:
-        proposed.append((data, own))
+    def propose(data: bytes, callback: Callable[[ApplyResult | None, int], None], built: Command) -> None:
+        proposed.append((data, built))
         callback(None, 5)
         arrived.release()
 
@@ -505,10 +539,12 @@ def test_group_commit_sends_records_and_falls_back_to_messages(tmp_path: Path) -
             assert arrived.acquire(timeout=30)
     finally:
         committer.stop()
-    (records_data, records_own), (messages_data, messages_own) = proposed
-    assert isinstance(records_own, PreparedRecords) and decode_command(records_data).operations == (records_own,)
-    assert isinstance(decode_command(messages_data).operations[0], Messages)
-    assert isinstance(messages_own, tuple)
+    (records_data, records_built), (messages_data, messages_built) = proposed
+    # what the leader applies for its own entry is exactly what the followers decode from its bytes
+    assert decode_command(records_data) == records_built and isinstance(records_built.operations[0], PreparedRecords)
+    assert decode_command(messages_data) == messages_built and isinstance(messages_built.operations[0], Messages)
+    assert all(m.store_timestamp == messages_built.operations[0].messages[0].store_timestamp
+               for m in messages_built.operations[0].messages)
 
 
 def test_the_store_seeds_its_recent_keys_with_the_dedupe_window() -> None:
@@ -598,3 +634,36 @@ def test_every_state_change_is_made_under_the_state_lock_and_retention_outside_i
     assert store.commit_log.min_offset == 2 * store.config.segment_size_bytes
     assert state.applied_index == index and len(state.consumer_offsets) == 150
     assert WatchedState.changes > 300
+
+
+def test_a_full_disk_is_waited_out_for_messages_and_records_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    """Apply never skips an entry for a full disk (a skipped entry is a diverged replica): each form of a
+    command retries its append, sleeping in between, until there is space."""
+    from collections.abc import Callable
+
+    from commitlog.errors import DiskFullError
+
+    state = ReplicatedState()
+    store = MessageStore(small_config(tmp_path / "a"), extension_provider=state.encode)
+    slept: list[float] = []
+    sm = StateMachine(store, state, sleep=slept.append)
+    failures = {"append": 2, "append_records": 1}
+    for name in failures:
+        original = getattr(store, name)
+
+        def full_then_space(*args: object, _name: str = name, _original: Callable[..., object] = original,
+                            **kwargs: object) -> object:
+            if failures[_name]:
+                failures[_name] -= 1
+                raise DiskFullError("no space left")
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(store, name, full_then_space)
+    first = sm.apply(1, encode_messages_command([message(1)], store_timestamp=1_700_000_000_000))
+    records = record_builder(tmp_path).build([message(2)], 1_700_000_000_001)
+    assert records is not None
+    second = sm.apply(2, encode_records_command(records), Command((records,)))
+    assert failures == {"append": 0, "append_records": 0} and len(slept) == 3
+    assert first.message_results[0][0].status == second.message_results[0][0].status == AppendStatus.OK
+    assert store.max_queue_offset("TopicTest", 0) == 2 and sm.applied_index == 2

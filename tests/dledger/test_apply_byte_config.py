@@ -162,7 +162,7 @@ def test_records_with_a_store_host_other_than_the_groups_are_a_noop_on_every_rep
     for sm in (follower, leader):
         sm.apply(1, encode_command(Command((group,))))
     assert "store host" in (follower.apply(2, encode_records_command(records)).noop_reason or "")
-    assert "store host" in (leader.apply(2, b"", own=records).noop_reason or "")
+    assert "store host" in (leader.apply(2, b"", Command((records,))).noop_reason or "")
     assert follower.store.max_physical_offset == leader.store.max_physical_offset == 0
 
 
@@ -191,7 +191,7 @@ def test_an_ipv6_store_host_is_compared_canonically_and_carried_by_every_replica
     records = builder.build([message(n) for n in range(5)], 1_700_000_000_000)
     assert records is not None
     assert follower.apply(2, encode_records_command(records)).noop_reason is None
-    mine = leader.apply(2, b"", own=records)
+    mine = leader.apply(2, b"", Command((records,)))
     assert mine.noop_reason is None and len(mine.message_results[0][0].msg_id) == 56
     raw = leader.store.read_record(mine.message_results[0][0].physical_offset)
     assert decode_record(raw).sys_flag & SYSFLAG_STOREHOST_V6

@@ -17,8 +17,8 @@ from commitlog.errors import StoreError
 from commitlog.message import MessageInput
 from commitlog.records import RecordBuilder
 from commitlog.store import MessageStore
-from dledger.apply import TIMER_CURSOR_SCALE, TIMER_DELIVER_KEY, StateMachine
-from dledger.command import Command, Messages, TimerProgress, encode_command, encode_records_command
+from dledger.apply import StateMachine
+from dledger.command import Command, Messages, TimerRelease, encode_command, encode_records_command
 from dledger.state import ReplicatedState
 from dledger.timers import schedule, timer_key
 from protocol.topics import TIMER_TOPIC
@@ -67,7 +67,7 @@ def timer_log() -> tuple[list[bytes], bytes]:
     timers = [schedule(message(n)._replace(store_timestamp=BASE_MS + n), (DUE_SECOND - 1) * 1000 + 1)
               for n in (1, 2)]
     stored = [encode_command(Command((Messages((timer,)),))) for timer in timers]
-    release = encode_command(Command((TimerProgress(TIMER_DELIVER_KEY, DUE_SECOND * TIMER_CURSOR_SCALE),)))
+    release = encode_command(Command((TimerRelease(DUE_SECOND),)))
     return stored, release
 
 

@@ -14,6 +14,8 @@ from commitlog.message import MessageInput
 from dledger.command import (
     COMMAND_VERSION,
     FLAG_LZ4,
+    TIMER_RELEASE_KEY,
+    TIMER_RELEASE_STARTS,
     Command,
     CommandError,
     ConsumerOffset,
@@ -23,6 +25,7 @@ from dledger.command import (
     Retention,
     SubscriptionGroup,
     TimerProgress,
+    TimerRelease,
     TopicConfig,
     TransactionAction,
     TransactionOp,
@@ -46,7 +49,9 @@ operations = st.one_of(
     st.builds(TopicConfig, text, int32, int32, int32, int32, st.booleans(), st.booleans()),
     st.builds(SubscriptionGroup, text, st.booleans(), st.booleans(), int32, int64, st.booleans()),
     st.builds(TransactionOp, int64, st.sampled_from(TransactionAction), text, int64),
-    st.builds(TimerProgress, text, int64),
+    st.builds(TimerProgress, text.filter(lambda key: key != TIMER_RELEASE_KEY), int64),
+    st.builds(TimerRelease, st.integers(-(2**63 // TIMER_RELEASE_STARTS), (2**63 - 1) // TIMER_RELEASE_STARTS - 1),
+              st.integers(0, TIMER_RELEASE_STARTS - 1)),
     st.builds(Retention, int64),
     st.builds(LeaderStamp, int64, text, int64),
 )
@@ -57,6 +62,22 @@ commands = st.builds(Command, st.lists(operations, max_size=6).map(tuple))
 @given(commands, st.booleans())
 def test_round_trip(command: Command, compress: bool) -> None:
     assert decode_command(encode_command(command, compress)) == command
+
+
+#: TimerRelease(1_700_000_100, 256) as every version so far wrote it (raft journals hold such entries): a
+#: TIMER_PROGRESS operation under "timer-deliver" whose value is second * 1,000,000 + start
+RELEASE_AS_WRITTEN = bytes.fromhex("0100000000010600000017000d74696d65722d64656c6976657200060a241e142200")
+
+
+def test_a_timer_release_keeps_the_bytes_journals_already_hold() -> None:
+    release = TimerRelease(1_700_000_100, 256)
+    assert decode_command(RELEASE_AS_WRITTEN) == Command((release,))
+    assert encode_command(Command((release,))) == RELEASE_AS_WRITTEN
+    assert release.packed == 1_700_000_100_000_256 and TimerRelease.unpacked(release.packed) == release
+    with pytest.raises(ValueError, match="is a TimerRelease"):  # one way to say it, so round trips hold
+        encode_command(Command((TimerProgress(TIMER_RELEASE_KEY, 5),)))
+    with pytest.raises(ValueError, match="starts in"):
+        TimerRelease(1_700_000_100, TIMER_RELEASE_STARTS)
 
 
 def test_large_compressible_batches_are_compressed() -> None:

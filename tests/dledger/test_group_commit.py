@@ -8,9 +8,9 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from commitlog.message import MessageInput
-from commitlog.records import PreparedRecords
 from commitlog.store import AppendResult, AppendStatus
-from dledger.apply import ApplyResult, OwnBatch
+from dledger.apply import ApplyResult
+from dledger.command import Command, Messages
 from dledger.config import GroupCommitSettings
 from dledger.future import AppendFuture
 from dledger.group_commit import GroupCommitter, InvalidMessageError, request_bytes
@@ -26,9 +26,11 @@ class Recorder:
         self.entries: list[list[MessageInput]] = []
         self.lock = threading.Lock()
 
-    def propose(self, data: bytes, callback: Callable[[ApplyResult | None, int], None], own: OwnBatch) -> None:
-        assert not isinstance(own, PreparedRecords)  # no prepare: the messages themselves
-        messages = list(own[0])
+    def propose(self, data: bytes, callback: Callable[[ApplyResult | None, int], None], built: Command) -> None:
+        (operation,) = built.operations
+        assert isinstance(operation, Messages)  # no prepare: the messages themselves
+        messages = list(operation.messages)
+        assert len({m.store_timestamp for m in messages}) == 1  # one store timestamp for the whole entry
         with self.lock:
             start = sum(len(entry) for entry in self.entries)
             self.entries.append(messages)
@@ -54,10 +56,16 @@ def run(requests: Sequence[Sequence[MessageInput]], messages_max: int = 8
     return recorder, futures
 
 
+def unstamped(messages: Sequence[MessageInput]) -> list[MessageInput]:
+    """``messages`` without their store timestamps: group commit stamps each entry with its own."""
+    return [m._replace(store_timestamp=0) for m in messages]
+
+
 def check(requests: Sequence[Sequence[MessageInput]], recorder: Recorder,
           futures: Sequence[AppendFuture[tuple[AppendResult, ...]]], messages_max: int = 8) -> None:
     # the log holds every message once, in submit order
-    assert [m for entry in recorder.entries for m in entry] == [m for request in requests for m in request]
+    assert unstamped([m for entry in recorder.entries for m in entry]) == unstamped([m for request in requests
+                                                                                     for m in request])
     # each caller gets its own messages' results, in order
     offset = 0
     for request, future in zip(requests, futures, strict=True):
@@ -69,7 +77,7 @@ def check(requests: Sequence[Sequence[MessageInput]], recorder: Recorder,
         parts: list[Sequence[MessageInput]] = []
         while sum(len(part) for part in parts) < len(entry):
             parts.append(next(taken))
-        assert [m for part in parts for m in part] == entry
+        assert unstamped([m for part in parts for m in part]) == unstamped(entry)
         if len(parts) > 1:
             assert len(entry) <= messages_max
             assert sum(request_bytes(part) for part in parts) <= BYTES_MAX
@@ -121,7 +129,7 @@ def test_an_empty_send_is_refused_and_nothing_is_proposed() -> None:
         assert committer.submit([message(7)]).result(timeout=30)[0].physical_offset == 0
     finally:
         committer.stop()
-    assert recorder.entries == [[message(7)]]
+    assert [unstamped(entry) for entry in recorder.entries] == [unstamped([message(7)])]
 
 
 def test_requests_let_go_of_their_messages_once_proposed() -> None:

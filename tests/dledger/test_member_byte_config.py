@@ -25,8 +25,7 @@ import dledger.command as command_module
 from commitlog.checkpoint import read_checkpoint, write_checkpoint
 from commitlog.message import MessageInput, encode_host
 from commitlog.store import CHECKPOINT_NAME
-from dledger.apply import TIMER_CURSOR_SCALE, TIMER_DELIVER_KEY
-from dledger.command import Command, Messages, TimerProgress, decode_command
+from dledger.command import Command, Messages, TimerRelease, decode_command
 from dledger.config import NodeConfig
 from dledger.member import GroupMember
 from dledger.raft_node import RAW_COMMAND_PREFIX
@@ -199,7 +198,7 @@ def test_a_follower_repairs_a_damaged_timer_from_a_peer_before_releasing_it(tmp_
             os.pwrite(descriptor, bytes([os.pread(descriptor, 1, at)[0] ^ 0x01]), at)
         finally:
             os.close(descriptor)
-        released = leader.propose(Command((TimerProgress(TIMER_DELIVER_KEY, due_second(due_ms) * TIMER_CURSOR_SCALE),)))
+        released = leader.propose(Command((TimerRelease(due_second(due_ms)),)))
         assert [result.queue_offset for result in released.message_results[0]] == [1]  # the timer, released
         end = leader.store.max_physical_offset
         wait_for(lambda: all(member.store.max_physical_offset == end for member in members), 30, "the release")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dledger.member import GroupMember, RoleChange
+from dledger.command import Command
+from dledger.member import BuiltCommands, GroupMember, RoleChange
 from dledger.raft_node import RAFT_STATE_LEADER
 
 FOLLOWER = 0
@@ -57,6 +58,7 @@ def member() -> tuple[GroupMember, Raft, Committer]:
     node._leader_name = (None, "")
     node._leading = False
     node._role = RoleChange("follower", 0, None)
+    node._built = BuiltCommands()
     return node, raft, committer
 
 
@@ -70,8 +72,11 @@ def test_leading_is_answered_without_asking_pysyncobj_and_follows_its_state_chan
     assert [node._leadership()[0] for _ in range(100)] == [True] * 100
     assert node.is_leader
     assert raft.asked == asked  # the fast path: one attribute
+    entry = b"\x00\xfe an entry proposed as leader"
+    node._built.remember(entry, Command(()))
     raft.state, raft.leader = FOLLOWER, "127.0.0.1:7003"
     node._on_state_changed(RAFT_STATE_LEADER, FOLLOWER)
     assert committer.calls[-1] == ("step_down", False)  # the fast path closed before waiting sends fail
+    assert node._built.take(entry) is None  # what it built as leader is decoded if it ever applies here
     assert node._leadership() == (False, "127.0.0.1:7003")
     assert raft.asked > asked
