@@ -9,24 +9,25 @@ import struct
 from collections.abc import Sequence
 
 from commitlog.dispatch import (
+    NOT_INDEXED,
+    NOT_QUEUED,
     PackedRun,
     dispatch_fields,
     dispatch_runs,
     index_hashes,
     packed_runs,
-    to_consume_queue,
-    to_key_index,
 )
 from commitlog.key_index import IndexColumns, IndexEntry
 from commitlog.message import (
     FILLER_HEADER_BYTES,
     PROPERTIES_BYTES_MAX,
+    TRANSACTION_TYPE_MASK,
     MessageInput,
     pack_record,
     stored_size,
     validate_input,
 )
-from commitlog.outcomes import AppendOutcome, AppendResult, AppendStatus, StoredRecords
+from commitlog.outcomes import AppendOutcome, AppendResult, AppendStatus, StoredRecords, new_result
 from commitlog.state import StoreState
 
 
@@ -59,6 +60,7 @@ def append_messages(state: StoreState, raft_index: int, messages: Sequence[Messa
     plan: list[tuple[int, bytes, tuple[str, int], int, int, int | None]] = []
     index_entries: list[IndexEntry] = []
     fillers: list[int] = []
+    ok = AppendStatus.OK
     for message in messages:
         topic_entry = state.topic_entry(message.topic)
         if isinstance(topic_entry, str):
@@ -83,7 +85,8 @@ def append_messages(state: StoreState, raft_index: int, messages: Sequence[Messa
         tags, keys, uniq_key = dispatch_fields(properties)
         queue_key = (message.topic, message.queue_id)
         tag_code: int | None
-        if not to_consume_queue(message.sys_flag):
+        transaction = message.sys_flag & TRANSACTION_TYPE_MASK  # (the rule's own test, inlined: the hot path)
+        if transaction in NOT_QUEUED:
             queue_offset, tag_code = 0, None
         else:
             queue_offset = new_offsets.get(queue_key, -1)
@@ -92,7 +95,7 @@ def append_messages(state: StoreState, raft_index: int, messages: Sequence[Messa
             tag_code = state.tag_code(tags)
         timestamp = message.store_timestamp if stamp is None else stamp
         try:
-            record = pack_record(message, topic_segment, queue_offset, record_offset, store_host, timestamp)
+            record = pack_record(message, topic_segment, size, queue_offset, record_offset, store_host, timestamp)
         except (struct.error, OverflowError):
             reason = validate_input(message, body_max) or "a field does not fit its stored width"
             results.append(AppendResult(AppendStatus.REJECTED, reason=reason))
@@ -101,11 +104,11 @@ def append_messages(state: StoreState, raft_index: int, messages: Sequence[Messa
             fillers.append(position)
         if tag_code is not None:
             new_offsets[queue_key] = queue_offset + 1
-        if to_key_index(message.sys_flag):
-            index_entries.extend([(hash_value, record_offset, timestamp)
-                                  for hash_value in index_hashes(prefix_crc, keys, uniq_key)])
+        if transaction not in NOT_INDEXED and (keys or uniq_key):
+            for hash_value in index_hashes(prefix_crc, keys, uniq_key):
+                index_entries.append((hash_value, record_offset, timestamp))
         plan.append((record_offset, record, queue_key, size, queue_offset, tag_code))
-        results.append(AppendResult(AppendStatus.OK, record_offset, queue_offset, size, store_host))
+        results.append(new_result((ok, record_offset, queue_offset, size, store_host, None)))
         position = record_offset + size
 
     if plan:

@@ -27,14 +27,20 @@ if TYPE_CHECKING:
 _DISPATCH_PROPERTY: Final = re.compile(rb"(?:^|\x02)(TAGS|KEYS|UNIQ_KEY)\x01([^\x02]*)")
 
 
+#: the transaction types (``sys_flag & TRANSACTION_TYPE_MASK``) of records that take no consume-queue unit
+#: (and no queue offset), and of those that take no key-index entries
+NOT_QUEUED: Final = frozenset((TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE))
+NOT_INDEXED: Final = frozenset((TRANSACTION_ROLLBACK_TYPE,))
+
+
 def to_consume_queue(sys_flag: int) -> bool:
     """Whether a record with ``sys_flag`` takes a consume-queue unit (and a queue offset)."""
-    return sys_flag & TRANSACTION_TYPE_MASK not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
+    return sys_flag & TRANSACTION_TYPE_MASK not in NOT_QUEUED
 
 
 def to_key_index(sys_flag: int) -> bool:
     """Whether a record with ``sys_flag`` takes key-index entries."""
-    return sys_flag & TRANSACTION_TYPE_MASK != TRANSACTION_ROLLBACK_TYPE
+    return sys_flag & TRANSACTION_TYPE_MASK not in NOT_INDEXED
 
 
 def dispatch_fields(properties: bytes) -> tuple[bytes | None, bytes | None, bytes | None]:
@@ -45,11 +51,11 @@ def dispatch_fields(properties: bytes) -> tuple[bytes | None, bytes | None, byte
 
 def index_hashes(topic_prefix_crc: int, keys: bytes | None, uniq_key: bytes | None) -> list[int]:
     """Key-index hashes (CRC32 of ``topic#key``, continued from the topic prefix's CRC)."""
-    hashes = []
-    if uniq_key:
-        hashes.append(crc32(uniq_key, topic_prefix_crc))
+    hashes = [crc32(uniq_key, topic_prefix_crc)] if uniq_key else []
     if keys:
-        hashes.extend(crc32(key, topic_prefix_crc) for key in keys.split(b" ") if key)
+        for key in keys.split(b" "):  # (a loop, not a comprehension: apply's hot path calls this per message)
+            if key:
+                hashes.append(crc32(key, topic_prefix_crc))
     return hashes
 
 

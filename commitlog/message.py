@@ -254,14 +254,18 @@ def encode_record(
     (IPv4 + port) or 20 (IPv6 + port), and the sysFlag bits of both hosts follow their widths."""
     invariant(len(store_host) in (HOST_V4_BYTES, HOST_V6_BYTES), "a store host is 8 or 20 bytes")
     topic = topic_bytes if topic_bytes is not None else message.topic.encode()
-    return pack_record(message, bytes((len(topic),)) + topic, queue_offset, physical_offset, store_host,
+    topic_segment = bytes((len(topic),)) + topic
+    size = stored_size(len(message.born_host), len(store_host), len(message.body), len(topic_segment),
+                       len(message.properties))
+    return pack_record(message, topic_segment, size, queue_offset, physical_offset, store_host,
                        message.store_timestamp)
 
 
-def pack_record(message: MessageInput, topic_segment: bytes, queue_offset: int, physical_offset: int,
+def pack_record(message: MessageInput, topic_segment: bytes, size: int, queue_offset: int, physical_offset: int,
                 store_host: bytes, store_timestamp: int) -> bytes:
     """The stored record's layout, the reference every path stores (``commitlog._native`` builds the same
-    bytes, tested byte for byte): ``topic_segment`` is the topic's length byte followed by its bytes, and
+    bytes, tested byte for byte): ``topic_segment`` is the topic's length byte followed by its bytes, ``size``
+    the record's :func:`stored_size` (the caller has it already: it places the record by it), and
     ``store_timestamp`` replaces the message's (the leader stamps a whole batch). The sysFlag bits of both
     hosts follow their widths. ``struct.error`` or ``OverflowError`` when a field does not fit its width."""
     body = message.body
@@ -274,7 +278,6 @@ def pack_record(message: MessageInput, topic_segment: bytes, queue_offset: int, 
         sys_flag |= SYSFLAG_BORNHOST_V6
     if store_v6:
         sys_flag |= SYSFLAG_STOREHOST_V6
-    size = stored_size(len(born_host), len(store_host), len(body), len(topic_segment), len(properties))
     return b"".join((
         RECORD_HEADS[born_v6][store_v6].pack(
             size, MESSAGE_MAGIC, body_crc32(body), message.queue_id, message.flag, queue_offset, physical_offset,

@@ -39,7 +39,7 @@ class AppendResult(NamedTuple):
 
 
 #: tuple.__new__(AppendResult, (status, offset, queue offset, size, store host, reason)): every field given
-_new_result: Final = functools.partial(tuple.__new__, AppendResult)
+new_result: Final = functools.partial(tuple.__new__, AppendResult)
 
 
 class StoredRecords(Sequence[AppendResult]):
@@ -69,7 +69,7 @@ class StoredRecords(Sequence[AppendResult]):
         ok, store_host = AppendStatus.OK, self._store_host
         if isinstance(index, slice):
             # made by tuple.__new__ from zipped columns: half the cost of calling AppendResult per message
-            return tuple(map(_new_result, zip(repeat(ok), self._offsets[index].tolist(),
+            return tuple(map(new_result, zip(repeat(ok), self._offsets[index].tolist(),
                                               self._queue_offsets[index].tolist(), self._sizes[index].tolist(),
                                               repeat(store_host), repeat(None))))
         if not -len(self) <= index < len(self):

@@ -351,7 +351,7 @@ class RecordBuilder:
                 fields = dict(found)
                 if len(fields) != len(found):
                     return None  # a property named twice: the plain path decides which counts
-                parts.append(pack_record(message, topic_segment, 0, 0, store_host, stamp))
+                parts.append(pack_record(message, topic_segment, size, 0, 0, store_host, stamp))
                 count = len(key_hashes)
                 uniq_key = fields.get(b"UNIQ_KEY")
                 if uniq_key:

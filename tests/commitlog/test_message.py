@@ -136,7 +136,7 @@ inputs = st.builds(
 def test_record_round_trip(message: MessageInput, queue_offset: int, physical_offset: int) -> None:
     raw = encode_record(message, queue_offset, physical_offset, STORE_HOST)
     topic = message.topic.encode()
-    assert pack_record(message, bytes((len(topic),)) + topic, queue_offset, physical_offset, STORE_HOST,
+    assert pack_record(message, bytes((len(topic),)) + topic, len(raw), queue_offset, physical_offset, STORE_HOST,
                        message.store_timestamp) == raw
     decoded = decode_record(raw)
     assert (decoded.topic, decoded.queue_id, decoded.flag, decoded.body, decoded.properties) == (
