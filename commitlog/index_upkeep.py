@@ -9,6 +9,7 @@ from commitlog.dispatch import record_index_entries
 from commitlog.errors import DamagedRecordError, fail
 from commitlog.index_rebuild import rebuild_file, rebuild_index
 from commitlog.key_index import IndexEntry, IndexFile
+from commitlog.key_index_checks import file_problem, first_mismatch
 from commitlog.state import StoreState
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ def trust_index(state: StoreState, since_timestamp: int) -> None:
         unchecked = next((f for f in state.index.files_from(since_timestamp) if not f.checked), None)
         if unchecked is None:
             return
-        problem = state.index.problem(unchecked)
+        problem = file_problem(state.index, unchecked)
         if problem is not None:
             rebuild_index_file(state, unchecked, problem)
 
@@ -56,7 +57,7 @@ def settle_doubts(state: StoreState, doubts: list[tuple[IndexFile, DamagedRecord
     rebuilt = False
     for index_file, _ in doubts:
         if any(each is index_file for each in state.index.files):  # (not rebuilt by an earlier doubt)
-            problem = state.index.problem(index_file)
+            problem = file_problem(state.index, index_file)
             if problem is not None:
                 rebuild_index_file(state, index_file, problem)
                 rebuilt = True
@@ -77,11 +78,11 @@ def check_index_entries(state: StoreState, expected: list[IndexEntry]) -> None:
     """The scrubber's check of the key-index entries of the records it just validated (``expected``, in
     commit-log order, as dispatch made them) against the files: a file where they differ is rebuilt from
     the commit log. Store lock held."""
-    mismatch = state.index.first_mismatch(expected)
+    mismatch = first_mismatch(state.index, expected)
     if mismatch is None:
         return
     index_file, reason = mismatch
     try:
         rebuild_index_file(state, index_file, f"{reason}, against the commit log")
     except DamagedRecordError as exc:
-        state.index.doubt(index_file, f"{reason}; it is rebuilt once {exc} is repaired")
+        index_file.doubt(f"{reason}; it is rebuilt once {exc} is repaired")

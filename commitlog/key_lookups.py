@@ -45,7 +45,7 @@ def query_by_key(
             found, doubts = _query_once(state, topic, key, hashed, max_count, begin_timestamp, end_timestamp,
                                                verified)
             for index_file, damaged in doubts:
-                state.index.doubt(index_file, f"an entry of key {key!r} of {topic} names no record of it ({damaged})")
+                index_file.doubt(f"an entry of key {key!r} of {topic} names no record of it ({damaged})")
             return found
         for _ in range(INDEX_CHECK_ROUNDS_MAX):
             trust_index(state, begin_timestamp)

@@ -27,7 +27,8 @@ import numpy as np
 import numpy.typing as npt
 
 from commitlog.errors import invariant
-from commitlog.key_index import IndexColumns, IndexEntry, KeyIndex
+from commitlog.key_index import IndexColumns, IndexEntry
+from commitlog.key_index_files import KeyIndex
 
 #: A bitmap holds up to a dedupe window's keys (120 s): at 50k keys/s, 6M keys in 2^27 bits answer "maybe"
 #: for ~4% of new keys per bitmap (2^25 bits: ~16%), and each "maybe" costs a key-index lookup.

@@ -14,6 +14,7 @@ from commitlog.dispatch import dispatch_records
 from commitlog.errors import CorruptionError, invariant
 from commitlog.flush import flush
 from commitlog.index_upkeep import rebuild_index_file
+from commitlog.key_index_checks import file_problem
 from commitlog.state import CHECKPOINT_NAME, StoreState
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ def undo_index_from(state: StoreState, index_from: int) -> bool:
         return False
     if state.index.files:
         last = state.index.files[-1]
-        problem = state.index.problem(last)
+        problem = file_problem(state.index, last)
         if problem is not None:
             return rebuild_index_file(state, last, problem, end=index_from)
     return True

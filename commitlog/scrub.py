@@ -14,6 +14,7 @@ from commitlog.dispatch import dispatch_fields, to_consume_queue
 from commitlog.errors import DamagedRecordError, StoreError
 from commitlog.index_upkeep import check_index_entries, rebuild_index_file
 from commitlog.key_index import ENTRY, image_problem
+from commitlog.key_index_checks import entries_match, file_problem, holds_newest
 from commitlog.message import StoredMessage, decode_record
 from commitlog.scrub_walk import KEY_ENTRY_DTYPE, RECORD_FACTS_DTYPE
 from commitlog.state import CQ_UNIT_DTYPE, StoreState
@@ -54,7 +55,7 @@ def scrub(state: StoreState, start: int, max_bytes: int) -> tuple[int | None, in
                 check_walked_queue_units(state, np.frombuffer(walked.facts, RECORD_FACTS_DTYPE), walked.topics)
                 expected.append(np.frombuffer(walked.entries, KEY_ENTRY_DTYPE))
             entries = np.concatenate(expected) if expected else np.empty(0, KEY_ENTRY_DTYPE)
-            if not state.index.entries_match(entries["hash"], entries["physical"], entries["store_timestamp"]):
+            if not entries_match(state.index, entries["hash"], entries["physical"], entries["store_timestamp"]):
                 check_index_entries(state, list(zip(entries["hash"].tolist(), entries["physical"].tolist(),
                                                    entries["store_timestamp"].tolist(), strict=True)))
             if reached < chunk_end and reached < state.commit_log.end_offset:
@@ -160,7 +161,7 @@ def scrub_index(state: StoreState, max_bytes: int) -> int | None:
             if seen >= len(files):
                 return None
             index_file = next((f for f in files if f.name_begin >= state.index_scrub_next), files[0])
-            last = state.index.holds_newest(index_file)
+            last = holds_newest(state.index, index_file)
             image = index_file.file.map[: index_file.entries_base + index_file.entry_count * ENTRY.size]
             state.index_scrub_next = 0 if index_file is files[-1] else index_file.name_begin + 1
         seen += 1
@@ -171,7 +172,7 @@ def scrub_index(state: StoreState, max_bytes: int) -> int | None:
             continue
         with state.lock:
             if any(each is index_file for each in state.index.files):
-                problem = state.index.problem(index_file)
+                problem = file_problem(state.index, index_file)
                 if problem is not None:
                     try:
                         rebuild_index_file(state, index_file, problem)

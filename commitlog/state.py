@@ -21,7 +21,7 @@ from commitlog.config import StoreConfig
 from commitlog.consume_queue import UNIT_BYTES, ConsumeQueue
 from commitlog.dispatch import topic_prefix_crc
 from commitlog.errors import StoreError, invariant
-from commitlog.key_index import KeyIndex
+from commitlog.key_index_files import KeyIndex
 from commitlog.message import TOPIC_PATTERN, cached_tag_code, topic_problem
 from commitlog.recent_keys import RecentKeys
 

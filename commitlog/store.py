@@ -41,7 +41,7 @@ from commitlog.config import StoreConfig
 from commitlog.consume_queue import ConsumeQueue
 from commitlog.errors import DamagedRecordError, StoreError
 from commitlog.index_upkeep import trust_index
-from commitlog.key_index import KeyIndex
+from commitlog.key_index_files import KeyIndex
 from commitlog.message import MessageInput, StoredMessage, decode_message_id
 from commitlog.outcomes import AppendOutcome, AppendResult, AppendStatus, GetResult, GetStatus, StoredRecords
 from commitlog.recent_keys import SEED_SPAN_MS
