@@ -190,8 +190,8 @@ class CommitLog:
     def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
         """Write bytes that lie inside one existing segment. Written with pwrite, not through the mapping:
         on a machine whose page cache writes back at once, mapped writes kept faulting on pages cleaned
-        and write-protected by writeback (measured: 108k vs 157k appends/s, and mapped writes slowed as
-        data accumulated). Readers use the mapping; Linux's unified page cache keeps the two coherent."""
+        and write-protected by writeback (fewer appends per second, and slower still as data accumulated).
+        Readers use the mapping; Linux's unified page cache keeps the two coherent."""
         start = self.segment_start(offset)
         segment = self.segments[start]
         local = offset - start

@@ -27,7 +27,7 @@ class StoreConfig:
 
     ``store_host`` is the group's stable address (``ip:port`` or ``[ipv6]:port``, an IP literal: a record
     holds its bytes, so a host name cannot be one), written into every record and message id, the same on
-    every replica (shared/DESIGN.md). An IPv6 store host makes records 12 bytes longer (sysFlag 0x20) and
+    every replica (a record and a message id must read the same on every one). An IPv6 store host makes records 12 bytes longer (sysFlag 0x20) and
     message ids 56 hex characters instead of 32, as RocketMQ writes them. ``flush_policy``: ``sync`` msyncs the commit log, its
     derived files and the checkpoint before :meth:`MessageStore.append` returns; ``async`` leaves them to
     the page cache and msyncs when ``flush_interval_ms`` has passed since the last flush (checked on append
@@ -36,8 +36,8 @@ class StoreConfig:
     ``page_cache_keep_bytes``: how much of the commit log below the flushed end stays in the page cache.
     Older flushed pages are dropped from it (``posix_fadvise(DONTNEED)``) so that new writes reuse their
     memory instead of growing the cache into memory not touched lately, which on a VM the host may have
-    taken back (measured here: writing a 600 KB entry took 1.3-1.7 ms of CPU into such memory, 0.1 ms into
-    reused pages). Reads of older data go to the disk.
+    taken back (writing into such memory costs many times the CPU of writing into reused pages). Reads of
+    older data go to the disk.
     """
 
     data_dir: Path

@@ -1,4 +1,4 @@
-"""The two kinds of error (house style 5): operating errors are exceptions callers handle; a broken
+"""The two kinds of error: operating errors are exceptions callers handle; a broken
 invariant stops the process loudly through :func:`invariant`, which ``python -O`` cannot strip."""
 
 from __future__ import annotations

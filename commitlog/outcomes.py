@@ -44,8 +44,8 @@ new_result: Final = functools.partial(tuple.__new__, AppendResult)
 
 class StoredRecords(Sequence[AppendResult]):
     """The results of records stored back to back, all OK: each :class:`AppendResult` is made when it is
-    read. The leader's Raft thread stores a batch; its completion thread reads the results (one object per
-    message, ~15% of the Raft thread's time when it made them)."""
+    read. The leader's Raft thread stores a batch; its completion thread reads the results (an object per
+    message is a share of the Raft thread's time worth sparing when it makes them)."""
 
     __slots__ = ("_offsets", "_queue_offsets", "_sizes", "_store_host")
 

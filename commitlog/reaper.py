@@ -2,12 +2,11 @@
 
 Unlinking a file, or replacing one by rename, frees its blocks in the calling thread when the last
 reference to the inode goes. On ext4 mounted with ``discard`` (online discard, common on cloud disks and
-this machine's root file system), freeing blocks waits for the device to discard them. Measured here:
-17 ms for a 64 MB file, 52 ms for 256 MB, 226 ms for 1 GiB; and for one small file anything from a tenth
-of a millisecond to hundreds of milliseconds when a flush has queued megabytes of writes ahead of the
-discard. When that thread is the Raft thread (pysyncobj replaces its meta file every second; retention
-deletes segments in apply), every caller of the group waits: at 1,000 msgs/s the p99 commit latency of a
-ten-second window, ~5 ms otherwise, was 56 ms to 1,003 ms in about one window in four.
+this machine's root file system), freeing blocks waits for the device to discard them: tens to hundreds
+of milliseconds for a segment, and even for one small file when a flush has queued megabytes of writes
+ahead of the discard. When that thread is the Raft thread (pysyncobj replaces its meta file every second;
+retention deletes segments in apply), every caller of the group waits, and the commit latency's tail
+grows by as much.
 
 So a file is opened first and then unlinked or replaced: only its name goes, the open descriptor keeps the
 inode, and the descriptor is closed here, where the last reference goes and the blocks are freed. The

@@ -129,10 +129,10 @@ def pack_hashes(hashes: Sequence[int]) -> bytes:
     return struct.pack(f">{len(hashes)}I", *hashes)
 
 
-#: batches of at least this many records (or key-index entries) are handled column-wise with numpy. Apply
-#: measured ~140 us per batch + 1.5 us per record column-wise against ~4 us per record one by one (1 record:
-#: 146 vs 38 us; 64: 239 vs 267 us; 256: ~520 vs ~1,020 us): small batches, the rule at low load, where
-#: commit latency is measured, go record by record
+#: batches of at least this many records (or key-index entries) are handled column-wise with numpy:
+#: column-wise costs a fixed price per batch and little per record, one by one a larger price per record,
+#: and they break even near this size. Small batches, the rule at low load, where commit latency is
+#: measured, go record by record
 COLUMNS_MIN = 64
 
 

@@ -136,14 +136,6 @@ class MessageStore:
         return self.state.applied_raft_index
 
     @property
-    def min_offset(self) -> int:
-        return self.state.min_offset
-
-    @property
-    def next_queue_offsets(self) -> dict[tuple[str, int], int]:
-        return self.state.next_queue_offsets
-
-    @property
     def _lock(self) -> threading.RLock:
         """The store lock, for readers that must see the commit log and the derived files as of one moment
         (a replica's file comparison)."""
