@@ -85,7 +85,8 @@ def append_messages(state: StoreState, raft_index: int, messages: Sequence[Messa
         tags, keys, uniq_key = dispatch_fields(properties)
         queue_key = (message.topic, message.queue_id)
         tag_code: int | None
-        transaction = message.sys_flag & TRANSACTION_TYPE_MASK  # (the rule's own test, inlined: the hot path)
+        # the dispatch rule's sets, tested without a call to its functions: this loop is apply's hot path
+        transaction = message.sys_flag & TRANSACTION_TYPE_MASK
         if transaction in NOT_QUEUED:
             queue_offset, tag_code = 0, None
         else:
