@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from commitlog.config import StoreConfig
-from commitlog.key_index import IndexColumns, KeyIndex
+from commitlog.key_index import IndexColumns
+from commitlog.key_index_files import KeyIndex
 from commitlog.message import MessageInput, encode_host
 from commitlog.recent_keys import SEED_SPAN_MS, RecentKeys
 from commitlog.store import MessageStore

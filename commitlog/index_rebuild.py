@@ -26,7 +26,9 @@ import numpy as np
 
 from commitlog.commit_log import CommitLog
 from commitlog.errors import DamagedRecordError
-from commitlog.key_index import IndexColumns, IndexEntry, IndexFile, KeyIndex, concatenated
+from commitlog.key_index import IndexColumns, IndexEntry, IndexFile, concatenated
+from commitlog.key_index_checks import file_problem
+from commitlog.key_index_files import KeyIndex
 from commitlog.message import StoredMessage
 from protocol.invariant import invariant
 
@@ -132,7 +134,7 @@ def rebuild_file(commit_log: CommitLog, index: KeyIndex, index_file: IndexFile,
     begin_timestamp = index_file.begin_timestamp if held_below or not len(held) else int(held.timestamps[0])
     rebuilt = index.replace_file(index_file, held, begin_timestamp)
     if rebuilt is not None:
-        problem = index.problem(rebuilt)
+        problem = file_problem(index, rebuilt)
         invariant(problem is None, f"the rebuilt key-index file {rebuilt.file.path} passes its checks ({problem})")
     return True
 

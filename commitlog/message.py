@@ -162,8 +162,16 @@ def body_crc32(body: bytes) -> int:
 def record_size(body_len: int, topic_len: int, properties_len: int, born_v6: bool = False,
                 store_v6: bool = False) -> int:
     """Total size of a stored record (IPv4 hosts unless said otherwise)."""
-    return (RECORD_FIXED_BYTES + (HOST_V6_BYTES if born_v6 else HOST_V4_BYTES)
-            + (HOST_V6_BYTES if store_v6 else HOST_V4_BYTES) + body_len + 1 + topic_len + properties_len)
+    return stored_size(HOST_V6_BYTES if born_v6 else HOST_V4_BYTES, HOST_V6_BYTES if store_v6 else HOST_V4_BYTES,
+                       body_len, 1 + topic_len, properties_len)
+
+
+def stored_size(born_host_length: int, store_host_length: int, body_length: int, topic_segment_length: int,
+                properties_length: int) -> int:
+    """Total size of a stored record from the lengths of its variable parts (``topic_segment_length``: the
+    topic's length byte and its bytes): the one size formula, which :func:`pack_record` lays out."""
+    return (RECORD_FIXED_BYTES + born_host_length + store_host_length + body_length + topic_segment_length
+            + properties_length)
 
 
 _I32: Final = 2**31
@@ -218,41 +226,42 @@ def encode_record(
 ) -> bytes:
     """Encode one stored record. The input must have passed :func:`validate_input`; ``store_host`` is 8 bytes
     (IPv4 + port) or 20 (IPv6 + port), and the sysFlag bits of both hosts follow their widths."""
-    topic = topic_bytes if topic_bytes is not None else message.topic.encode()
-    body = message.body
-    props = message.properties
-    born_v6 = len(message.born_host) == HOST_V6_BYTES
-    store_v6 = len(store_host) == HOST_V6_BYTES
     invariant(len(store_host) in (HOST_V4_BYTES, HOST_V6_BYTES), "a store host is 8 or 20 bytes")
+    topic = topic_bytes if topic_bytes is not None else message.topic.encode()
+    topic_segment = bytes((len(topic),)) + topic
+    size = stored_size(len(message.born_host), len(store_host), len(message.body), len(topic_segment),
+                       len(message.properties))
+    return pack_record(message, topic_segment, size, queue_offset, physical_offset, store_host,
+                       message.store_timestamp)
+
+
+def pack_record(message: MessageInput, topic_segment: bytes, size: int, queue_offset: int, physical_offset: int,
+                store_host: bytes, store_timestamp: int) -> bytes:
+    """The stored record's layout, the reference every path stores (``commitlog._native`` builds the same
+    bytes, tested byte for byte): ``topic_segment`` is the topic's length byte followed by its bytes, ``size``
+    the record's :func:`stored_size` (the caller has it already: it places the record by it), and
+    ``store_timestamp`` replaces the message's (the leader stamps a whole batch). The sysFlag bits of both
+    hosts follow their widths. ``struct.error`` or ``OverflowError`` when a field does not fit its width."""
+    body = message.body
+    properties = message.properties
+    born_host = message.born_host
     sys_flag = message.sys_flag & ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
+    born_v6 = len(born_host) == HOST_V6_BYTES
+    store_v6 = len(store_host) == HOST_V6_BYTES
     if born_v6:
         sys_flag |= SYSFLAG_BORNHOST_V6
     if store_v6:
         sys_flag |= SYSFLAG_STOREHOST_V6
-    total = record_size(len(body), len(topic), len(props), born_v6, store_v6)
-    head = HEAD_A.pack(
-        total,
-        MESSAGE_MAGIC,
-        body_crc32(body),
-        message.queue_id,
-        message.flag,
-        queue_offset,
-        physical_offset,
-        sys_flag,
-        message.born_timestamp,
-    )
-    tail = struct.pack(
-        f">{len(message.born_host)}sq{len(store_host)}siqi",
-        message.born_host,
-        message.store_timestamp,
-        store_host,
-        message.reconsume_times,
-        message.prepared_transaction_offset,
-        len(body),
-    )
-    return b"".join(
-        (head, tail, body, bytes((len(topic),)), topic, INT16.pack(len(props)), props)
-    )
+    return b"".join((
+        RECORD_HEADS[born_v6][store_v6].pack(
+            size, MESSAGE_MAGIC, body_crc32(body), message.queue_id, message.flag, queue_offset, physical_offset,
+            sys_flag, message.born_timestamp, born_host, store_timestamp, store_host, message.reconsume_times,
+            message.prepared_transaction_offset, len(body)),
+        body,
+        topic_segment,
+        INT16.pack(len(properties)),
+        properties,
+    ))
 
 
 def decode_record(buffer: bytes | memoryview, offset: int = 0, check_crc: bool = True) -> StoredMessage:

@@ -26,11 +26,13 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from commitlog.key_index import IndexColumns, IndexEntry, KeyIndex
+from commitlog.key_index import IndexColumns, IndexEntry
+from commitlog.key_index_files import KeyIndex
 from protocol.invariant import invariant
 
-#: A bitmap holds up to a dedupe window's keys (120 s): at 50k keys/s, 6M keys in 2^27 bits answer "maybe"
-#: for ~4% of new keys per bitmap (2^25 bits: ~16%), and each "maybe" costs a key-index lookup.
+#: A bitmap holds up to a dedupe window's keys: at a high send rate, millions of keys in 2^27 bits answer
+#: "maybe" for a few percent of new keys per bitmap (a quarter of the bits: four times as many), and each
+#: "maybe" costs a key-index lookup.
 BITS_LOG2 = 27
 _MASK = (1 << BITS_LOG2) - 1
 _SPREAD = 0x9E3779B1  # spreads CRC bits over the bitmap

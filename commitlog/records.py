@@ -30,15 +30,13 @@ from commitlog.message import (
     HOST_V6_BYTES,
     HOST_V6_EXTRA_BYTES,
     MESSAGE_MAGIC,
-    RECORD_FIXED_BYTES,
-    RECORD_HEADS,
-    SYSFLAG_BORNHOST_V6,
-    SYSFLAG_STOREHOST_V6,
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
     MessageInput,
     cached_tag_code,
+    pack_record,
+    stored_size,
     topic_problem,
 )
 from commitlog.message import crc32 as _crc32
@@ -320,21 +318,15 @@ class RecordBuilder:
         store_host = self.store_host
         if len(store_host) not in (HOST_V4_BYTES, HOST_V6_BYTES):
             return None  # not a store host: the plain path's store uses its own
-        store_v6 = len(store_host) == HOST_V6_BYTES
-        fixed_size = RECORD_FIXED_BYTES + len(store_host)  # all but the born host, body, topic and properties
-        store_flag = SYSFLAG_STOREHOST_V6 if store_v6 else 0
         body_max = self.body_size_max_bytes
         segment_max = self.segment_size_bytes - FILLER_HEADER_BYTES
         findall = _DISPATCH_PROPERTY.findall
         crc32 = _crc32
         tag_codes = self._tag_codes
-        pack_v4 = RECORD_HEADS[False][store_v6].pack
-        pack_v6 = RECORD_HEADS[True][store_v6].pack
-        pack_length = _INT16.pack
         special_transaction = _SPECIAL_TRANSACTION_BIT
         try:
-            for (topic, queue_id, flag, sys_flag, born_timestamp, born_host, _, reconsume_times, prepared_offset,
-                 body, properties) in messages:
+            for message in messages:
+                topic, queue_id, _, sys_flag, _, born_host, _, reconsume_times, _, body, properties = message
                 known = batch_topics.get(topic)
                 if known is None:
                     entry = self._topic(topic)
@@ -343,32 +335,23 @@ class RecordBuilder:
                     known = batch_topics[topic] = (len(topics), *entry)
                     topics.append(topic)
                 topic_index, topic_segment, prefix_crc = known
-                body_length = len(body)
-                properties_length = len(properties)
-                if (body_length > body_max or properties_length > PROPERTIES_BYTES_MAX
+                if (len(body) > body_max or len(properties) > PROPERTIES_BYTES_MAX
                         or sys_flag & special_transaction or not 0 <= queue_id < 2**31):
                     return None
-                size = fixed_size + len(born_host) + body_length + len(topic_segment) + properties_length
+                if len(born_host) == HOST_V4_BYTES:
+                    flags = 0
+                elif len(born_host) == HOST_V6_BYTES:
+                    flags = BORN_HOST_V6
+                else:
+                    return None
+                size = stored_size(len(born_host), len(store_host), len(body), len(topic_segment), len(properties))
                 if size > segment_max:
                     return None
                 found = findall(properties)
                 fields = dict(found)
                 if len(fields) != len(found):
                     return None  # a property named twice: the plain path decides which counts
-                sys_flag = sys_flag & ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6) | store_flag
-                if len(born_host) == HOST_V4_BYTES:
-                    parts.append(pack_v4(size, MESSAGE_MAGIC, crc32(body) & 0x7FFFFFFF, queue_id, flag, 0, 0, sys_flag,
-                                         born_timestamp, born_host, stamp, store_host, reconsume_times,
-                                         prepared_offset, body_length))
-                    flags = 0
-                elif len(born_host) == HOST_V6_BYTES:
-                    parts.append(pack_v6(size, MESSAGE_MAGIC, crc32(body) & 0x7FFFFFFF, queue_id, flag, 0, 0,
-                                         sys_flag | SYSFLAG_BORNHOST_V6, born_timestamp, born_host, stamp,
-                                         store_host, reconsume_times, prepared_offset, body_length))
-                    flags = BORN_HOST_V6
-                else:
-                    return None
-                parts += (body, topic_segment, pack_length(properties_length), properties)
+                parts.append(pack_record(message, topic_segment, size, 0, 0, store_host, stamp))
                 count = len(key_hashes)
                 uniq_key = fields.get(b"UNIQ_KEY")
                 if uniq_key:

@@ -19,15 +19,12 @@ from typing import Final, NamedTuple
 
 import numpy as np
 
-from commitlog.dispatch import dispatch_fields, record_index_entries
+from commitlog.dispatch import dispatch_fields, record_index_entries, to_consume_queue
 from commitlog.message import (
     BLANK_MAGIC,
     FILLER,
     FILLER_HEADER_BYTES,
     MESSAGE_MAGIC,
-    TRANSACTION_PREPARED_TYPE,
-    TRANSACTION_ROLLBACK_TYPE,
-    TRANSACTION_TYPE_MASK,
     RecordError,
     cached_tag_code,
     crc32,
@@ -105,8 +102,7 @@ def walk_segment_python(segment: Segment, segment_start: int, local_start: int, 
         if message.physical_offset != segment_start + local:
             break
         tags, _, _ = dispatch_fields(message.properties)
-        queue_check = message.sys_flag & TRANSACTION_TYPE_MASK not in (TRANSACTION_PREPARED_TYPE,
-                                                                       TRANSACTION_ROLLBACK_TYPE)
+        queue_check = to_consume_queue(message.sys_flag)
         facts.append(RECORD_FACTS.pack(message.physical_offset, message.queue_offset, message.store_timestamp,
                                        message.total_size, message.queue_id, cached_tag_code(tag_codes, tags),
                                        topics.setdefault(message.topic, len(topics)), queue_check))

@@ -8,7 +8,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from commitlog.key_index import ENTRY, HEADER_BYTES, SLOT, IndexFile, KeyIndex, key_hash
+from commitlog.key_index import ENTRY, HEADER_BYTES, SLOT, IndexFile, key_hash
+from commitlog.key_index_files import KeyIndex
 from commitlog.message import MessageInput
 from tests.commitlog.helpers import message
 

@@ -18,7 +18,9 @@ import pytest
 import commitlog.key_index as key_index_module
 import commitlog.store as store_module
 from commitlog.errors import DiskFullError
-from commitlog.key_index import KeyIndex, index_columns, key_hash
+from commitlog.key_index import index_columns, key_hash
+from commitlog.key_index_checks import file_problem
+from commitlog.key_index_files import KeyIndex
 from commitlog.mapped_file import MappedFile
 from commitlog.store import MessageStore
 from tests.commitlog.helpers import retry_of, small_config
@@ -234,14 +236,14 @@ def test_a_lookup_doubts_a_file_whose_chain_breaks_what_appends_write(tmp_path: 
     index.prepare(rows)
     index.insert_many(rows)
     (only,) = index.files
-    assert index.problem(only) is None
+    assert file_problem(index, only) is None
     assert [f.checked for f in index.files] == [True]
     hashed = key_hash("T", "k1")
     slot_at = 64 + (hashed % 4) * 4
     write_at(only.file.path, slot_at, (99).to_bytes(4, "big"))  # a slot past the entries
     assert index.lookup(hashed, 10) == []  # (before: the same, unnoticed)
     assert [f.checked for f in index.files] == [False]
-    assert index.problem(only) is not None
+    assert file_problem(index, only) is not None
     index.close()
 
 

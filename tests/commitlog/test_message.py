@@ -22,11 +22,11 @@ from commitlog.message import (
     encode_message_id,
     encode_record,
     java_string_hash,
+    pack_record,
     record_size,
     tags_hash_code,
     validate_input,
 )
-from commitlog.store import _encode
 from protocol.properties import decode_properties, encode_properties
 
 STORE_HOST = encode_host("10.1.2.3", 10911)
@@ -135,8 +135,8 @@ inputs = st.builds(
 def test_record_round_trip(message: MessageInput, queue_offset: int, physical_offset: int) -> None:
     raw = encode_record(message, queue_offset, physical_offset, STORE_HOST)
     topic = message.topic.encode()
-    assert _encode(message, bytes((len(topic),)) + topic, len(raw), queue_offset, physical_offset, STORE_HOST,
-                   message.store_timestamp) == raw
+    assert pack_record(message, bytes((len(topic),)) + topic, len(raw), queue_offset, physical_offset, STORE_HOST,
+                       message.store_timestamp) == raw
     decoded = decode_record(raw)
     assert (decoded.topic, decoded.queue_id, decoded.flag, decoded.body, decoded.properties) == (
         message.topic, message.queue_id, message.flag, message.body, message.properties)

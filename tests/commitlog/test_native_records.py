@@ -15,6 +15,7 @@ from commitlog.message import (
     MessageInput,
     cached_tag_code,
     crc32,
+    encode_record,
 )
 from commitlog.records import RecordBuilder
 from tests.commitlog.helpers import message, small_config
@@ -141,3 +142,21 @@ def test_plain_batches_agree_and_c_takes_them_unless_a_property_is_named_twice(b
     expected = python_builder.build_python(batch, STAMP)
     assert (built is NotImplemented) == (expected is None)  # None here only for a property named twice
     assert c_builder.build(batch, STAMP) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(plain_messages, min_size=1, max_size=8), st.sampled_from([STAMP, 0, 2**63 - 1]), store_hosts)
+def test_each_record_the_c_builder_lays_out_is_the_reference_encoding(batch: list[MessageInput], stamp: int,
+                                                                     store_host: bytes) -> None:
+    """Record by record, the C builder's bytes are :func:`commitlog.message.encode_record`'s (the one layout
+    every path stores) with the batch's stamp, queue and physical offsets still zero."""
+    native = _native
+    assert native is not None
+    c_builder, _ = builders(store_host)
+    built = native.build_records(batch, stamp, c_builder.store_host, c_builder.body_size_max_bytes,
+                                 c_builder.segment_size_bytes - 8, c_builder._topic,
+                                 c_builder._tag_codes, cached_tag_code, crc32)
+    if built is NotImplemented:
+        return  # a property named twice: the Python builder decides (the tests above)
+    expected = b"".join(encode_record(each._replace(store_timestamp=stamp), 0, 0, store_host) for each in batch)
+    assert built[3] == expected

@@ -17,10 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import commitlog.scrub as scrub_module
 import commitlog.scrub_walk as scrub_walk_module
-import commitlog.store as store_module
 from commitlog.consume_queue import UNIT_BYTES
 from commitlog.dispatch import record_index_entries
+from commitlog.index_upkeep import check_index_entries
 from commitlog.key_index import ENTRY, IndexEntry
 from commitlog.message import (
     MESSAGE_MAGIC,
@@ -163,17 +164,17 @@ def test_the_c_walk_agrees_with_the_python_walk_on_damaged_segments(segments: li
 def per_record_scrub(store: MessageStore, start: int, max_bytes: int) -> tuple[int | None, int]:
     """The scrub as it was before the record walk: every record decoded (``CommitLog.scan``), its consume-queue
     unit and key-index entries checked one record at a time, under one hold of the store lock."""
-    with store._lock:
+    with store.state.lock:
         start = max(start, store.commit_log.min_offset)
         end = min(store.commit_log.end_offset, start + max_bytes)
         if start >= end:
             return None, store.commit_log.min_offset
         expected: list[IndexEntry] = []
         for record in store.commit_log.scan(start, end):
-            store._check_queue_unit(record)
+            scrub_module.check_queue_unit(store.state, record)
             expected.extend(record_index_entries(record))
         reached = store.commit_log.scan_end
-        store._check_index_entries(expected)
+        check_index_entries(store.state, expected)
         if reached >= end or reached >= store.commit_log.end_offset:
             return None, reached
         return reached, reached
@@ -273,11 +274,11 @@ def walking_in(native: bool) -> Iterator[None]:
         scrub_walk_module.NATIVE = saved
 
 
-@pytest.mark.parametrize("lock_bytes", [4096, store_module.SCRUB_LOCK_BYTES], ids=["small-holds", "default-holds"])
+@pytest.mark.parametrize("lock_bytes", [4096, scrub_module.SCRUB_LOCK_BYTES], ids=["small-holds", "default-holds"])
 @pytest.mark.parametrize("kind", DAMAGE_KINDS)
 def test_the_scrub_finds_and_repairs_what_the_per_record_scrub_did(tmp_path: Path, kind: str, lock_bytes: int,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_module, "SCRUB_LOCK_BYTES", lock_bytes)
+    monkeypatch.setattr(scrub_module, "SCRUB_LOCK_BYTES", lock_bytes)
     reference, in_c, in_python = (filled(tmp_path / name) for name in ("reference", "c", "python"))
     healthy = data_bytes(tmp_path / "reference")
     for store in (reference, in_c, in_python):
@@ -326,9 +327,9 @@ def test_a_scrub_call_holds_the_store_lock_for_a_chunk_at_a_time(tmp_path: Path,
                                                                   ) -> None:
     """Apply waits for the scrubber's hold of the store lock: a call over the whole log takes it once per
     SCRUB_LOCK_BYTES of records walked, not once for everything."""
-    monkeypatch.setattr(store_module, "SCRUB_LOCK_BYTES", 32 << 10)
+    monkeypatch.setattr(scrub_module, "SCRUB_LOCK_BYTES", 32 << 10)
     store = filled(tmp_path / "s")
-    lock = CountingLock(store._lock)
+    lock = CountingLock(store.state.lock)
     spans: list[int] = []
     walk = store.commit_log.walk
 
@@ -339,7 +340,7 @@ def test_a_scrub_call_holds_the_store_lock_for_a_chunk_at_a_time(tmp_path: Path,
         return walk(start, stop, tag_codes)
 
     monkeypatch.setattr(store.commit_log, "walk", counted_walk)
-    monkeypatch.setattr(store, "_lock", lock)
+    monkeypatch.setattr(store.state, "lock", lock)
     assert store.scrub(0, 1 << 30) == (None, store.max_physical_offset)
     assert len(spans) > store.max_physical_offset // (64 << 10)
     assert max(spans) <= 32 << 10 and max(lock.walks_per_hold) == 1

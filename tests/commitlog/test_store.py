@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import commitlog.commit_log as commit_log_module
-import commitlog.store as store_module
+import commitlog.flush as flush_module
 from commitlog.config import ConfigError, StoreConfig
 from commitlog.consume_queue import CQ_UNIT
 from commitlog.errors import CorruptionError, DiskFullError, StoreError
@@ -393,7 +393,7 @@ def test_flushed_data_past_the_page_cache_window_is_dropped_from_the_cache_and_s
         drops.append((path.name, start, end))
         drop_cached(path, start, end)
 
-    monkeypatch.setattr(store_module, "drop_cached", recorded)
+    monkeypatch.setattr(flush_module, "drop_cached", recorded)
     keep = 256 * 1024
     store = MessageStore(small_config(tmp_path / "store", page_cache_keep_bytes=keep))
     segment = store.config.segment_size_bytes

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import commitlog.flush as flush_module
 from commitlog.errors import EXIT_SYNC_FAILED, StoreError, SyncError
 from commitlog.mapped_file import MappedFile
 from commitlog.store import MessageStore
@@ -54,12 +55,14 @@ def test_the_background_flush_stops_on_a_failed_fdatasync_but_retries_a_full_dis
     store = MessageStore(small_config(tmp_path), background_flush=False)
     try:
         store.append(1, [message(1)])
-        monkeypatch.setattr(store, "flush", lambda: (_ for _ in ()).throw(StoreError("no space for the checkpoint")))
-        store._flush_or_stop("background flush")  # a full disk: logged, tried again on the next round
+        flush = flush_module.flush
+        monkeypatch.setattr(flush_module, "flush",
+                            lambda state: (_ for _ in ()).throw(StoreError("no space for the checkpoint")))
+        flush_module.flush_or_stop(store.state, "background flush")  # a full disk: logged, tried again next round
         monkeypatch.setattr(os, "fdatasync", failing_fdatasync)
-        monkeypatch.setattr(store, "flush", MessageStore.flush.__get__(store))
+        monkeypatch.setattr(flush_module, "flush", flush)
         with pytest.raises(Stopped) as stopped:
-            store._flush_or_stop("background flush")
+            flush_module.flush_or_stop(store.state, "background flush")
         assert stopped.value.code == EXIT_SYNC_FAILED
     finally:
         monkeypatch.undo()

@@ -1,0 +1,88 @@
+"""Catch-up from a peer: raw commit-log bytes copied from a peer are written past the end, then validated
+record by record and dispatched like recovery's tail; a replica behind the peer's retention point first
+drops everything and continues at a segment start."""
+
+from __future__ import annotations
+
+import shutil
+
+from commitlog.dispatch import dispatch_records
+from commitlog.errors import CorruptionError
+from commitlog.flush import flush
+from commitlog.state import StoreState
+from protocol.invariant import invariant
+
+
+def reset_to(state: StoreState, start_offset: int) -> None:
+    """Drop everything and continue at ``start_offset`` (a segment start): a replica that is behind a
+    peer's retention point cannot append that peer's bytes to its own."""
+    with state.lock:
+        invariant(start_offset % state.config.segment_size_bytes == 0, "reset to a segment start")
+        state.commit_log.truncate(state.commit_log.min_offset)
+        for start in list(state.commit_log.starts):
+            state.commit_log.segments.pop(start).delete()
+        state.commit_log.starts.clear()
+        state.commit_log.end_offset = start_offset
+        for queue in state.queues.values():
+            queue.delete()
+        state.queues.clear()
+        state.dirty_queues.clear()
+        shutil.rmtree(state.root / "consumequeue", ignore_errors=True)
+        state.index.close()
+        shutil.rmtree(state.root / "index", ignore_errors=True)
+        state.index = state.new_key_index()
+        state.next_queue_offsets = {}
+        state.min_offset = start_offset
+        state.flushed_end = start_offset
+        state.apply_position.write(state.applied_raft_index, start_offset)
+    flush(state)
+
+
+def ingest_raw(state: StoreState, offset: int, data: bytes) -> None:
+    """Append raw commit-log bytes copied from a peer at ``offset`` (== the current end). They are not
+    visible until :func:`finish_ingest` validates and dispatches them."""
+    with state.lock:
+        invariant(offset == _ingest_end(state), "raw bytes must continue the commit log")
+        segment_size = state.config.segment_size_bytes
+        position = 0
+        while position < len(data):
+            start = state.commit_log.segment_start(offset + position)
+            state.commit_log.ensure_segment(start)
+            take = min(len(data) - position, start + segment_size - (offset + position))
+            state.commit_log.write(offset + position, data[position : position + take])
+            position += take
+        state.ingested_end = offset + len(data)
+
+
+def discard_ingest(state: StoreState) -> None:
+    """Forget raw bytes ingested but not finished (a copy that failed half-way); they lie past the end
+    and are overwritten by whatever comes next."""
+    with state.lock:
+        state.ingested_end = -1
+
+
+def _ingest_end(state: StoreState) -> int:
+    return state.ingested_end if state.ingested_end >= 0 else state.commit_log.end_offset
+
+
+def finish_ingest(state: StoreState, raft_index: int) -> None:
+    """Validate the ingested bytes record by record, dispatch them, and mark ``raft_index`` applied.
+    CorruptionError (and nothing made visible) when they do not form valid records."""
+    with state.lock:
+        start, end = state.commit_log.end_offset, _ingest_end(state)
+        messages = list(state.commit_log.scan(start, end))
+        if state.commit_log.scan_end != end:
+            state.ingested_end = -1
+            raise CorruptionError(f"copied bytes are not valid records at {state.commit_log.scan_end}")
+        pending_index, written = dispatch_records(state, messages)
+        for queue in written:
+            state.next_queue_offsets[(queue.topic, queue.queue_id)] = queue.max_offset
+        state.dirty_queues.update(written)
+        state.index.prepare(pending_index)
+        state.index.insert_many(pending_index)
+        state.recent_keys.add(pending_index)
+        for queue in state.dirty_queues:  # a queue first seen after a reset starts mid-way
+            queue.prune_below(state.min_offset)
+        state.ingested_end = -1
+        state.mark_applied(max(state.applied_raft_index, raft_index), end)
+    flush(state)
