@@ -42,9 +42,9 @@ if __package__ in (None, ""):
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.transport import TCPTransport
 
+from cli.cluster import free_ports
 from dledger.transport import transport_class
 from dledger.tuning import tuned_conf
-from tests.support import free_ports
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[1]
 RANDOM_POOL_BYTES = 8 * 1024 * 1024

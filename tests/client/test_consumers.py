@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,6 +30,7 @@ from client.selector import select_by_sharding_key
 from client.sync import LitePullConsumer, PullConsumer, PushConsumer
 from tests.client.fake_broker import FakeGroup
 from tests.client.helpers import fake_group, fast_client_config, poll_until, run
+from tests.support.waiting import wait_for
 
 
 def consumer_config(group: str = "CG", **overrides: object) -> ConsumerConfig:
@@ -386,13 +385,6 @@ def test_consumers_ride_out_a_leader_change() -> None:
             assert sorted(got) == sorted(ids)
 
 
-def wait_until(condition: Callable[[], bool], what: str, timeout_seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def test_sync_consumer_facades() -> None:
     group = FakeGroup()
     loop = EventLoopThread("fake-broker")
@@ -408,7 +400,8 @@ def test_sync_consumer_facades() -> None:
         consumer.register_listener(lambda m, c: received.extend(x.body for x in m))
         consumer.subscribe("SyncC")
         with consumer:
-            wait_until(lambda: len(received) == 6, "6 pushed messages")
+            wait_for(lambda: len(received) == 6, "6 pushed messages", timeout_seconds=10.0,
+                     interval_seconds=0.02)
             assert len(consumer.assigned_queues()) == 5
         with LitePullConsumer(fast_client_config(group.namesrv), consumer_config("SL")) as lite:
             lite.subscribe("SyncC")
@@ -418,7 +411,7 @@ def test_sync_consumer_facades() -> None:
                 polled.extend(lite.poll(0.5))
                 return len(polled) == 6
 
-            wait_until(poll_more, "6 polled messages")
+            wait_for(poll_more, "6 polled messages", timeout_seconds=10.0, interval_seconds=0.02)
         with PullConsumer(fast_client_config(group.namesrv), consumer_config("SP")) as puller:
             queue = puller.fetch_subscribe_queues("SyncC")[0]
             assert puller.pull(queue, "*", 0, 10).status is PullStatus.FOUND

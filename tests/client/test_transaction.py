@@ -11,7 +11,7 @@ from client.transaction import AsyncTransactionProducer, LocalTransactionState
 from commitlog.message import decode_record
 from tests.client.fake_broker import FakeGroup, check_transaction
 from tests.client.helpers import fake_group, fast_client_config, poll_until, run
-from tests.support import wait_for
+from tests.support.waiting import wait_for
 
 
 class Listener:
@@ -125,7 +125,7 @@ def test_sync_transaction_producer() -> None:
             result = producer.send_message_in_transaction(Message("Tx", b"sync"))
         assert result.local_state is LocalTransactionState.COMMIT_MESSAGE
         assert wait_for(lambda: loop.call(lambda: [e.fields["commitOrRollback"] for e in group.store.end_transactions]),
-                 10, "END_TRANSACTION") == ["8"]
+                 "END_TRANSACTION", timeout_seconds=10) == ["8"]
     finally:
         loop.run(group.stop())
         loop.stop()

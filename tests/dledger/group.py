@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support import SMALL_STORE, free_ports, wait_for
+from cli.cluster import free_ports
+from tests.support.stores import SMALL_STORE
+from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "replication-test-secret-0123456789"
@@ -129,7 +131,7 @@ class Group:
         return None
 
     def wait_leader(self, timeout_seconds: float = 30.0, among: list[Node] | None = None) -> Node:
-        node: Node = wait_for(lambda: self.leader(among), timeout_seconds, "a leader")
+        node: Node = wait_for(lambda: self.leader(among), "a leader", timeout_seconds=timeout_seconds)
         return node
 
     def wait_converged(self, timeout_seconds: float = 120.0) -> dict[str, dict[str, Any]]:
@@ -145,7 +147,8 @@ class Group:
                 return statuses
             return None
 
-        result: dict[str, dict[str, Any]] = wait_for(converged, timeout_seconds, "the members to converge")
+        result: dict[str, dict[str, Any]] = wait_for(converged, "the members to converge",
+                                                     timeout_seconds=timeout_seconds)
         return result
 
     def load(self, on: bool) -> None:

@@ -9,33 +9,19 @@ import queue
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
+from cli.cluster import free_ports
 from dledger.addresses import format_host_port
-from tests.support import free_ports
+from tests.support.waiting import wait_for
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
 #: how long a member may take to start (import pysyncobj, bind)
 START_TIMEOUT_SECONDS = 20.0
 POLL_INTERVAL_SECONDS = 0.05
-
-Result = TypeVar("Result")
-
-
-def wait_for(condition: Callable[[], Result | None], timeout_seconds: float, description: str) -> Result:
-    """Poll ``condition`` until it returns something other than None or False; fail at the deadline."""
-    deadline = time.monotonic() + timeout_seconds
-    while True:
-        result = condition()
-        if result is not None and result is not False:
-            return result
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout_seconds} s waiting for {description}")
-        time.sleep(POLL_INTERVAL_SECONDS)
 
 
 def _pump_lines(stream: IO[str], lines: queue.Queue[str]) -> None:
@@ -93,7 +79,7 @@ class MemberGroup:
                     return member
             return None
 
-        return wait_for(agreed_leader, timeout_seconds, "all members to agree on one leader")
+        return wait_for(agreed_leader, "all members to agree on one leader", timeout_seconds=timeout_seconds)
 
     def wait_for_identical_state(self, entry_count: int, timeout_seconds: float = 20.0) -> list[dict[str, Any]]:
         def identical() -> list[dict[str, Any]] | None:
@@ -102,7 +88,8 @@ class MemberGroup:
                 return statuses
             return None
 
-        statuses = wait_for(identical, timeout_seconds, f"every member to apply {entry_count} entries")
+        statuses = wait_for(identical, f"every member to apply {entry_count} entries",
+                            timeout_seconds=timeout_seconds)
         return statuses
 
 

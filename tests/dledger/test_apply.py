@@ -38,7 +38,7 @@ from dledger.command import (
 from dledger.state import ReplicatedState, StateError
 from dledger.timers import TIMER_PROGRESS_KEY, TIMER_TOPIC, schedule
 from tests.commitlog.helpers import data_bytes, message, small_config, tree_bytes
-from tests.support import both_apply_paths  # noqa: F401  (a fixture)
+from tests.support.apply_paths import both_apply_paths  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.usefixtures("both_apply_paths")
 

@@ -22,7 +22,7 @@ from dledger.command import Command, Messages, TimerProgress, encode_command, en
 from dledger.state import ReplicatedState
 from dledger.timers import TIMER_TOPIC, schedule, timer_key
 from tests.commitlog.helpers import data_bytes, message, small_config
-from tests.support import both_apply_paths  # noqa: F401  (a fixture)
+from tests.support.apply_paths import both_apply_paths  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.usefixtures("both_apply_paths")
 

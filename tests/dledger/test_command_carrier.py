@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from cli.cluster import free_ports
 from commitlog.message import MessageInput, encode_host
 from dledger.apply import ApplyResult
 from dledger.command import encode_messages_command
@@ -16,7 +17,7 @@ from dledger.journal import SegmentedJournal
 from dledger.member import GroupMember
 from dledger.raft_node import RAW_COMMAND_PREFIX, encode_payload
 from tests.dledger.group import SECRET
-from tests.support import free_ports, wait_for
+from tests.support.waiting import wait_for
 
 
 def message(sequence: int) -> MessageInput:
@@ -43,7 +44,8 @@ def test_raw_and_int_carried_commands_both_apply_in_order(tmp_path: Path) -> Non
                       "index_slot_count = 1000", "index_entry_capacity = 4000"]
             (tmp_path / f"{node_id}.toml").write_text("\n".join(lines) + "\n")
             members.append(GroupMember(NodeConfig.from_toml(tmp_path / f"{node_id}.toml")))
-        leader = wait_for(lambda: next((m for m in members if m.is_leader), None), 60, "a leader")
+        leader = wait_for(lambda: next((m for m in members if m.is_leader), None), "a leader",
+                          timeout_seconds=60)
         applied: list[tuple[ApplyResult | None, int]] = []
         done = threading.Event()
 
@@ -60,7 +62,8 @@ def test_raw_and_int_carried_commands_both_apply_in_order(tmp_path: Path) -> Non
         assert first is not None and first.message_results and first.message_results[0][0].queue_offset == 0
         assert result.queue_offset == 1
         end = leader.store.max_physical_offset
-        wait_for(lambda: all(m.store.max_physical_offset == end for m in members), 30, "every member to apply both")
+        wait_for(lambda: all(m.store.max_physical_offset == end for m in members),
+                 "every member to apply both", timeout_seconds=30)
         for member in members:  # followers decoded both carriers to the same records
             stored = [member.store.read_message(r.physical_offset) for r in (first.message_results[0][0], result)]
             assert [m.body for m in stored] == [bytes([1]) * 300, bytes([2]) * 300]

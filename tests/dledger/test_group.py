@@ -17,7 +17,7 @@ from commitlog.store import GetStatus, MessageStore
 from tests.commitlog.helpers import data_bytes
 from tests.dledger.group import Group, running_group
 from tests.dledger.member_node import QUEUES
-from tests.support import wait_for
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ def wait_acked(group: Group, at_least: int, timeout_seconds: float = 120.0) -> i
         total = sum(status["acked"] for status in group.statuses().values())
         return total if total >= at_least else 0
 
-    result: int = wait_for(enough, timeout_seconds, f"{at_least} acknowledged appends")
+    result: int = wait_for(enough, f"{at_least} acknowledged appends", timeout_seconds=timeout_seconds)
     return result
 
 
@@ -96,7 +96,8 @@ def test_each_entry_reaches_a_follower_once_under_a_deep_pipeline(tmp_path: Path
     with running_group(tmp_path, store=STORE, group_commit={"in_flight_entries_max": 16}, env=env) as group:
         leader = group.wait_leader()
         group.load(True)
-        wait_for(lambda: leader.request("status")["acked"] >= 100_000, 240, "100,000 acknowledged appends")
+        wait_for(lambda: leader.request("status")["acked"] >= 100_000, "100,000 acknowledged appends",
+                 timeout_seconds=240)
         group.load(False)
         statuses = group.wait_converged()
     followers = {node: status for node, status in statuses.items() if status["role"] != "leader"}
@@ -161,8 +162,9 @@ def test_an_isolated_leader_stops_acknowledging(tmp_path: Path) -> None:
             second = leader.request("status")["acked"]
             return second if first == second else None
 
-        frozen = wait_for(settled, 30, "in-flight appends to settle")
-        wait_for(lambda: leader.request("status")["role"] != "leader", 30, "the isolated leader to step down")
+        frozen = wait_for(settled, "in-flight appends to settle", timeout_seconds=30)
+        wait_for(lambda: leader.request("status")["role"] != "leader", "the isolated leader to step down",
+                 timeout_seconds=30)
         assert leader.request("status")["acked"] == frozen
         for follower in followers:
             group.resume(follower)
@@ -181,7 +183,8 @@ def test_a_paused_leader_is_replaced_and_rejoins(tmp_path: Path) -> None:
         group.wait_leader(among=[n for n in group.nodes if n is not leader])
         acked = wait_acked(group, acked + 3_000)
         group.resume(leader)
-        wait_for(lambda: leader.request("status")["role"] != "leader", 30, "the old leader to step down")
+        wait_for(lambda: leader.request("status")["role"] != "leader", "the old leader to step down",
+                 timeout_seconds=30)
         wait_acked(group, acked + 2_000)
         verify(group)
 
@@ -249,7 +252,7 @@ def test_leadership_transfer_before_a_planned_restart(tmp_path: Path) -> None:
         group.load(True)
         acked = wait_acked(group, 2_000)
         leader.request("transfer")
-        wait_for(lambda: group.leader() not in (None, leader), 30, "the transfer")
+        wait_for(lambda: group.leader() not in (None, leader), "the transfer", timeout_seconds=30)
         group.kill(leader)  # the planned restart, now of a follower
         acked = wait_acked(group, acked + 2_000)
         group.start(leader)
@@ -260,14 +263,15 @@ def test_leadership_transfer_before_a_planned_restart(tmp_path: Path) -> None:
 def test_the_preferred_leader_takes_leadership_back(tmp_path: Path) -> None:
     with running_group(tmp_path, store=STORE, preferred_leader="n2") as group:
         preferred = group.nodes[2]
-        wait_for(lambda: group.leader() is preferred, 60, "the preferred member to lead")
+        wait_for(lambda: group.leader() is preferred, "the preferred member to lead", timeout_seconds=60)
         group.load(True)
         acked = wait_acked(group, 2_000)
         group.kill(preferred)
         group.wait_leader(among=group.nodes[:2])
         acked = wait_acked(group, acked + 2_000)
         group.start(preferred)  # it leads again once it has caught up
-        wait_for(lambda: group.leader() is preferred, 60, "the preferred member to lead again")
+        wait_for(lambda: group.leader() is preferred, "the preferred member to lead again",
+                 timeout_seconds=60)
         group.load(True)
         wait_acked(group, acked + 2_000)
         verify(group)

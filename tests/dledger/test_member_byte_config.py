@@ -22,6 +22,7 @@ import pytest
 
 import dledger.apply as apply_module
 import dledger.command as command_module
+from cli.cluster import free_ports
 from commitlog.checkpoint import read_checkpoint, write_checkpoint
 from commitlog.message import MessageInput, encode_host
 from commitlog.store import CHECKPOINT_NAME
@@ -33,7 +34,7 @@ from dledger.raft_node import RAW_COMMAND_PREFIX
 from dledger.state import ReplicatedState
 from dledger.timers import due_second, schedule
 from tests.dledger.group import REPO, SECRET
-from tests.support import free_ports, wait_for
+from tests.support.waiting import wait_for
 
 #: small files (the defaults preallocate a 1 GiB segment and large index files per member)
 STORE: dict[str, Any] = {"store_host": "10.1.2.3:10911", "segment_size_bytes": 2 << 20, "body_size_max_bytes": 1 << 20,
@@ -96,7 +97,8 @@ def raw_operations(member: GroupMember) -> list[str]:
 
 
 def leader_of(members: list[GroupMember]) -> GroupMember:
-    return wait_for(lambda: next((member for member in members if member.is_leader), None), 60, "a leader")
+    return wait_for(lambda: next((member for member in members if member.is_leader), None), "a leader",
+                    timeout_seconds=60)
 
 
 def files_of(root: Path) -> dict[str, tuple[int, bytes]]:
@@ -113,7 +115,8 @@ def established(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], l
         leader = leader_of(members)
         leader.append([plain(1)]).result(timeout=30)
         end = leader.store.max_physical_offset
-        wait_for(lambda: all(member.store.max_physical_offset == end for member in members), 30, "every member")
+        wait_for(lambda: all(member.store.max_physical_offset == end for member in members), "every member",
+                 timeout_seconds=30)
         operations = [raw_operations(member) for member in members]
     return configs, operations
 
@@ -159,8 +162,9 @@ def test_data_directories_without_a_byte_configuration_get_one(tmp_path: Path) -
     configs = write_configs(tmp_path)
     with running(configs) as members:
         (first,) = leader_of(members).append([plain(1)]).result(timeout=30)
-        wait_for(lambda: all(member.store.max_physical_offset > first.physical_offset for member in members), 30,
-                 "every member to store the message")
+        wait_for(lambda: all(member.store.max_physical_offset > first.physical_offset for member in members),
+                 "every member to store the message",
+                 timeout_seconds=30)
     for config in configs:  # as a version before the configuration left them
         path = NodeConfig.from_toml(config).store_config.data_dir / CHECKPOINT_NAME
         checkpoint = read_checkpoint(path)
@@ -171,10 +175,12 @@ def test_data_directories_without_a_byte_configuration_get_one(tmp_path: Path) -
     expected = command_module.ByteConfig.of(NodeConfig.from_toml(configs[0]).store_config)
     with running(configs) as members:
         (second,) = leader_of(members).append([plain(2)]).result(timeout=30)
-        wait_for(lambda: all(member.state.byte_config == expected for member in members), 30,
-                 "every member to apply the group's byte configuration")
-        wait_for(lambda: all(member.store.max_physical_offset > second.physical_offset for member in members), 30,
-                 "every member to store the second message")
+        wait_for(lambda: all(member.state.byte_config == expected for member in members),
+                 "every member to apply the group's byte configuration",
+                 timeout_seconds=30)
+        wait_for(lambda: all(member.store.max_physical_offset > second.physical_offset for member in members),
+                 "every member to store the second message",
+                 timeout_seconds=30)
         for member in members:
             assert member.store.read_message(first.physical_offset).body == plain(1).body
 
@@ -188,7 +194,8 @@ def test_a_follower_repairs_a_damaged_timer_from_a_peer_before_releasing_it(tmp_
         stored = leader.propose(Command((Messages((schedule(plain(2)._replace(store_timestamp=stamp), due_ms),)),)))
         timer_offset = stored.message_results[0][0].physical_offset
         end = leader.store.max_physical_offset
-        wait_for(lambda: all(member.store.max_physical_offset == end for member in members), 30, "the timer stored")
+        wait_for(lambda: all(member.store.max_physical_offset == end for member in members),
+                 "the timer stored", timeout_seconds=30)
         follower = next(member for member in members if member is not leader)
         follower._stop_scrubber.set()  # apply, not the scrubber, must meet the damage
         follower._scrubber.join(timeout=10)
@@ -202,7 +209,8 @@ def test_a_follower_repairs_a_damaged_timer_from_a_peer_before_releasing_it(tmp_
         released = leader.propose(Command((TimerProgress(TIMER_DELIVER_KEY, due_second(due_ms) * TIMER_CURSOR_SCALE),)))
         assert [result.queue_offset for result in released.message_results[0]] == [1]  # the timer, released
         end = leader.store.max_physical_offset
-        wait_for(lambda: all(member.store.max_physical_offset == end for member in members), 30, "the release")
+        wait_for(lambda: all(member.store.max_physical_offset == end for member in members), "the release",
+                 timeout_seconds=30)
         for member in members:
             assert member.store.read_committed(0, end) == leader.store.read_committed(0, end)
 
@@ -215,7 +223,8 @@ def test_a_record_whose_own_size_field_is_damaged_is_repaired_from_a_peer(tmp_pa
         leader = leader_of(members)
         (stored,) = leader.append([plain(1)]).result(timeout=30)
         end = leader.store.max_physical_offset
-        wait_for(lambda: all(member.store.max_physical_offset == end for member in members), 30, "the message stored")
+        wait_for(lambda: all(member.store.max_physical_offset == end for member in members),
+                 "the message stored", timeout_seconds=30)
         follower = next(member for member in members if member is not leader)
         follower._stop_scrubber.set()  # the repair is called here, not by the scrubber
         follower._scrubber.join(timeout=10)
@@ -244,8 +253,9 @@ def test_a_member_whose_snapshot_is_damaged_on_disk_catches_up_from_the_leaders(
         for number in range(1, 40):
             leader.append([plain(number % 200 + 1)]).result(timeout=30)
         follower = next(member for member in members if member is not leader)
-        wait_for(lambda: follower.raft.journal().first_index > 3 and follower.snapshot_path.exists(), 60,
-                 "the follower to compact its journal")
+        wait_for(lambda: follower.raft.journal().first_index > 3 and follower.snapshot_path.exists(),
+                 "the follower to compact its journal",
+                 timeout_seconds=60)
         index = members.index(follower)
     members[index].stop()
     snapshot = NodeConfig.from_toml(configs[index]).data_dir / "raft" / "snapshot"
@@ -257,8 +267,9 @@ def test_a_member_whose_snapshot_is_damaged_on_disk_catches_up_from_the_leaders(
         for number in range(40, 60):
             (last,) = leader.append([plain(number % 200 + 1)]).result(timeout=30)
         restarted = members[index]
-        wait_for(lambda: restarted.store.max_physical_offset > last.physical_offset, 60,
-                 "the member with the damaged snapshot to catch up")
+        wait_for(lambda: restarted.store.max_physical_offset > last.physical_offset,
+                 "the member with the damaged snapshot to catch up",
+                 timeout_seconds=60)
 
 
 def test_a_byte_gone_bad_outside_a_records_body_is_found_by_comparing_replicas_and_repaired(tmp_path: Path) -> None:
@@ -268,7 +279,8 @@ def test_a_byte_gone_bad_outside_a_records_body_is_found_by_comparing_replicas_a
         leader = leader_of(members)
         results = [leader.append([plain(number)]).result(timeout=30)[0] for number in range(1, 6)]
         end = leader.store.max_physical_offset
-        wait_for(lambda: all(member.store.max_physical_offset == end for member in members), 30, "the messages stored")
+        wait_for(lambda: all(member.store.max_physical_offset == end for member in members),
+                 "the messages stored", timeout_seconds=30)
         follower = next(member for member in members if member is not leader)
         target = results[2]
         segment = follower.store.commit_log.segments[follower.store.commit_log.segment_start(target.physical_offset)]
@@ -281,5 +293,6 @@ def test_a_byte_gone_bad_outside_a_records_body_is_found_by_comparing_replicas_a
         finally:
             os.close(descriptor)
         assert follower.store.read_committed(0, end) != leader.store.read_committed(0, end)
-        wait_for(lambda: follower.store.read_committed(0, end) == leader.store.read_committed(0, end) or None, 30,
-                 "the scrubber to find and repair the damaged properties")
+        wait_for(lambda: follower.store.read_committed(0, end) == leader.store.read_committed(0, end) or None,
+                 "the scrubber to find and repair the damaged properties",
+                 timeout_seconds=30)
