@@ -45,6 +45,7 @@ from pysyncobj.transport import TCPTransport
 from cli.cluster import free_ports
 from dledger.transport import transport_class
 from dledger.tuning import tuned_conf
+from tests.support.percentiles import percentile
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[1]
 RANDOM_POOL_BYTES = 8 * 1024 * 1024
@@ -161,19 +162,15 @@ class LoadGenerator:
             self._propose("bytes", self._messages(1), 1)
         self._drain(10.0)
         with self._condition:
-            latencies = sorted(self._latencies)
+            latencies = list(self._latencies)
             failed = self._failed_entries
         if not latencies:
             return {"samples": 0, "failed_entries": failed}
-
-        def percentile(fraction: float) -> float:
-            return round(latencies[min(len(latencies) - 1, int(fraction * len(latencies)))] * 1000, 2)
-
         return {
             "samples": len(latencies),
-            "p50_ms": percentile(0.50),
-            "p99_ms": percentile(0.99),
-            "max_ms": round(latencies[-1] * 1000, 2),
+            "p50_ms": round(percentile(latencies, 0.50) * 1000, 2),
+            "p99_ms": round(percentile(latencies, 0.99) * 1000, 2),
+            "max_ms": round(max(latencies) * 1000, 2),
             "failed_entries": failed,
         }
 
