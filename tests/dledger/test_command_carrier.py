@@ -8,15 +8,14 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from cli.cluster import free_ports
 from commitlog.message import MessageInput, encode_host
 from dledger.apply import ApplyResult
 from dledger.command import encode_messages_command
-from dledger.config import NodeConfig
 from dledger.journal import SegmentedJournal
-from dledger.member import GroupMember
 from dledger.raft_node import RAW_COMMAND_PREFIX, encode_payload
 from tests.dledger.group import SECRET
+from tests.support.in_process_group import running_members
+from tests.support.process_group import member_configs
 from tests.support.waiting import wait_for
 
 
@@ -26,24 +25,11 @@ def message(sequence: int) -> MessageInput:
 
 
 def test_raw_and_int_carried_commands_both_apply_in_order(tmp_path: Path) -> None:
-    ports = free_ports(6)
-    addresses = [(f"n{i}", f"127.0.0.1:{ports[2 * i]}", f"127.0.0.1:{ports[2 * i + 1]}") for i in range(3)]
-    members: list[GroupMember] = []
-    try:
-        for node_id, raft_address, catchup_address in addresses:
-            lines = ["[node]", f'id = "{node_id}"', f'raft_address = "{raft_address}"',
-                     f'catchup_address = "{catchup_address}"', f'data_dir = "{tmp_path / node_id}"',
-                     f'secret = "{SECRET}"']
-            for other_id, other_raft, other_catchup in addresses:
-                if other_id != node_id:
-                    lines += ["[[peers]]", f'id = "{other_id}"', f'raft_address = "{other_raft}"',
-                              f'catchup_address = "{other_catchup}"']
-            # small files: the defaults preallocate a 1 GiB segment and large index files per member
-            lines += ["[store]", "segment_size_bytes = 2097152", "body_size_max_bytes = 1048576",
-                      "consume_queue_units_per_file = 1000",
-                      "index_slot_count = 1000", "index_entry_capacity = 4000"]
-            (tmp_path / f"{node_id}.toml").write_text("\n".join(lines) + "\n")
-            members.append(GroupMember(NodeConfig.from_toml(tmp_path / f"{node_id}.toml")))
+    # small files: the defaults preallocate a 1 GiB segment and large index files per member
+    store = {"segment_size_bytes": 2097152, "body_size_max_bytes": 1048576, "consume_queue_units_per_file": 1000,
+             "index_slot_count": 1000, "index_entry_capacity": 4000}
+    configs = member_configs(tmp_path, 3, secret=SECRET, sections={"store": store})
+    with running_members([config.path for config in configs]) as members:
         leader = wait_for(lambda: next((m for m in members if m.is_leader), None), "a leader",
                           timeout_seconds=60)
         applied: list[tuple[ApplyResult | None, int]] = []
@@ -70,6 +56,3 @@ def test_raw_and_int_carried_commands_both_apply_in_order(tmp_path: Path) -> Non
             assert member.store.read_committed(0, end) == leader.store.read_committed(0, end)
         assert RAW_COMMAND_PREFIX[0] == 0  # pysyncobj's REGULAR command type: its own checks pass it through
         assert all(isinstance(m.raft._SyncObj__raftLog, SegmentedJournal) for m in members)  # ours, not pysyncobj's
-    finally:
-        for member in members:
-            member.stop()

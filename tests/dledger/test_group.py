@@ -116,12 +116,12 @@ def test_killing_the_leader_under_load_loses_and_reorders_nothing(tmp_path: Path
         for _ in range(3):
             acked = wait_acked(group, acked + 3_000)
             leader = group.wait_leader()
-            group.kill(leader)
+            leader.kill()
             started = time.monotonic()
             survivors = [n for n in group.nodes if n is not leader]
             group.wait_leader(among=survivors)
             takeovers.append(time.monotonic() - started)
-            group.start(leader)  # restarts and catches up while the load goes on
+            leader.start()  # restarts and catches up while the load goes on
             group.load(True)
         wait_acked(group, acked + 3_000)
         figures = verify(group)
@@ -141,7 +141,7 @@ def test_killing_every_member_at_once_loses_nothing_acknowledged(tmp_path: Path)
             assert node.process is not None
             node.process.wait()
         for node in group.nodes:
-            group.start(node)
+            node.start()
         group.wait_leader()
         figures = verify(group)
     assert figures["acked"] >= 10_000
@@ -154,7 +154,7 @@ def test_an_isolated_leader_stops_acknowledging(tmp_path: Path) -> None:
         wait_acked(group, 5_000)
         followers = [n for n in group.nodes if n is not leader]
         for follower in followers:
-            group.pause(follower)
+            follower.pause()
         # what was in flight settles; after that a minority must never acknowledge
         def settled() -> int | None:
             first = leader.request("status")["acked"]
@@ -167,7 +167,7 @@ def test_an_isolated_leader_stops_acknowledging(tmp_path: Path) -> None:
                  timeout_seconds=30)
         assert leader.request("status")["acked"] == frozen
         for follower in followers:
-            group.resume(follower)
+            follower.resume()
         group.wait_leader()
         group.load(True)
         wait_acked(group, frozen + 2_000)
@@ -179,10 +179,10 @@ def test_a_paused_leader_is_replaced_and_rejoins(tmp_path: Path) -> None:
         leader = group.wait_leader()
         group.load(True)
         acked = wait_acked(group, 3_000)
-        group.pause(leader)
+        leader.pause()
         group.wait_leader(among=[n for n in group.nodes if n is not leader])
         acked = wait_acked(group, acked + 3_000)
-        group.resume(leader)
+        leader.resume()
         wait_for(lambda: leader.request("status")["role"] != "leader", "the old leader to step down",
                  timeout_seconds=30)
         wait_acked(group, acked + 2_000)
@@ -205,11 +205,11 @@ def test_a_wiped_follower_rejoins_through_a_snapshot_and_becomes_identical(tmp_p
         group.load(True)
         acked = wait_acked(group, 20_000)
         follower = next(n for n in group.nodes if n is not leader)
-        group.kill(follower)
+        follower.kill()
         shutil.rmtree(follower.data_dir)
         follower.data_dir.mkdir()
         acked = wait_acked(group, acked + 20_000)  # the log moves on and is compacted meanwhile
-        group.start(follower)
+        follower.start()
         wait_acked(group, acked + 2_000)
         verify(group)
     follower_log = (tmp_path / f"{follower.node_id}.log").read_text()
@@ -253,9 +253,9 @@ def test_leadership_transfer_before_a_planned_restart(tmp_path: Path) -> None:
         acked = wait_acked(group, 2_000)
         leader.request("transfer")
         wait_for(lambda: group.leader() not in (None, leader), "the transfer", timeout_seconds=30)
-        group.kill(leader)  # the planned restart, now of a follower
+        leader.kill()  # the planned restart, now of a follower
         acked = wait_acked(group, acked + 2_000)
-        group.start(leader)
+        leader.start()
         wait_acked(group, acked + 2_000)
         verify(group)
 
@@ -266,10 +266,10 @@ def test_the_preferred_leader_takes_leadership_back(tmp_path: Path) -> None:
         wait_for(lambda: group.leader() is preferred, "the preferred member to lead", timeout_seconds=60)
         group.load(True)
         acked = wait_acked(group, 2_000)
-        group.kill(preferred)
+        preferred.kill()
         group.wait_leader(among=group.nodes[:2])
         acked = wait_acked(group, acked + 2_000)
-        group.start(preferred)  # it leads again once it has caught up
+        preferred.start()  # it leads again once it has caught up
         wait_for(lambda: group.leader() is preferred, "the preferred member to lead again",
                  timeout_seconds=60)
         group.load(True)

@@ -9,12 +9,10 @@ test runs its members and fails on its assertions where the feature is missing."
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,6 @@ import pytest
 
 import dledger.apply as apply_module
 import dledger.command as command_module
-from cli.cluster import free_ports
 from commitlog.checkpoint import read_checkpoint, write_checkpoint
 from commitlog.message import MessageInput, encode_host
 from commitlog.store import CHECKPOINT_NAME
@@ -33,7 +30,9 @@ from dledger.member import GroupMember
 from dledger.raft_node import RAW_COMMAND_PREFIX
 from dledger.state import ReplicatedState
 from dledger.timers import due_second, schedule
-from tests.dledger.group import REPO, SECRET
+from tests.dledger.group import SECRET
+from tests.support.in_process_group import running_members
+from tests.support.process_group import REPOSITORY_ROOT, member_configs, member_environment
 from tests.support.waiting import wait_for
 
 #: small files (the defaults preallocate a 1 GiB segment and large index files per member)
@@ -54,33 +53,7 @@ member.stop()
 
 
 def write_configs(root: Path, store: dict[str, Any] | None = None) -> list[Path]:
-    ports = free_ports(6)
-    members = [(f"n{i}", f"127.0.0.1:{ports[2 * i]}", f"127.0.0.1:{ports[2 * i + 1]}") for i in range(3)]
-    paths = []
-    for node_id, raft_address, catchup_address in members:
-        lines = ["[node]", f'id = "{node_id}"', f'raft_address = "{raft_address}"',
-                 f'catchup_address = "{catchup_address}"', f'data_dir = "{root / node_id}"', f'secret = "{SECRET}"']
-        for other_id, other_raft, other_catchup in members:
-            if other_id != node_id:
-                lines += ["[[peers]]", f'id = "{other_id}"', f'raft_address = "{other_raft}"',
-                          f'catchup_address = "{other_catchup}"']
-        lines += ["[store]", *(f"{key} = {value!r}".replace("'", '"') for key, value in (store or STORE).items())]
-        path = root / f"{node_id}.toml"
-        path.write_text("\n".join(lines) + "\n")
-        paths.append(path)
-    return paths
-
-
-@contextlib.contextmanager
-def running(configs: list[Path]) -> Iterator[list[GroupMember]]:
-    members: list[GroupMember] = []
-    try:
-        for config in configs:
-            members.append(GroupMember(NodeConfig.from_toml(config)))
-        yield members
-    finally:
-        for member in members:
-            member.stop()
+    return [config.path for config in member_configs(root, 3, secret=SECRET, sections={"store": store or STORE})]
 
 
 def plain(number: int) -> MessageInput:
@@ -111,7 +84,7 @@ def files_of(root: Path) -> dict[str, tuple[int, bytes]]:
 def established(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], list[list[str]]]:
     """A group that stored a message, then stopped: its configurations and each member's own operations."""
     configs = write_configs(tmp_path_factory.mktemp("group"))
-    with running(configs) as members:
+    with running_members(configs) as members:
         leader = leader_of(members)
         leader.append([plain(1)]).result(timeout=30)
         end = leader.store.max_physical_offset
@@ -148,8 +121,8 @@ def test_a_member_with_other_store_settings_refuses_to_start_and_writes_nothing(
                                                     f"{setting} = {value!r}".replace("'", '"')))
     assert other.read_text() != configs[2].read_text()
     before = files_of(node.data_dir)
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
-    finished = subprocess.run([sys.executable, "-c", START_AND_STOP, str(other)], cwd=REPO, env=environment,
+    finished = subprocess.run([sys.executable, "-c", START_AND_STOP, str(other)], cwd=REPOSITORY_ROOT,
+                              env=member_environment(),
                               capture_output=True, text=True, timeout=120)
     assert "started" not in finished.stdout
     shown = str(value)
@@ -160,7 +133,7 @@ def test_a_member_with_other_store_settings_refuses_to_start_and_writes_nothing(
 
 def test_data_directories_without_a_byte_configuration_get_one(tmp_path: Path) -> None:
     configs = write_configs(tmp_path)
-    with running(configs) as members:
+    with running_members(configs) as members:
         (first,) = leader_of(members).append([plain(1)]).result(timeout=30)
         wait_for(lambda: all(member.store.max_physical_offset > first.physical_offset for member in members),
                  "every member to store the message",
@@ -173,7 +146,7 @@ def test_data_directories_without_a_byte_configuration_get_one(tmp_path: Path) -
         state.byte_config = None
         write_checkpoint(path, dataclasses.replace(checkpoint, extension=state.encode()))
     expected = command_module.ByteConfig.of(NodeConfig.from_toml(configs[0]).store_config)
-    with running(configs) as members:
+    with running_members(configs) as members:
         (second,) = leader_of(members).append([plain(2)]).result(timeout=30)
         wait_for(lambda: all(member.state.byte_config == expected for member in members),
                  "every member to apply the group's byte configuration",
@@ -186,7 +159,7 @@ def test_data_directories_without_a_byte_configuration_get_one(tmp_path: Path) -
 
 
 def test_a_follower_repairs_a_damaged_timer_from_a_peer_before_releasing_it(tmp_path: Path) -> None:
-    with running(write_configs(tmp_path)) as members:
+    with running_members(write_configs(tmp_path)) as members:
         leader = leader_of(members)
         leader.append([plain(1)]).result(timeout=30)
         stamp = leader.state.last_store_timestamp
@@ -219,7 +192,7 @@ def test_a_follower_repairs_a_damaged_timer_from_a_peer_before_releasing_it(tmp_
 def test_a_record_whose_own_size_field_is_damaged_is_repaired_from_a_peer(tmp_path: Path, damage: str) -> None:
     """The size comes from the peer's copy: a flipped size byte, or a segment rolled back to zeros, left the
     scrubber retrying a repair it could not make, forever."""
-    with running(write_configs(tmp_path)) as members:
+    with running_members(write_configs(tmp_path)) as members:
         leader = leader_of(members)
         (stored,) = leader.append([plain(1)]).result(timeout=30)
         end = leader.store.max_physical_offset
@@ -248,7 +221,7 @@ def test_a_member_whose_snapshot_is_damaged_on_disk_catches_up_from_the_leaders(
     configs = write_configs(tmp_path)
     for config in configs:
         config.write_text(config.read_text() + "[raft]\nlog_compaction_entries = 5\nlog_compaction_seconds = 1\n")
-    with running(configs) as members:
+    with running_members(configs) as members:
         leader = leader_of(members)
         for number in range(1, 40):
             leader.append([plain(number % 200 + 1)]).result(timeout=30)
@@ -262,7 +235,7 @@ def test_a_member_whose_snapshot_is_damaged_on_disk_catches_up_from_the_leaders(
     data = bytearray(snapshot.read_bytes())
     data[len(data) // 2] ^= 0x40
     snapshot.write_bytes(bytes(data))
-    with running(configs) as members:
+    with running_members(configs) as members:
         leader = leader_of(members)
         for number in range(40, 60):
             (last,) = leader.append([plain(number % 200 + 1)]).result(timeout=30)
@@ -275,7 +248,7 @@ def test_a_member_whose_snapshot_is_damaged_on_disk_catches_up_from_the_leaders(
 def test_a_byte_gone_bad_outside_a_records_body_is_found_by_comparing_replicas_and_repaired(tmp_path: Path) -> None:
     """Only the body carries a CRC: a flipped byte in a record's properties passes validation. The scrubber
     compares each range's CRC-32 with the peers' and puts back the record that differs from both."""
-    with running(write_configs(tmp_path)) as members:
+    with running_members(write_configs(tmp_path)) as members:
         leader = leader_of(members)
         results = [leader.append([plain(number)]).result(timeout=30)[0] for number in range(1, 6)]
         end = leader.store.max_physical_offset

@@ -11,14 +11,15 @@ import pytest
 
 from commitlog.key_index import HEADER_BYTES
 from dledger import member as member_module
-from tests.dledger.test_member_byte_config import leader_of, plain, running, write_configs
+from tests.dledger.test_member_byte_config import leader_of, plain, write_configs
+from tests.support.in_process_group import running_members
 from tests.support.waiting import wait_for
 
 
 def test_the_scrubber_rebuilds_a_key_index_file_a_byte_went_bad_in(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(member_module, "INDEX_SCRUB_INTERVAL_SECONDS", 0.25)  # every step, not every 10 s
-    with running(write_configs(tmp_path)) as members:
+    with running_members(write_configs(tmp_path)) as members:
         leader = leader_of(members)
         for number in range(1, 41):
             leader.append([plain(number)]).result(timeout=30)
