@@ -235,7 +235,7 @@ class MemberHandle(MemberProcess):
     """A bench member process: a request is a JSON object, answered with one."""
 
     def __init__(self, address: str, command: list[str]) -> None:
-        super().__init__(address, command)  # its stderr discarded: the figures are in its answers
+        super().__init__(address, command, log_path=Path(os.devnull))  # the figures are in its answers
         self.address = address
 
     def request(self, timeout_seconds: float, **fields: Any) -> dict[str, Any]:

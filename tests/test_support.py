@@ -1,14 +1,15 @@
-"""The shared test support: the wait every test uses and the percentile every benchmark prints."""
+"""The shared test support: the waits every test uses and the percentile every benchmark prints."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Iterator
 
 import pytest
 
 from tests.support.percentiles import percentile
-from tests.support.waiting import wait_for
+from tests.support.waiting import poll_until, wait_for
 
 
 def test_wait_for_returns_the_first_truthy_value() -> None:
@@ -23,6 +24,18 @@ def test_wait_for_names_what_it_waited_for_and_explains_at_the_deadline() -> Non
                  explain=lambda: "log tail")
     assert "the impossible" in str(raised.value)
     assert next(polls) >= 2  # polled until the deadline, and once after it
+
+
+
+def test_poll_until_lets_the_loop_run_what_it_waits_for_and_fails_at_the_deadline() -> None:
+    async def scenario() -> None:
+        done: list[int] = []
+        asyncio.get_running_loop().call_later(0.02, done.append, 1)
+        await poll_until(lambda: done, "the callback", timeout_seconds=5.0)
+        with pytest.raises(AssertionError, match=r"timed out after 0\.05 s waiting for never"):
+            await poll_until(lambda: False, "never", timeout_seconds=0.05)
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,8 @@ from broker.namesrv import TopicConfig as RouteTopicConfig
 from broker.registration import Registrar
 from broker.remoting import RemotingClient, RequestCode, ResponseCode
 from commitlog.config import ConfigError
-from tests.broker.helpers import LOOPBACK, NODE_FILE_HEAD, poll_until, run
+from tests.broker.helpers import LOOPBACK, NODE_FILE_HEAD, run
+from tests.support.waiting import poll_until
 
 FRONT, LEADER, FOLLOWER = "127.0.0.1:30900", "127.0.0.1:10911", "127.0.0.1:10921"
 NODE = NODE_FILE_HEAD + f"""listen_address = "{LEADER}"
@@ -64,7 +65,8 @@ def test_the_leader_registers_the_front_which_outlives_it_and_followers_register
             # the leader dies: its connection closes, the name server forgets what came over it, not the front
             for each in leader._clients.values():
                 await each.close()
-            await poll_until(lambda: LEADER not in name_server.routes.live_addresses(), "the leader forgotten")
+            await poll_until(lambda: LEADER not in name_server.routes.live_addresses(),
+                             "the leader forgotten", timeout_seconds=5.0)
             assert await addresses() == {MASTER_ID: FRONT, 2: FOLLOWER}
             # a leader that stops does not unregister the group's address; a follower unregisters itself
             await leader.stop()

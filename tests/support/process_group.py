@@ -1,10 +1,10 @@
 """Groups of member processes on loopback that tests and benchmarks start, drive and always clean up.
 
-A member process takes one request per line on its stdin and answers each with one JSON line on its
-stdout; its stderr goes to a log file of its own (or nowhere). :func:`running_processes` starts the members
-and, however the block ends, kills every one still running (resuming a paused one first) and reaps it, so
-no member outlives its test. Ports are picked free when the group is configured (:func:`member_configs`),
-never fixed, so groups of parallel runs do not collide.
+A member process takes one request per line on its stdin and answers each with one line (JSON, for most)
+on its stdout; its stderr goes to a log file of its own, or where this process's goes.
+:func:`running_processes` starts the members and, however the block ends, kills every one still running
+(resuming a paused one first) and reaps it, so no member outlives its test. Ports are picked free when
+the group is configured (:func:`member_configs`), never fixed, so groups of parallel runs do not collide.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class MemberProcess:
                  environment: Mapping[str, str] | None = None) -> None:
         self.name = name
         self.command = list(command)
-        #: the member's stderr, appended to across restarts; None: discarded
+        #: the member's stderr, appended to across restarts (``os.devnull``: discarded); None: this process's
         self.log_path = log_path
         self.environment = dict(environment) if environment is not None else member_environment()
         self.paused = False  # SIGSTOP'ed
@@ -77,7 +77,7 @@ class MemberProcess:
         try:
             self._process = subprocess.Popen(
                 self.command, cwd=REPOSITORY_ROOT, env=self.environment, stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL if log is None else log, text=True, bufsize=1)
+                stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1)
         finally:
             if log is not None:
                 log.close()  # the child holds its own descriptor
@@ -88,18 +88,22 @@ class MemberProcess:
             raise RuntimeError(f"{self.name} has no stdout")
         threading.Thread(target=_pump_lines, args=(stdout, self._lines), daemon=True).start()
 
-    def read_answer(self, timeout_seconds: float | None) -> dict[str, Any]:
-        """The member's next JSON line; TimeoutError after ``timeout_seconds`` (None: wait as long as it
-        runs), ConnectionError once it exited."""
+    def read_line(self, timeout_seconds: float | None) -> str:
+        """The member's next line of output; TimeoutError after ``timeout_seconds`` (None: wait as long as
+        it runs), ConnectionError once it exited."""
         try:
             line = self._lines.get(timeout=timeout_seconds)
         except queue.Empty:
-            where = "" if self.log_path is None else f"; see {self.log_path}"
+            where = "" if self.log_path in (None, Path(os.devnull)) else f"; see {self.log_path}"
             raise TimeoutError(f"{self.name} did not answer in {timeout_seconds} s{where}") from None
         if line is None:
             self._lines.put(None)  # and so will every later read
             raise ConnectionError(f"{self.name} exited (code {self.process.poll()})")
-        answer: dict[str, Any] = json.loads(line)
+        return line
+
+    def read_answer(self, timeout_seconds: float | None) -> dict[str, Any]:
+        """The member's next line as a JSON object (see :meth:`read_line`)."""
+        answer: dict[str, Any] = json.loads(self.read_line(timeout_seconds))
         return answer
 
     def ask(self, line: str, timeout_seconds: float | None) -> dict[str, Any]:

@@ -1,15 +1,19 @@
-"""Waiting for a condition with a deadline: tests never sleep to wait for something to happen."""
+"""Waiting for a condition with a deadline: tests never sleep to wait for something to happen (a sleep is
+the wrong length on a machine slower or faster than the one it was tuned on)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["POLL_INTERVAL_SECONDS", "wait_for"]
+__all__ = ["ASYNC_POLL_INTERVAL_SECONDS", "POLL_INTERVAL_SECONDS", "poll_until", "wait_for"]
 
 Result = TypeVar("Result")
 POLL_INTERVAL_SECONDS = 0.05
+#: in-process servers answer within milliseconds: a test on the event loop checks that often
+ASYNC_POLL_INTERVAL_SECONDS = 0.005
 
 
 def wait_for(
@@ -33,3 +37,21 @@ def wait_for(
             message = f"timed out after {timeout_seconds} s waiting for {what}"
             raise AssertionError(message if explain is None else f"{message}\n{explain()}")
         time.sleep(interval_seconds)
+
+
+async def poll_until(
+    condition: Callable[[], object],
+    what: str,
+    *,
+    timeout_seconds: float,
+    interval_seconds: float = ASYNC_POLL_INTERVAL_SECONDS,
+) -> None:
+    """:func:`wait_for` inside an event loop: the test's servers and clients run on the same loop, so it
+    sleeps with ``asyncio.sleep`` (letting them run) and reads the loop's clock. AssertionError naming
+    ``what`` at the deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_seconds
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout_seconds} s waiting for {what}")
+        await asyncio.sleep(interval_seconds)
