@@ -47,7 +47,7 @@ STEP_DEADLINE_SECONDS: Final = 90.0
 POLL_SECONDS: Final = 0.02
 #: how long after the first ack that follows a kill stalls still count towards that kill
 SETTLE_SECONDS: Final = 3.0
-#: the small store files the tests use (tests/support.py SMALL_STORE): a member restarted ten times starts quickly
+#: the small store files the tests use (tests/support/stores.py SMALL_STORE): a member restarted ten times starts quickly
 STORE: Final = {"segment_size_bytes": 8 << 20, "consume_queue_units_per_file": 4096, "index_slot_count": 4096,
                 "index_entry_capacity": 16_384}
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
@@ -25,7 +24,6 @@ from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
-T = TypeVar("T")
 WAIT_SECONDS = 30.0
 
 

@@ -2,7 +2,7 @@
 both; sends land in both; one group losing its leader delays only its own queues while the other keeps
 acknowledging; the killed group's queues resume after its election; nothing acknowledged is lost.
 
-No front (it would only add two HAProxy processes); small store files (tests.support.small_store).
+No front (it would only add two HAProxy processes); small store files (tests.support.stores.small_store).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
-#: Sized for the 100k+ messages these tests write, not tests.support.SMALL_STORE: with its 16k-entry index
+#: Sized for the 100k+ messages these tests write, not tests.support.stores.SMALL_STORE: with its 16k-entry index
 #: files (a UNIQ_KEY lookup that finds nothing reads every index file) the preferred-leader test failed 6
 #: runs in 7, against 1 in 21 with these sizes (its restarted member's pysyncobj log ended empty: an
 #: IndexError on every tick).
