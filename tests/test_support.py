@@ -19,7 +19,8 @@ def test_wait_for_returns_the_first_truthy_value() -> None:
 
 def test_wait_for_names_what_it_waited_for_and_explains_at_the_deadline() -> None:
     polls = itertools.count()
-    with pytest.raises(AssertionError, match=r"timed out after 0\.05 s waiting for the impossible\nlog tail") as raised:
+    expected = r"timed out after 0\.05 s waiting for the impossible\nlog tail"
+    with pytest.raises(AssertionError, match=expected) as raised:
         wait_for(lambda: next(polls) < 0, "the impossible", timeout_seconds=0.05, interval_seconds=0.01,
                  explain=lambda: "log tail")
     assert "the impossible" in str(raised.value)

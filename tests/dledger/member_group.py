@@ -83,14 +83,16 @@ def running_group(
     addresses = [format_host_port(host, port) for port in free_ports(size)]
     members = []
     for address in addresses:
-        command = [sys.executable, "-m", "tests.dledger.raft_member", "--self", address, "--secret-hex", secret.hex(),
-                   "--entry-size-max", str(entry_size_max_bytes), "--handshake-timeout", str(handshake_timeout_seconds)]
+        command = [sys.executable, "-m", "tests.dledger.raft_member", "--self", address,
+                   "--secret-hex", secret.hex(), "--entry-size-max", str(entry_size_max_bytes),
+                   "--handshake-timeout", str(handshake_timeout_seconds)]
         if output_buffer_max_bytes is not None:
             command += ["--output-buffer-max", str(output_buffer_max_bytes)]
         for partner in addresses:
             if partner != address:
                 command += ["--partner", partner]
-        members.append(RaftMember(address, command, log_directory / f"member-{address.rsplit(':', 1)[1]}.log"))
+        log_path = log_directory / f"member-{address.rsplit(':', 1)[1]}.log"
+        members.append(RaftMember(address, command, log_path))
     with running_processes(members):
         for member in members:
             started = member.read_answer(START_TIMEOUT_SECONDS)

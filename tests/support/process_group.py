@@ -135,7 +135,7 @@ class MemberProcess:
         if self._process is None:
             return
         if self._process.poll() is None:
-            self._process.send_signal(signal.SIGCONT)  # a stopped process dies of SIGKILL too; resumed, it is reaped
+            self._process.send_signal(signal.SIGCONT)  # resumed first, as kill() does
             self._process.kill()
         self._process.wait()
         self.paused = False
