@@ -179,9 +179,11 @@ class MemberConfig:
 
 def member_configs(root: Path, size: int, *, secret: str, sections: Mapping[str, Mapping[str, Any]],
                    preferred_leader: str | None = None) -> list[MemberConfig]:
-    """Write ``root/n<i>.toml`` for ``size`` members on free loopback ports, each data directory
-    ``root/n<i>`` and every other member its peer; ``sections`` (``raft``, ``group_commit``, ``store``,
-    in that order) are written when not empty, values as JSON (which TOML reads alike)."""
+    """Write ``root/n<i>.toml`` (making ``root`` if need be) for ``size`` members on free loopback ports,
+    each data directory ``root/n<i>`` and every other member its peer; ``sections`` (``raft``,
+    ``group_commit``, ``store``, in that order) are written when not empty, values as JSON (which TOML
+    reads alike)."""
+    root.mkdir(parents=True, exist_ok=True)
     ports = free_ports(2 * size)
     addresses = [(f"n{index}", f"127.0.0.1:{ports[2 * index]}", f"127.0.0.1:{ports[2 * index + 1]}")
                  for index in range(size)]
