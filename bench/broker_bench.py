@@ -50,7 +50,6 @@ from typing import Any, Final, TypeVar
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import bench_table, cpp_producer, cpu_meter
-from bench.figures import percentile as percentile  # timer_bench.py imports it from here
 from bench.figures import produce_figures
 from bench.sdk_sends import timed_sends
 from cli.cluster import LocalCluster, route_master

@@ -31,7 +31,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -40,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cli.cluster import LocalCluster
 from cli.front import ROUTES
+from tests.support.waiting import wait_for
 
 REPOSITORY: Final = Path(__file__).resolve().parents[1]
 #: the longest the bench waits for one step (acks to resume, a member to rejoin)
@@ -47,7 +47,7 @@ STEP_DEADLINE_SECONDS: Final = 90.0
 POLL_SECONDS: Final = 0.02
 #: how long after the first ack that follows a kill stalls still count towards that kill
 SETTLE_SECONDS: Final = 3.0
-#: the small store files the tests use (tests/support.py SMALL_STORE): a member restarted ten times starts quickly
+#: the small store files the tests use (tests/support/stores.py SMALL_STORE): a member restarted ten times starts quickly
 STORE: Final = {"segment_size_bytes": 8 << 20, "consume_queue_units_per_file": 4096, "index_slot_count": 4096,
                 "index_entry_capacity": 16_384}
 
@@ -172,14 +172,6 @@ def stored_bodies(namesrv: str, topic: str) -> list[bytes]:
     return bodies
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout_seconds: float = STEP_DEADLINE_SECONDS) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout_seconds:.0f} s waiting for {what}")
-        time.sleep(POLL_SECONDS)
-
-
 def ready(http_address: str, role: str = "") -> bool:
     """The member answers ``GET /readyz`` 200: healthy, a leader known, applied what the group committed (with
     ``role="leader"``: it is the leader taking writes, what the front checks)."""
@@ -203,12 +195,15 @@ def gap_around(times: list[float], killed_at: float) -> float | None:
 
 def measure(cluster: LocalCluster, producer: CppProducer | OwnProducer, kills: int, name: str) -> list[float]:
     gaps: list[float] = []
-    wait_for(lambda: len(producer.poll().times) >= 20, f"{name}: acknowledged sends")
+    wait_for(lambda: len(producer.poll().times) >= 20, f"{name}: acknowledged sends",
+             timeout_seconds=STEP_DEADLINE_SECONDS, interval_seconds=POLL_SECONDS)
     for kill in range(kills):
-        wait_for(lambda: all(ready(node.http_address) for node in cluster.info.nodes), "every member ready")
+        wait_for(lambda: all(ready(node.http_address) for node in cluster.info.nodes), "every member ready",
+                 timeout_seconds=STEP_DEADLINE_SECONDS, interval_seconds=POLL_SECONDS)
         settled = time.monotonic()
         wait_for(lambda settled=settled: any(at > settled + 0.5 for at in producer.poll().times),  # type: ignore[misc]
-                 f"{name}: acks before kill")
+                 f"{name}: acks before kill", timeout_seconds=STEP_DEADLINE_SECONDS,
+                 interval_seconds=POLL_SECONDS)
         leaders = [node.id for node in cluster.info.nodes if ready(node.http_address, "leader")]
         if len(leaders) != 1:  # (a member's status can say LEADER a moment after it lost an election)
             raise RuntimeError(f"not one leader to kill: {leaders}")
@@ -216,7 +211,8 @@ def measure(cluster: LocalCluster, producer: CppProducer | OwnProducer, kills: i
         killed_at = time.monotonic()
         cluster.kill(leader)
         wait_for(lambda killed_at=killed_at: gap_around(producer.poll().times, killed_at) is not None,  # type: ignore[misc]
-                 f"{name}: acks after the kill")
+                 f"{name}: acks after the kill", timeout_seconds=STEP_DEADLINE_SECONDS,
+                 interval_seconds=POLL_SECONDS)
         times, errors = producer.poll().snapshot()
         gap = gap_around(times, killed_at)
         assert gap is not None

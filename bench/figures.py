@@ -3,10 +3,7 @@ that their lines carry the same keys computed the same way."""
 
 from __future__ import annotations
 
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))] if ordered else 0.0
+from tests.support.percentiles import percentile
 
 
 def produce_figures(latencies_seconds: list[float], errors: int, seconds: float,

@@ -32,7 +32,7 @@ from typing import Any, Final
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.figures import percentile, produce_figures
+from bench.figures import produce_figures
 from bench.sdk_sends import timed_sends
 from cli.cluster import LocalCluster
 from client.admin import AsyncAdmin
@@ -41,6 +41,7 @@ from client.message import Message
 from client.producer import AsyncProducer
 from client.pull_consumer import AsyncPullConsumer
 from tests.interop import sdk5  # the SDK's venv (made from tests/interop/sdk5-requirements.txt)
+from tests.support.percentiles import percentile
 
 TOPIC_5X: Final = "GrpcBench5"
 TOPIC_4X: Final = "GrpcBench4"

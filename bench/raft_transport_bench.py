@@ -25,15 +25,13 @@ import argparse
 import contextlib
 import json
 import os
-import queue
 import random
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 if __package__ in (None, ""):
     # Run as a script path: make the repository root importable, as ``-m`` from the root would.
@@ -42,11 +40,13 @@ if __package__ in (None, ""):
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.transport import TCPTransport
 
+from cli.cluster import free_ports
 from dledger.transport import transport_class
 from dledger.tuning import tuned_conf
-from tests.support import free_ports
+from tests.support.percentiles import percentile
+from tests.support.process_group import MemberProcess, running_processes
+from tests.support.waiting import wait_for
 
-REPOSITORY_ROOT = Path(__file__).resolve().parents[1]
 RANDOM_POOL_BYTES = 8 * 1024 * 1024
 WARM_UP_SECONDS = 1.0
 #: a member process exits by itself after this long, whatever the driver does
@@ -161,19 +161,15 @@ class LoadGenerator:
             self._propose("bytes", self._messages(1), 1)
         self._drain(10.0)
         with self._condition:
-            latencies = sorted(self._latencies)
+            latencies = list(self._latencies)
             failed = self._failed_entries
         if not latencies:
             return {"samples": 0, "failed_entries": failed}
-
-        def percentile(fraction: float) -> float:
-            return round(latencies[min(len(latencies) - 1, int(fraction * len(latencies)))] * 1000, 2)
-
         return {
             "samples": len(latencies),
-            "p50_ms": percentile(0.50),
-            "p99_ms": percentile(0.99),
-            "max_ms": round(latencies[-1] * 1000, 2),
+            "p50_ms": round(percentile(latencies, 0.50) * 1000, 2),
+            "p99_ms": round(percentile(latencies, 0.99) * 1000, 2),
+            "max_ms": round(max(latencies) * 1000, 2),
             "failed_entries": failed,
         }
 
@@ -235,34 +231,15 @@ def run_member(arguments: argparse.Namespace) -> None:
 # -- driver ------------------------------------------------------------------------------------------
 
 
-class MemberHandle:
-    def __init__(self, address: str, process: subprocess.Popen[str]) -> None:
+class MemberHandle(MemberProcess):
+    """A bench member process: a request is a JSON object, answered with one."""
+
+    def __init__(self, address: str, command: list[str]) -> None:
+        super().__init__(address, command, log_path=Path(os.devnull))  # the figures are in its answers
         self.address = address
-        self.process = process
-        self.lines: queue.Queue[str] = queue.Queue()
-        stdout = process.stdout
-        if stdout is None:
-            raise RuntimeError("member has no stdout")
-        threading.Thread(target=self._pump, args=(stdout,), daemon=True).start()
-
-    def _pump(self, stream: IO[str]) -> None:
-        for line in stream:
-            self.lines.put(line)
-
-    def read(self, timeout_seconds: float) -> dict[str, Any]:
-        try:
-            answer: dict[str, Any] = json.loads(self.lines.get(timeout=timeout_seconds))
-        except queue.Empty:
-            raise TimeoutError(f"member {self.address} did not answer within {timeout_seconds} s") from None
-        return answer
 
     def request(self, timeout_seconds: float, **fields: Any) -> dict[str, Any]:
-        stdin = self.process.stdin
-        if stdin is None:
-            raise RuntimeError("member has no stdin")
-        stdin.write(json.dumps(fields) + "\n")
-        stdin.flush()
-        return self.read(timeout_seconds)
+        return self.ask(json.dumps(fields), timeout_seconds)
 
 
 @contextlib.contextmanager
@@ -270,59 +247,49 @@ def member_group(mode: str, message_bytes: int) -> Iterator[list[MemberHandle]]:
     """Three members on free loopback ports; all are killed on exit, whatever happened."""
     addresses = [f"127.0.0.1:{port}" for port in free_ports(3)]
     secret = os.urandom(32)
-    environment = {**os.environ, "PYTHONPATH": str(REPOSITORY_ROOT)}
-    handles: list[MemberHandle] = []
-    try:
-        for address in addresses:
-            command = [sys.executable, "-m", "bench.raft_transport_bench", "member", "--self", address]
-            command += ["--mode", mode, "--secret-hex", secret.hex(), "--message-bytes", str(message_bytes)]
-            for partner in addresses:
-                if partner != address:
-                    command += ["--partner", partner]
-            process = subprocess.Popen(
-                command,
-                cwd=REPOSITORY_ROOT,
-                env=environment,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
-                bufsize=1,
-            )
-            handles.append(MemberHandle(address, process))
+    handles = []
+    for address in addresses:
+        command = [sys.executable, "-m", "bench.raft_transport_bench", "member", "--self", address]
+        command += ["--mode", mode, "--secret-hex", secret.hex(), "--message-bytes", str(message_bytes)]
+        for partner in addresses:
+            if partner != address:
+                command += ["--partner", partner]
+        handles.append(MemberHandle(address, command))
+    with running_processes(handles):
         for handle in handles:
-            handle.read(LEADER_WAIT_SECONDS)
+            handle.read_answer(LEADER_WAIT_SECONDS)
         yield handles
-    finally:
-        for handle in handles:
-            if handle.process.poll() is None:
-                handle.process.kill()
-        for handle in handles:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                handle.process.wait(timeout=10)
 
 
 def wait_for_leader(handles: list[MemberHandle]) -> MemberHandle:
-    deadline = time.monotonic() + LEADER_WAIT_SECONDS
-    while time.monotonic() < deadline:
+    def agreed_leader() -> MemberHandle | None:
         statuses = [handle.request(STATUS_TIMEOUT_SECONDS, op="status") for handle in handles]
         leaders = {status["leader"] for status in statuses}
         if len(leaders) == 1 and None not in leaders:
             for handle, status in zip(handles, statuses, strict=True):
                 if status["is_leader"]:
                     return handle
-        time.sleep(0.05)
-    raise TimeoutError("no leader elected")
+        return None
+
+    return wait_for(agreed_leader, "a leader elected", timeout_seconds=LEADER_WAIT_SECONDS)
 
 
 def applied_on_every_member(handles: list[MemberHandle], at_least: int, timeout_seconds: float) -> list[int]:
-    """Poll until every member applied the same number of messages, at least ``at_least``; the counts."""
-    deadline = time.monotonic() + timeout_seconds
-    while True:
-        counts = [handle.request(STATUS_TIMEOUT_SECONDS, op="status")["applied_messages"] for handle in handles]
-        if (len(set(counts)) == 1 and counts[0] >= at_least) or time.monotonic() >= deadline:
-            return counts
-        time.sleep(0.1)
+    """Poll until every member applied the same number of messages, at least ``at_least``; the counts (as
+    they are at the deadline when they never agree: the run reports them)."""
+
+    def counts() -> list[int]:
+        return [handle.request(STATUS_TIMEOUT_SECONDS, op="status")["applied_messages"] for handle in handles]
+
+    def agreed() -> list[int] | None:
+        applied = counts()
+        return applied if len(set(applied)) == 1 and applied[0] >= at_least else None
+
+    try:
+        return wait_for(agreed, f"every member to apply {at_least} messages", timeout_seconds=timeout_seconds,
+                        interval_seconds=0.1)
+    except AssertionError:
+        return counts()
 
 
 def run_scenario(name: str, mode: str, request: dict[str, Any], arguments: argparse.Namespace) -> dict[str, Any]:
@@ -370,7 +337,7 @@ def main() -> None:
             continue
         try:
             print(json.dumps(run_scenario(name, mode, request, arguments)), flush=True)
-        except TimeoutError as error:
+        except (TimeoutError, AssertionError) as error:  # a member that did not answer, no leader elected
             print(json.dumps({"scenario": name, "error": str(error)}), flush=True)
 
 

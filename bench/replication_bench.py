@@ -43,7 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.dledger.group import running_group
-from tests.support import wait_for
+from tests.support.waiting import wait_for
 
 STORE = {"segment_size_bytes": 256 << 20}
 GROUP_COMMIT = {"in_flight_entries_max": 16}  # and the product default of 512 messages per entry
@@ -73,7 +73,7 @@ def throughput(root: Path, duration: float, env: dict[str, str], raft: dict[str,
     with running_group(root, store=STORE, group_commit=GROUP_COMMIT, raft=raft or {}, env=env) as group:
         leader = group.wait_leader(60)
         group.load(True)
-        wait_for(lambda: leader.request("status")["acked"] > 1000, 60, "the load to start")
+        wait_for(lambda: leader.request("status")["acked"] > 1000, "the load to start", timeout_seconds=60)
         time.sleep(WARM_UP_SECONDS)  # steady state: the first segments, queue and index files are made by then
         pids = {node.node_id: node.process.pid for node in group.nodes if node.process is not None}
         first = leader.request("status")

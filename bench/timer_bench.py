@@ -18,11 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.broker_bench import percentile
 from cli.cluster import LocalCluster, route_master
 from commitlog.message import decode_record
 from protocol.client import RemotingClient
 from protocol.codes import RequestCode, ResponseCode
+from tests.support.percentiles import percentile
 
 TOPIC = "TimerBench"
 BODY = b"t" * 256

@@ -36,10 +36,8 @@ import argparse
 import asyncio
 import hashlib
 import json
-import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -142,20 +140,18 @@ def network_figures(spark: Any, root: Path, segment_bytes: int, block_bytes: int
     """Byte equality and the full check through the member API, each replica served by a process."""
     from cli.cluster import free_ports
     from spark_analytics.remote import Access, take_cut
+    from tests.support.process_group import MemberProcess, running_processes
 
     ports = free_ports(3)
     servers = []
+    for name, port in zip(("n0", "n1", "n2"), ports, strict=True):
+        command = [sys.executable, "-m", "bench.verify_bench", "--serve", str(root / name / "store"),
+                   "--name", name, "--port", str(port), "--segment-mb", str(segment_bytes // MIB)]
+        servers.append(MemberProcess(name, command))
     figures: dict[str, Any] = {}
-    try:
-        for name, port in zip(("n0", "n1", "n2"), ports, strict=True):
-            servers.append(subprocess.Popen(
-                [sys.executable, "-m", "bench.verify_bench", "--serve", str(root / name / "store"), "--name", name,
-                 "--port", str(port), "--segment-mb", str(segment_bytes // MIB)],
-                stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent,
-                env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}))
+    with running_processes(servers):
         for server in servers:
-            assert server.stdout is not None
-            if server.stdout.readline().strip() != SERVE_READY:
+            if server.read_line(timeout_seconds=None).strip() != SERVE_READY:
                 raise RuntimeError("a replica server did not start")
         cut = take_cut([f"127.0.0.1:{port}" for port in ports], Access.from_secret(SECRET))
         source = cut.encode()
@@ -186,10 +182,6 @@ def network_figures(spark: Any, root: Path, segment_bytes: int, block_bytes: int
         figures["local_full_check_warm_mb_per_s"] = round(total_mb / warm_seconds, 1)
         figures["network_vs_local_full_check_warm"] = round(figures["network_full_check_mb_per_s"]
                                                             / figures["local_full_check_warm_mb_per_s"], 2)
-    finally:
-        for server in servers:
-            server.kill()
-            server.wait()
     return figures
 
 

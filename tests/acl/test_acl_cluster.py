@@ -36,7 +36,8 @@ from tests.acl.helpers import (
     write_acl,
 )
 from tests.interop.harness import DriverPool
-from tests.support import small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -58,12 +59,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         create = request(leader(started), RequestCode.UPDATE_AND_CREATE_TOPIC, create_topic_fields("audit"),
                          credentials=ADMIN)
         assert create.code == ResponseCode.SUCCESS, create.remark
-        wait_for(lambda: route_master(started.namesrv, "orders"), REPLICATION_SECONDS, "a route for orders")
+        wait_for(lambda: route_master(started.namesrv, "orders"), "a route for orders",
+                 timeout_seconds=REPLICATION_SECONDS)
         yield started
 
 
 def leader(cluster: LocalCluster) -> str:
-    return wait_for(lambda: route_master(cluster.namesrv), REPLICATION_SECONDS, "a leader in the routes")
+    return wait_for(lambda: route_master(cluster.namesrv), "a leader in the routes",
+                    timeout_seconds=REPLICATION_SECONDS)
 
 
 def followers(cluster: LocalCluster) -> list[str]:
@@ -133,7 +136,7 @@ def test_per_topic_and_group_permissions_hold_for_pull_on_every_member(cluster: 
                                credentials=CONSUMER)
             return response if response.code == ResponseCode.SUCCESS else None
 
-        response = wait_for(pulled, REPLICATION_SECONDS, f"{member} to serve the message")
+        response = wait_for(pulled, f"{member} to serve the message", timeout_seconds=REPLICATION_SECONDS)
         assert decode_record(response.body, 0).body == b"pull me"
         for fields, credentials, words in [
             (pull_fields("orders", "reporting", offset), CONSUMER, ("group:reporting",)),
@@ -228,8 +231,8 @@ def test_a_change_of_the_leaders_file_is_replicated_to_every_member(cluster: Loc
     acl_file.write_text(changed)
     try:
         for member in members:
-            wait_for(lambda member=member: runtime_info(member, late), REPLICATION_SECONDS,  # type: ignore[misc]
-                     f"{member} to accept the new account")
+            wait_for(lambda member=member: runtime_info(member, late),  # type: ignore[misc]
+                     f"{member} to accept the new account", timeout_seconds=REPLICATION_SECONDS)
             if whitelist:
                 anonymous = request(member, RequestCode.GET_BROKER_RUNTIME_INFO, source_host="127.0.0.2")
                 assert anonymous.code == ResponseCode.SUCCESS, anonymous.remark
@@ -240,8 +243,8 @@ def test_a_change_of_the_leaders_file_is_replicated_to_every_member(cluster: Loc
     finally:
         acl_file.write_text(BASE_ACL)
     for member in members:
-        wait_for(lambda member=member: runtime_info(member, late) is None, REPLICATION_SECONDS,  # type: ignore[misc]
-                 f"{member} to drop the account again")
+        wait_for(lambda member=member: runtime_info(member, late) is None,  # type: ignore[misc]
+                 f"{member} to drop the account again", timeout_seconds=REPLICATION_SECONDS)
 
 
 def test_cluster_status_probes_sign_with_credentials_from_the_environment(
@@ -259,13 +262,14 @@ def test_grpc_v2_sends_are_checked_against_the_same_accounts(cluster: LocalClust
     publish to orders; a wrong secret, or a topic it may not publish to, is refused and stores nothing."""
     from tests.interop import sdk5  # the SDK itself runs in a subprocess of its own venv
 
-    node = wait_for(cluster.leader_node, REPLICATION_SECONDS, "a leader")
+    node = wait_for(cluster.leader_node, "a leader", timeout_seconds=REPLICATION_SECONDS)
     master = leader(cluster)
     before = max_offset(master, "orders")
     good = sdk5.produce(node.grpc_address, "orders", [{"body": "5.x with the producer's keys"}],
                         access_key=PRODUCER.access_key, secret_key=PRODUCER.secret_key)
     assert good.returncode == 0 and [result["ok"] for result in good.results] == [True], good.describe()
-    wait_for(lambda: max_offset(master, "orders") == before + 1, REPLICATION_SECONDS, "the 5.x send stored")
+    wait_for(lambda: max_offset(master, "orders") == before + 1, "the 5.x send stored",
+             timeout_seconds=REPLICATION_SECONDS)
     wrong_secret = sdk5.produce(node.grpc_address, "orders", [{"body": "wrong secret"}],
                                 access_key=PRODUCER.access_key, secret_key="not-the-secret")
     forbidden = sdk5.produce(node.grpc_address, "audit", [{"body": "not allowed"}],

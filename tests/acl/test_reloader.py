@@ -13,7 +13,8 @@ from broker.acl.authorizer import AclRules
 from broker.acl.config import AclConfig, load_acl_file
 from broker.acl.reloader import AclFileWatcher
 from tests.acl.helpers import BASE_ACL
-from tests.broker.helpers import poll_until, run
+from tests.broker.helpers import run
+from tests.support.waiting import poll_until
 
 EXTRA = BASE_ACL + '\n[[accounts]]\naccessKey = "late-comer"\nsecretKey = "late-secret"\n'
 
@@ -137,9 +138,10 @@ def test_the_running_watcher_retries_failed_proposals_and_wakes_on_demand(tmp_pa
         try:
             group.leader = True
             watcher.wake()
-            await poll_until(lambda: len(attempts) >= 1, "a first attempt")
+            await poll_until(lambda: len(attempts) >= 1, "a first attempt", timeout_seconds=5.0)
             watcher.wake()
-            await poll_until(lambda: bool(group.proposals), "a successful proposal after the failed one")
+            await poll_until(lambda: bool(group.proposals), "a successful proposal after the failed one",
+                             timeout_seconds=5.0)
         finally:
             await watcher.stop()
         await asyncio.sleep(0)

@@ -29,16 +29,6 @@ def run(coroutine: Awaitable[T], timeout_seconds: float = TEST_DEADLINE_SECONDS)
     return asyncio.run(bounded())
 
 
-async def poll_until(condition: Callable[[], bool], what: str, timeout_seconds: float = 5.0) -> None:
-    """Wait until ``condition()`` holds, checking every few milliseconds; fail naming ``what``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_seconds
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_seconds} s waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
 Processor = Callable[[RequestContext], Awaitable[RemotingCommand | None]]
 
 

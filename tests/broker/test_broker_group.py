@@ -20,7 +20,8 @@ from protocol.command import DEFAULT_LANGUAGE, REMOTING_VERSION, RemotingCommand
 from protocol.connection import RemotingError
 from protocol.topics import SCHEDULE_TOPIC
 from tests.broker import wire
-from tests.support import small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +71,8 @@ def test_send_then_pull_from_leader_and_followers(cluster: LocalCluster) -> None
     assert [int(f["queueOffset"]) for f in sent] == [n // 2 for n in range(10)]
     _, physical = decode_message_id(sent[3]["msgId"])
     for node in [address, *followers(cluster)]:
-        wait_for(lambda: max_offset(node, "Basic", 0) == 5, 20, f"queue 0 on {node}")  # noqa: B023
+        wait_for(lambda: max_offset(node, "Basic", 0) == 5, f"queue 0 on {node}",  # noqa: B023
+                 timeout_seconds=20)
         code, fields, messages = wire.pull(node, "Basic", 0, 0)
         assert code == ResponseCode.SUCCESS
         assert [m.body for m in messages] == [f"body-{n}".encode() for n in range(0, 10, 2)]
@@ -131,7 +133,8 @@ def test_a_follower_forwards_writes_to_the_leader(cluster: LocalCluster) -> None
     code, fields, _ = wire.send(follower, "Basic", b"sent to a follower", queue_id=1)
     assert code == ResponseCode.SUCCESS, fields
     offset = int(fields["queueOffset"])
-    wait_for(lambda: max_offset(address, "Basic", 1) > offset, 20, "the forwarded send on the leader")
+    wait_for(lambda: max_offset(address, "Basic", 1) > offset, "the forwarded send on the leader",
+             timeout_seconds=20)
     code, _, messages = wire.pull(address, "Basic", 1, offset)
     assert code == ResponseCode.SUCCESS and messages[0].body == b"sent to a follower"
 
@@ -178,8 +181,9 @@ def test_long_polling_pull_is_woken_by_a_send(cluster: LocalCluster, where: str)
     topic = f"Poll-{where}"
     create_topic(address, topic, queues=1)
     puller_address = address if where == "leader" else followers(cluster)[0]
-    wait_for(lambda: wire.pull(puller_address, topic, 0, 0)[0] != ResponseCode.TOPIC_NOT_EXIST, 20,
-             "the topic on the puller's member")
+    wait_for(lambda: wire.pull(puller_address, topic, 0, 0)[0] != ResponseCode.TOPIC_NOT_EXIST,
+             "the topic on the puller's member",
+             timeout_seconds=20)
     result: list[tuple[int, dict[str, str], list[StoredMessage]]] = []
     puller = threading.Thread(target=lambda: result.append(wire.pull(puller_address, topic, 0, 0,
                                                                      suspend_ms=20_000)))
@@ -215,12 +219,13 @@ def test_consumer_offsets_are_replicated(cluster: LocalCluster) -> None:
     assert code == ResponseCode.SUCCESS
     for node in followers(cluster):
         wait_for(lambda: wire.call(node, RequestCode.QUERY_CONSUMER_OFFSET, fields)[1].get("offset") == "42",  # noqa: B023
-                 20, f"offset on {node}")
+                 f"offset on {node}", timeout_seconds=20)
     # a follower forwards the commit to the leader (broker.forwarding)
     code, answer, _ = wire.call(followers(cluster)[0], RequestCode.UPDATE_CONSUMER_OFFSET, {**fields, "commitOffset": "1"})
     assert code == ResponseCode.SUCCESS
-    wait_for(lambda: wire.call(address, RequestCode.QUERY_CONSUMER_OFFSET, fields)[1].get("offset") == "1", 20,
-             "the forwarded commit on the leader")
+    wait_for(lambda: wire.call(address, RequestCode.QUERY_CONSUMER_OFFSET, fields)[1].get("offset") == "1",
+             "the forwarded commit on the leader",
+             timeout_seconds=20)
 
 
 def test_heartbeat_consumer_list_and_queue_locks(cluster: LocalCluster) -> None:
@@ -256,7 +261,8 @@ def test_delay_level_and_send_back_to_retry_and_dead_letter(cluster: LocalCluste
     assert code == ResponseCode.SUCCESS, remark
     # held in SCHEDULE_TOPIC_XXXX, then delivered: not asserted as "not there yet" right after the send (a
     # stall of a second on a loaded host delivers it first); the store timestamp below shows the delay
-    wait_for(lambda: max_offset(address, "Delayed", 0) == 1, 30, "delivery after the 1 s level")
+    wait_for(lambda: max_offset(address, "Delayed", 0) == 1, "delivery after the 1 s level",
+             timeout_seconds=30)
     _, _, messages = wire.pull(address, "Delayed", 0, 0)
     delivered = messages[0]
     assert delivered.body == b"later" and delivered.property_map["REAL_TOPIC"] == "Delayed"
@@ -270,7 +276,8 @@ def test_delay_level_and_send_back_to_retry_and_dead_letter(cluster: LocalCluste
             "originMsgId": delivered.msg_id, "originTopic": "Delayed", "unitMode": "false", "maxReconsumeTimes": "1"}
     code, _, _ = wire.call(address, RequestCode.CONSUMER_SEND_MSG_BACK, back)
     assert code == ResponseCode.SUCCESS
-    wait_for(lambda: max_offset(address, "%RETRY%g-retry", 0) == 1, 30, "the retry after its delay")
+    wait_for(lambda: max_offset(address, "%RETRY%g-retry", 0) == 1, "the retry after its delay",
+             timeout_seconds=30)
     _, _, retried = wire.pull(address, "%RETRY%g-retry", 0, 0)
     assert retried[0].body == b"later" and retried[0].reconsume_times == 1
     assert retried[0].property_map["RETRY_TOPIC"] == "Delayed"
@@ -278,7 +285,7 @@ def test_delay_level_and_send_back_to_retry_and_dead_letter(cluster: LocalCluste
     back["offset"] = str(retried[0].physical_offset)
     code, _, _ = wire.call(address, RequestCode.CONSUMER_SEND_MSG_BACK, back)
     assert code == ResponseCode.SUCCESS
-    wait_for(lambda: max_offset(address, "%DLQ%g-retry", 0) == 1, 20, "the dead letter")
+    wait_for(lambda: max_offset(address, "%DLQ%g-retry", 0) == 1, "the dead letter", timeout_seconds=20)
 
 
 def test_leader_kill_keeps_acknowledged_messages_and_offsets(cluster: LocalCluster) -> None:
@@ -296,7 +303,7 @@ def test_leader_kill_keeps_acknowledged_messages_and_offsets(cluster: LocalClust
         master = route_master(cluster.namesrv)
         return master if master != address else None
 
-    new_address = wait_for(new_leader, 30, "a new leader")
+    new_address = wait_for(new_leader, "a new leader", timeout_seconds=30)
     code, _, remark = wire.send(new_address, "Failover", b"after", queue_id=0)
     assert code == ResponseCode.SUCCESS, remark
     _, _, messages = wire.pull(new_address, "Failover", 0, 0, count=64)
@@ -304,8 +311,9 @@ def test_leader_kill_keeps_acknowledged_messages_and_offsets(cluster: LocalClust
     code, answer, _ = wire.call(new_address, RequestCode.QUERY_CONSUMER_OFFSET, offset_fields)
     assert answer["offset"] == "7"
     cluster.restart(old.id)
-    wait_for(lambda: reachable_max_offset(old.broker_address, "Failover", 0) == 21, 60,
-             "the restarted member catching up")
+    wait_for(lambda: reachable_max_offset(old.broker_address, "Failover", 0) == 21,
+             "the restarted member catching up",
+             timeout_seconds=60)
 
 
 def test_status_lists_every_node(cluster: LocalCluster, tmp_path: Path) -> None:
@@ -450,7 +458,8 @@ def test_a_stock_clients_repeated_uniq_key_loses_no_message(cluster: LocalCluste
     assert answers[2] == answers[0] and answers[3] == answers[1]  # retries: the stored message's answer
     assert len({answers[0], answers[1], answers[4]}) == 3
     for node in [address, *followers(cluster)]:
-        wait_for(lambda: max_offset(node, "RepeatedKey", 0) == 3, 20, f"three messages on {node}")  # noqa: B023
+        wait_for(lambda: max_offset(node, "RepeatedKey", 0) == 3, f"three messages on {node}",  # noqa: B023
+                 timeout_seconds=20)
         _, _, messages = wire.pull(node, "RepeatedKey", 0, 0)
         assert [m.body for m in messages] == [b"first", b"second", b"third"]
     assert int(runtime_table(address)["uniqKeyCollisions"]) == before + 2
@@ -495,13 +504,15 @@ def test_clients_behind_followers_are_known_to_the_leader_and_reached_through_th
             assert response.code == ResponseCode.SUCCESS
         first_client, second_client = clients
         # one list, whatever member is asked
-        wait_for(lambda: consumer_ids(first_client) == ["c-first", "c-second"], 20, "the group's list via a follower")
+        wait_for(lambda: consumer_ids(first_client) == ["c-first", "c-second"],
+                 "the group's list via a follower", timeout_seconds=20)
         assert consumer_ids(second_client) == ["c-first", "c-second"]
         code, _, body = wire.call(master, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group})
         assert code == ResponseCode.SUCCESS and sorted(json.loads(body)["consumerIdList"]) == ["c-first", "c-second"]
         # the second consumer's arrival reached the first over its follower's link
-        wait_for(lambda: RequestCode.NOTIFY_CONSUMER_IDS_CHANGED in asked["c-first"], 20,
-                 "the group change relayed to the first consumer")
+        wait_for(lambda: RequestCode.NOTIFY_CONSUMER_IDS_CHANGED in asked["c-first"],
+                 "the group change relayed to the first consumer",
+                 timeout_seconds=20)
         # an admin's call to a consumer behind a follower, made at the leader and at the other follower
         for address in (master, first):
             code, _, body = wire.call(address, RequestCode.GET_CONSUMER_RUNNING_INFO,
@@ -509,7 +520,8 @@ def test_clients_behind_followers_are_known_to_the_leader_and_reached_through_th
             assert (code, json.loads(body)) == (ResponseCode.SUCCESS, {"client": "c-second"})
         # a consumer that goes is gone from the group's list at once, not at its registration's expiry
         loop.run(second_client.close())
-        wait_for(lambda: consumer_ids(first_client) == ["c-first"], 20, "the closed consumer dropped by the leader")
+        wait_for(lambda: consumer_ids(first_client) == ["c-first"],
+                 "the closed consumer dropped by the leader", timeout_seconds=20)
     finally:
         for client in clients:
             loop.run(client.close())

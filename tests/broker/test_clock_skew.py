@@ -16,7 +16,8 @@ from cli.cluster import LocalCluster
 from protocol.codes import ResponseCode
 from tests.broker import wire
 from tests.broker.test_retention import min_offsets
-from tests.support import small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 SEGMENT = 1 << 20
@@ -44,7 +45,7 @@ def restart_with_clock_moved(cluster: LocalCluster, node_id: str, offset_ns: int
 def make_leader(cluster: LocalCluster, node_id: str) -> None:
     """Pause whoever else leads until ``node_id`` wins an election (pysyncobj has no transfer from outside)."""
     for _ in range(20):
-        leader = wait_for(cluster.leader_node, 30, "a leader")
+        leader = wait_for(cluster.leader_node, "a leader", timeout_seconds=30)
         if leader.id == node_id:
             return
         paused = leader.id
@@ -54,7 +55,7 @@ def make_leader(cluster: LocalCluster, node_id: str) -> None:
                 now = cluster.leader_node()
                 return now is not None and now.id != paused
 
-            wait_for(another_leads, 30, "a new leader")
+            wait_for(another_leads, "a new leader", timeout_seconds=30)
         finally:
             os.kill(leader.pid, signal.SIGCONT)
     raise AssertionError(f"{node_id} never won an election")

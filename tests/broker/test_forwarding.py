@@ -28,7 +28,8 @@ from broker.requests import RequestError
 from protocol.client import RemotingClient
 from protocol.codes import RequestCode, ResponseCode
 from protocol.command import ONEWAY_FLAG, RemotingCommand, make_response
-from tests.broker.helpers import LOOPBACK, poll_until, run
+from tests.broker.helpers import LOOPBACK, run
+from tests.support.waiting import poll_until
 
 SECRET = b"s" * 32
 
@@ -243,7 +244,8 @@ def test_forwards_beyond_the_in_flight_limit_are_answered_busy() -> None:
             try:
                 held = [asyncio.ensure_future(client.request(RequestCode.SEND_MESSAGE, {"n": str(n)}))
                         for n in range(2)]
-                await poll_until(lambda: members.forwarder.in_flight == 2, "two forwards in flight")
+                await poll_until(lambda: members.forwarder.in_flight == 2, "two forwards in flight",
+                                 timeout_seconds=5.0)
                 busy = await client.request(RequestCode.SEND_MESSAGE, {"n": "2"})
                 assert busy.code == ResponseCode.SYSTEM_BUSY
                 gate.set()
@@ -279,7 +281,8 @@ def test_a_oneway_request_is_forwarded_oneway() -> None:
             client = await client_of(members.follower)
             try:
                 await client.oneway(RequestCode.SEND_MESSAGE, {"o": "1"})
-                await poll_until(lambda: len(members.leader_recorder.seen) == 1, "the oneway send at the leader")
+                await poll_until(lambda: len(members.leader_recorder.seen) == 1,
+                                 "the oneway send at the leader", timeout_seconds=5.0)
                 assert members.leader_recorder.seen[0].request.flag & ONEWAY_FLAG
             finally:
                 await client.close()
@@ -297,7 +300,7 @@ def test_a_request_that_finds_no_leader_is_held_until_one_is_known_then_forwarde
                 pending = asyncio.ensure_future(client.request(RequestCode.SEND_MESSAGE, {"n": "1"},
                                                                timeout_seconds=30.0))
                 await poll_until(lambda: any(each.in_flight for each in members.follower.connections),
-                                 "the request held by the follower")
+                                 "the request held by the follower", timeout_seconds=5.0)
                 assert not pending.done()
                 members.follower_broker.leader = f"{LOOPBACK}:{members.leader.port}"  # elected
                 answer = await pending
@@ -318,7 +321,7 @@ def test_a_held_request_is_served_by_its_follower_when_that_follower_is_elected(
                 pending = asyncio.ensure_future(client.request(RequestCode.SEND_MESSAGE, {"n": "2"},
                                                                timeout_seconds=30.0))
                 await poll_until(lambda: any(each.in_flight for each in members.follower.connections),
-                                 "the request held by the follower")
+                                 "the request held by the follower", timeout_seconds=5.0)
                 members.follower_broker.member.is_leader = True
                 answer = await pending
                 assert (answer.code, answer.remark) == (ResponseCode.SUCCESS, "served")

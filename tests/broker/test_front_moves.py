@@ -14,7 +14,8 @@ from broker.remoting.server import ServerConnection
 from protocol.client import RemotingClient
 from protocol.codes import ResponseCode
 from protocol.command import RemotingCommand, make_response
-from tests.broker.helpers import LOOPBACK, poll_until, run, running_server
+from tests.broker.helpers import LOOPBACK, run, running_server
+from tests.support.waiting import poll_until
 
 
 @dataclass
@@ -100,7 +101,8 @@ def test_a_connection_closes_right_after_the_answer_that_leaves_it_idle() -> Non
             client = await RemotingClient.connect(LOOPBACK, server.port)
             try:
                 pending = asyncio.ensure_future(client.request(10, timeout_seconds=10.0))
-                await poll_until(lambda: any(each.in_flight for each in server.connections), "the request in progress")
+                await poll_until(lambda: any(each.in_flight for each in server.connections),
+                                 "the request in progress", timeout_seconds=5.0)
                 connection: ServerConnection = server.connections[0]
                 assert connection.close_when_idle() is False  # busy: not now
                 assert connection.closing_when_idle and not client.is_closed
@@ -110,7 +112,8 @@ def test_a_connection_closes_right_after_the_answer_that_leaves_it_idle() -> Non
                 await asyncio.wait_for(client.wait_closed(), 5.0)
                 # an idle connection closes at once
                 other = await RemotingClient.connect(LOOPBACK, server.port)
-                await poll_until(lambda: len(server.connections) == 1, "the second connection")
+                await poll_until(lambda: len(server.connections) == 1, "the second connection",
+                                 timeout_seconds=5.0)
                 assert server.connections[0].close_when_idle() is True
                 await asyncio.wait_for(other.wait_closed(), 5.0)
             finally:

@@ -19,7 +19,8 @@ from protocol.client import RemotingClient
 from protocol.codes import RequestCode, ResponseCode
 from protocol.route_data import MASTER_ID
 from protocol.route_data import TopicConfig as RouteTopicConfig
-from tests.broker.helpers import LOOPBACK, NODE_FILE_HEAD, poll_until, run
+from tests.broker.helpers import LOOPBACK, NODE_FILE_HEAD, run
+from tests.support.waiting import poll_until
 
 FRONT, LEADER, FOLLOWER = "127.0.0.1:30900", "127.0.0.1:10911", "127.0.0.1:10921"
 NODE = NODE_FILE_HEAD + f"""listen_address = "{LEADER}"
@@ -66,7 +67,8 @@ def test_the_leader_registers_the_front_which_outlives_it_and_followers_register
             # the leader dies: its connection closes, the name server forgets what came over it, not the front
             for each in leader._clients.values():
                 await each.close()
-            await poll_until(lambda: LEADER not in name_server.routes.live_addresses(), "the leader forgotten")
+            await poll_until(lambda: LEADER not in name_server.routes.live_addresses(),
+                             "the leader forgotten", timeout_seconds=5.0)
             assert await addresses() == {MASTER_ID: FRONT, 2: FOLLOWER}
             # a leader that stops does not unregister the group's address; a follower unregisters itself
             await leader.stop()

@@ -45,7 +45,8 @@ from commitlog.config import ConfigError
 from dledger.stages import BUCKETS, bucket_of
 from protocol.codes import RequestCode, ResponseCode
 from tests.broker import wire
-from tests.support import small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 # ------------------------------------------------------------------ request parsing (sans-IO)
 
@@ -504,13 +505,14 @@ def test_probes_and_metrics_follow_the_leader(cluster: LocalCluster) -> None:
         checks = _leader_checks(cluster)
         return checks if sorted(checks.values()) == [200, 503, 503] else None
 
-    checks = wait_for(one_leader, 30, "exactly one member passing the leader check")
+    checks = wait_for(one_leader, "exactly one member passing the leader check", timeout_seconds=30)
     leader_id = next(node_id for node_id, status in checks.items() if status == 200)
     leader = cluster.info.node(leader_id)
     assert (node_status(leader) or {}).get("brokerRole") == "LEADER"
     for node in cluster.info.nodes:
         assert _get(node.http_address, "/healthz") == (200, "ok\n")
-        wait_for(lambda: _get(node.http_address, "/readyz")[0] == 200, 30, f"{node.id} ready")  # noqa: B023
+        wait_for(lambda: _get(node.http_address, "/readyz")[0] == 200, f"{node.id} ready",  # noqa: B023
+                 timeout_seconds=30)
         if node.id != leader_id:
             assert _get(node.http_address, "/readyz?role=leader") == (503, "not the leader\n")
     assert _get(leader.http_address, "/readyz?role=primary")[0] == 400
@@ -541,7 +543,7 @@ def test_probes_and_metrics_follow_the_leader(cluster: LocalCluster) -> None:
         passing = [node_id for node_id, status in statuses.items() if status == 200]
         return passing[0] if len(passing) == 1 and sorted(statuses.values()) == [200, 503] else None
 
-    moved = wait_for(new_leader, 60, "the leader check passing on one survivor")
+    moved = wait_for(new_leader, "the leader check passing on one survivor", timeout_seconds=60)
     assert _get(leader.http_address, "/readyz?role=leader")[0] == 0  # killed: no answer at all
     samples = _metrics(cluster.info.node(moved).http_address)
     assert samples[("raftmq_raft_leader", ())] == 1 and samples[("raftmq_raft_term", ())] > term
@@ -551,5 +553,6 @@ def test_probes_and_metrics_follow_the_leader(cluster: LocalCluster) -> None:
             assert follower[("raftmq_raft_role", (("role", "follower"),))] == 1
             assert follower[("raftmq_raft_term", ())] > term
     cluster.restart(leader_id)
-    wait_for(lambda: _get(leader.http_address, "/readyz")[0] == 200, 60, "the old leader back and ready")
+    wait_for(lambda: _get(leader.http_address, "/readyz")[0] == 200, "the old leader back and ready",
+             timeout_seconds=60)
     assert _leader_checks(cluster)[leader_id] == 503

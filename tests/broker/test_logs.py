@@ -14,7 +14,8 @@ import pytest
 
 from broker.logs import JsonFormatter, set_log_context
 from cli.cluster import LocalCluster
-from tests.support import small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,7 +89,7 @@ def test_a_local_group_logs_json_lines_and_rotates_its_logs(tmp_path: Path) -> N
         def rotated() -> bool:
             return member_log.with_name("broker.log.1").exists()
 
-        wait_for(rotated, 30, "the leader's log rotated at 300 bytes")
+        wait_for(rotated, "the leader's log rotated at 300 bytes", timeout_seconds=30)
         lines = [json.loads(line) for path in member_log.parent.glob("broker.log*")
                  for line in path.read_text().splitlines() if line.startswith('{"time"')]
         assert lines and all(line["node"] == leader.id and line["group"] == "broker-a" for line in lines)

@@ -33,7 +33,8 @@ from protocol.route_data import (
     decode_topic_list,
     java_crc32,
 )
-from tests.broker.helpers import LOOPBACK, RawConnection, poll_until, run
+from tests.broker.helpers import LOOPBACK, RawConnection, run
+from tests.support.waiting import poll_until
 
 CLUSTER = "DefaultCluster"
 GROUP = "raft-group-a"
@@ -270,7 +271,8 @@ def test_broker_is_forgotten_when_its_connection_closes() -> None:
             await register(follower, FOLLOWER_ONE, 1)
             await follower.close()
             await poll_until(
-                lambda: name_server.routes.live_addresses() == [LEADER], "the follower to be forgotten"
+                lambda: name_server.routes.live_addresses() == [LEADER], "the follower to be forgotten",
+                timeout_seconds=5.0,
             )
             assert await route_addresses(reader) == {0: LEADER}
             for client in (leader, reader):

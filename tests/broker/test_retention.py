@@ -12,7 +12,8 @@ from cli.cluster import LocalCluster
 from commitlog.message import decode_message_id
 from protocol.codes import RequestCode, ResponseCode
 from tests.broker import wire
-from tests.support import small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 SEGMENT = 1 << 20
@@ -53,7 +54,8 @@ def test_old_segments_go_everywhere_alike_but_not_under_an_unresolved_half(clust
     fill(address, 30)
     half_segment = half_offset - half_offset % SEGMENT
     # everything before the half's segment goes, on every replica alike; the half's segment stays
-    wait_for(lambda: min_offsets(cluster) == [half_segment] * 3, 60, "retention up to the half's segment")
+    wait_for(lambda: min_offsets(cluster) == [half_segment] * 3, "retention up to the half's segment",
+             timeout_seconds=60)
     code, moved, _ = wire.pull(address, "Retained", 0, 0)
     assert code == ResponseCode.PULL_OFFSET_MOVED and int(moved["nextBeginOffset"]) > 0
     assert all(offset <= half_offset for offset in min_offsets(cluster))
@@ -63,4 +65,5 @@ def test_old_segments_go_everywhere_alike_but_not_under_an_unresolved_half(clust
         "msgId": half["msgId"], "transactionId": "RETHALF"})
     assert code == ResponseCode.SUCCESS
     # resolved: the half's segment may go too (the transaction progress passes it on the next check)
-    wait_for(lambda: all(offset > half_offset for offset in min_offsets(cluster)), 60, "retention past the half")
+    wait_for(lambda: all(offset > half_offset for offset in min_offsets(cluster)), "retention past the half",
+             timeout_seconds=60)

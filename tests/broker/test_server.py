@@ -27,7 +27,8 @@ from protocol.command import ONEWAY_FLAG, RemotingCommand, make_request, make_re
 from protocol.connection import ConnectionClosedError, RequestTimeoutError
 from protocol.invariant import InvariantError
 from protocol.limits import CodecLimits
-from tests.broker.helpers import LOOPBACK, RawConnection, poll_until, run, running_server
+from tests.broker.helpers import LOOPBACK, RawConnection, run, running_server
+from tests.support.waiting import poll_until
 
 ECHO = 1000
 BLOCKING = 1001
@@ -115,9 +116,11 @@ def test_full_queue_answers_system_busy_at_once() -> None:
         async with running_server({BLOCKING: gate}, queue_max=1, workers=1) as server:
             client = await RemotingClient.connect(LOOPBACK, server.port)
             first = asyncio.create_task(client.request(BLOCKING, timeout_seconds=10))
-            await poll_until(lambda: len(gate.started) == 1, "the worker to take the first request")
+            await poll_until(lambda: len(gate.started) == 1, "the worker to take the first request",
+                             timeout_seconds=5.0)
             second = asyncio.create_task(client.request(BLOCKING, timeout_seconds=10))
-            await poll_until(lambda: server.connections[0].in_flight == 2, "the second request to be queued")
+            await poll_until(lambda: server.connections[0].in_flight == 2, "the second request to be queued",
+                             timeout_seconds=5.0)
             # worker busy, queue full: answered before anything is released
             third = await client.request(BLOCKING, timeout_seconds=10)
             assert third.code == ResponseCode.SYSTEM_BUSY
@@ -184,10 +187,12 @@ def test_fatal_frame_error_closes_the_connection(prefix: bytes) -> None:
     async def scenario() -> None:
         async with running_server({ECHO: echo}) as server:
             raw = await RawConnection.open(server.port)
-            await poll_until(lambda: len(server.connections) == 1, "the connection to be admitted")
+            await poll_until(lambda: len(server.connections) == 1, "the connection to be admitted",
+                             timeout_seconds=5.0)
             await raw.send(prefix + b"\x00" * 16)
             assert await raw.closed_by_peer()
-            await poll_until(lambda: not server.connections, "the server to forget the connection")
+            await poll_until(lambda: not server.connections, "the server to forget the connection",
+                             timeout_seconds=5.0)
             await raw.close()
 
     run(scenario())
@@ -230,14 +235,16 @@ def test_connections_beyond_the_limit_are_closed_at_once() -> None:
         async with running_server({ECHO: echo}, ServerLimits(connections_max=2)) as server:
             first = await RemotingClient.connect(LOOPBACK, server.port)
             second = await RemotingClient.connect(LOOPBACK, server.port)
-            await poll_until(lambda: len(server.connections) == 2, "two admitted connections")
+            await poll_until(lambda: len(server.connections) == 2, "two admitted connections",
+                             timeout_seconds=5.0)
             extra = await RawConnection.open(server.port)
             assert await extra.closed_by_peer()
             assert len(server.connections) == 2
             assert (await first.request(ECHO)).code == ResponseCode.SUCCESS
             assert (await second.request(ECHO)).code == ResponseCode.SUCCESS
             await first.close()
-            await poll_until(lambda: len(server.connections) == 1, "the closed connection to be forgotten")
+            await poll_until(lambda: len(server.connections) == 1, "the closed connection to be forgotten",
+                             timeout_seconds=5.0)
             third = await RemotingClient.connect(LOOPBACK, server.port)
             assert (await third.request(ECHO)).code == ResponseCode.SUCCESS
             for client in (second, third):
@@ -258,10 +265,12 @@ def test_idle_and_trickling_connections_are_closed_but_busy_ones_are_not() -> No
             await trickling.send(b"\x00\x00\x00")  # a frame that never completes (slow loris)
             busy = await RemotingClient.connect(LOOPBACK, server.port)
             pending = asyncio.create_task(busy.request(BLOCKING, timeout_seconds=10))
-            await poll_until(lambda: len(gate.started) == 1, "the busy connection's request to start")
+            await poll_until(lambda: len(gate.started) == 1, "the busy connection's request to start",
+                             timeout_seconds=5.0)
             assert await silent.closed_by_peer()
             assert await trickling.closed_by_peer()
-            await poll_until(lambda: len(server.connections) == 1, "the two idle connections to be closed")
+            await poll_until(lambda: len(server.connections) == 1, "the two idle connections to be closed",
+                             timeout_seconds=5.0)
             # a request in progress is not idleness, however long it takes
             assert not busy.is_closed
             gate.release.set()
@@ -286,7 +295,7 @@ def test_in_flight_limit_stops_reading_until_a_request_finishes() -> None:
             connection_list = server.connections
             await poll_until(
                 lambda: connection_list[0].buffered_bytes >= 3 * frame_size,
-                "the last three frames to be held",
+                "the last three frames to be held", timeout_seconds=5.0,
             )
             connection = connection_list[0]
             assert connection.in_flight == 2
@@ -295,7 +304,7 @@ def test_in_flight_limit_stops_reading_until_a_request_finishes() -> None:
             gate.release.set()
             answered = sorted([(await raw.read_frame()).command.opaque for _ in range(5)])
             assert answered == [0, 1, 2, 3, 4]
-            await poll_until(lambda: not connection.reading_paused, "reading to resume")
+            await poll_until(lambda: not connection.reading_paused, "reading to resume", timeout_seconds=5.0)
             await raw.close()
 
     run(scenario())
@@ -321,17 +330,17 @@ def test_write_buffer_above_high_water_stops_reading_until_the_client_reads() ->
             raw = RawConnection(reader, writer)
             for opaque in range(requests):
                 await raw.send_request(ECHO, opaque)
-            await poll_until(lambda: len(server.connections) == 1, "the connection")
+            await poll_until(lambda: len(server.connections) == 1, "the connection", timeout_seconds=5.0)
             connection = server.connections[0]
             await poll_until(
                 lambda: PAUSED_FOR_WRITE_BUFFER in connection.pause_reasons,
-                "reads to pause on the write buffer",
+                "reads to pause on the write buffer", timeout_seconds=5.0,
             )
             answered = sorted(
                 [(await raw.read_frame(timeout_seconds=10)).command.opaque for _ in range(requests)]
             )
             assert answered == list(range(requests))
-            await poll_until(lambda: not connection.reading_paused, "reading to resume")
+            await poll_until(lambda: not connection.reading_paused, "reading to resume", timeout_seconds=5.0)
             await raw.close()
 
     run(scenario())
@@ -389,12 +398,12 @@ def test_server_initiated_requests_round_trip() -> None:
             client = await RemotingClient.connect(LOOPBACK, server.port, request_handler=handler)
             response = await client.request(ECHO, timeout_seconds=5)
             assert response.remark == "client said running"
-            await poll_until(lambda: len(client_saw) == 2, "the oneway check to arrive")
+            await poll_until(lambda: len(client_saw) == 2, "the oneway check to arrive", timeout_seconds=5.0)
             # a processor may keep the connection and use it after answering
             await kept[0].connection.send_oneway(
                 RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": "G"}
             )
-            await poll_until(lambda: len(client_saw) == 3, "the notification to arrive")
+            await poll_until(lambda: len(client_saw) == 3, "the notification to arrive", timeout_seconds=5.0)
             assert client_saw == [
                 (RequestCode.GET_CONSUMER_RUNNING_INFO, {"consumerGroup": "G"}, False),
                 (RequestCode.CHECK_TRANSACTION_STATE, {"msgId": "M1"}, True),
@@ -463,7 +472,8 @@ def test_client_request_times_out_and_fails_when_the_connection_closes() -> None
                 await client.request(SILENT, timeout_seconds=0.2)
             assert client.pending_requests == 0
             pending = asyncio.create_task(client.request(BLOCKING, timeout_seconds=10))
-            await poll_until(lambda: len(gate.started) == 1, "the blocking request to start")
+            await poll_until(lambda: len(gate.started) == 1, "the blocking request to start",
+                             timeout_seconds=5.0)
             server.connections[0].abort()
             with pytest.raises(ConnectionClosedError):
                 await pending
@@ -490,10 +500,11 @@ def test_graceful_stop_finishes_requests_in_progress() -> None:
         port = server.port
         client = await RemotingClient.connect(LOOPBACK, port)
         pending = asyncio.create_task(client.request(BLOCKING, timeout_seconds=10))
-        await poll_until(lambda: len(gate.started) == 1, "the request to start")
+        await poll_until(lambda: len(gate.started) == 1, "the request to start", timeout_seconds=5.0)
         connection = server.connections[0]
         stopping = asyncio.create_task(server.stop(grace_seconds=10))
-        await poll_until(lambda: PAUSED_FOR_STOP in connection.pause_reasons, "reads to stop")
+        await poll_until(lambda: PAUSED_FOR_STOP in connection.pause_reasons, "reads to stop",
+                         timeout_seconds=5.0)
         assert not server.is_serving
         with pytest.raises(OSError):
             await asyncio.open_connection(LOOPBACK, port)

@@ -23,7 +23,8 @@ from protocol.codes import ResponseCode
 from protocol.command import RemotingCommand, make_request, make_response
 from protocol.connection import ConnectionClosedError
 from protocol.invariant import InvariantError
-from tests.broker.helpers import LOOPBACK, RawConnection, poll_until, run
+from tests.broker.helpers import LOOPBACK, RawConnection, run
+from tests.support.waiting import poll_until
 
 CODE = 1100
 
@@ -103,11 +104,12 @@ def test_taken_requests_are_answered_through_finish_and_declined_ones_by_the_pro
             assert (await client.request(CODE, ext_fields={"way": "now"})).remark == "now"
             assert (await client.request(CODE, ext_fields={"way": "queued"})).remark == "queued"
             pending = asyncio.create_task(client.request(CODE, ext_fields={"way": "fast"}))
-            await poll_until(lambda: len(route.held) == 1, "the fast request to be held")
+            await poll_until(lambda: len(route.held) == 1, "the fast request to be held", timeout_seconds=5.0)
             assert server.connections[0].in_flight == 1
             route.answer_held(success)
             assert (await pending).remark == "fast"
-            await poll_until(lambda: server.connections[0].in_flight == 0, "the request to finish")
+            await poll_until(lambda: server.connections[0].in_flight == 0, "the request to finish",
+                             timeout_seconds=5.0)
             assert [way for way, _ in route.order] == ["now", "queued", "fast"]
             await client.close()
 
@@ -120,7 +122,7 @@ def test_a_framed_answer_is_written_as_is_and_matches_the_general_encoder() -> N
         async with serving(route) as server:
             raw = await RawConnection.open(server.port)
             await raw.send(encode_frame(request("fast", opaque=77)))
-            await poll_until(lambda: len(route.held) == 1, "the fast request to be held")
+            await poll_until(lambda: len(route.held) == 1, "the fast request to be held", timeout_seconds=5.0)
             fields = {"msgId": "7F00000100002A9F0000000000000000", "queueId": "3", "queueOffset": "12",
                       "transactionId": "ü-1"}
 
@@ -163,7 +165,7 @@ def test_while_a_request_waits_in_the_queue_the_next_ones_queue_behind_it() -> N
             frames += [encode_frame(request("fast", opaque)) for opaque in range(5, 8)]
             await raw.send(b"".join(frames))
             await poll_until(lambda: len(route.order) == 4 and server_route.queue.qsize() == 4,
-                             "four requests at the workers and four in the queue")
+                             "four requests at the workers and four in the queue", timeout_seconds=5.0)
             assert route.held == []
             route.release_queued.set()
             answered = sorted([(await raw.read_frame()).command.opaque for _ in range(8)])
@@ -181,19 +183,19 @@ def test_taken_requests_count_against_the_in_flight_limit() -> None:
         async with serving(route, ServerLimits(in_flight_requests_max=2)) as server:
             raw = await RawConnection.open(server.port)
             await raw.send(b"".join(encode_frame(request("fast", opaque)) for opaque in range(5)))
-            await poll_until(lambda: len(route.held) == 2, "two requests to be held")
+            await poll_until(lambda: len(route.held) == 2, "two requests to be held", timeout_seconds=5.0)
             connection = server.connections[0]
             assert PAUSED_FOR_IN_FLIGHT in connection.pause_reasons
             assert connection.in_flight == 2
             taken = 0
             while taken < 5:
-                await poll_until(lambda: bool(route.held), "a request to be held")
+                await poll_until(lambda: bool(route.held), "a request to be held", timeout_seconds=5.0)
                 assert len(route.held) <= 2 and connection.in_flight <= 2
                 taken += len(route.held)
                 route.answer_held(success)
             answered = sorted([(await raw.read_frame()).command.opaque for _ in range(5)])
             assert answered == [0, 1, 2, 3, 4]
-            await poll_until(lambda: not connection.reading_paused, "reading to resume")
+            await poll_until(lambda: not connection.reading_paused, "reading to resume", timeout_seconds=5.0)
             await raw.close()
 
     run(scenario())
@@ -205,10 +207,11 @@ def test_a_graceful_stop_waits_for_taken_requests() -> None:
         server = await started(route)
         client = await RemotingClient.connect(LOOPBACK, server.port)
         pending = asyncio.create_task(client.request(CODE, ext_fields={"way": "fast"}, timeout_seconds=10))
-        await poll_until(lambda: len(route.held) == 1, "the fast request to be held")
+        await poll_until(lambda: len(route.held) == 1, "the fast request to be held", timeout_seconds=5.0)
         connection = server.connections[0]
         stopping = asyncio.create_task(server.stop(grace_seconds=10))
-        await poll_until(lambda: PAUSED_FOR_STOP in connection.pause_reasons, "reads to stop")
+        await poll_until(lambda: PAUSED_FOR_STOP in connection.pause_reasons, "reads to stop",
+                         timeout_seconds=5.0)
         assert not stopping.done()
         route.answer_held(success)
         assert (await pending).code == ResponseCode.SUCCESS
@@ -225,10 +228,12 @@ def test_oneway_requests_taken_get_no_answer_and_finish() -> None:
         async with serving(route) as server:
             raw = await RawConnection.open(server.port)
             await raw.send(encode_frame(request("fast", opaque=1, oneway=True)))
-            await poll_until(lambda: len(route.held) == 1, "the oneway request to be held")
+            await poll_until(lambda: len(route.held) == 1, "the oneway request to be held",
+                             timeout_seconds=5.0)
             route.answer_held(success)
             connection = server.connections[0]
-            await poll_until(lambda: connection.in_flight == 0, "the oneway request to finish")
+            await poll_until(lambda: connection.in_flight == 0, "the oneway request to finish",
+                             timeout_seconds=5.0)
             await raw.send(encode_frame(request("now", opaque=2)))
             assert (await raw.read_frame()).command.opaque == 2  # and nothing for opaque 1 came before it
             await raw.close()
@@ -247,7 +252,7 @@ def test_errors_of_the_fast_path_are_answered_system_error_and_finish_once(
             assert broken.code == ResponseCode.SYSTEM_ERROR
             assert broken.remark is not None and "the fast path broke" in broken.remark
             pending = asyncio.create_task(client.request(CODE, ext_fields={"way": "fast"}))
-            await poll_until(lambda: len(route.held) == 1, "the fast request to be held")
+            await poll_until(lambda: len(route.held) == 1, "the fast request to be held", timeout_seconds=5.0)
             (held_request, finish), = route.held
             route.held = []
             finish(RuntimeError("the append went wrong"))
@@ -255,7 +260,8 @@ def test_errors_of_the_fast_path_are_answered_system_error_and_finish_once(
             failed = await pending
             assert failed.code == ResponseCode.SYSTEM_ERROR
             assert failed.remark is not None and "the append went wrong" in failed.remark
-            await poll_until(lambda: server.connections[0].in_flight == 0, "the request to finish")
+            await poll_until(lambda: server.connections[0].in_flight == 0, "the request to finish",
+                             timeout_seconds=5.0)
             assert (await client.request(CODE, ext_fields={"way": "now"})).code == ResponseCode.SUCCESS
             await client.close()
 

@@ -14,7 +14,8 @@ from commitlog.message import StoredMessage
 from protocol.codes import RequestCode, ResponseCode
 from protocol.connection import RemotingError
 from tests.broker import wire
-from tests.support import small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +58,7 @@ def test_timed_messages_arrive_once_not_before_their_time(cluster: LocalCluster)
         assert code == ResponseCode.SUCCESS, remark
     first = delivered(address, "Timed")
     assert [m.body for m in first or []] == [b"past"]  # already due: delivered at once
-    messages = wait_for(lambda: delivered_at_least(address, "Timed", 4), 30, "every timer")
+    messages = wait_for(lambda: delivered_at_least(address, "Timed", 4), "every timer", timeout_seconds=30)
     by_body = {m.body: m for m in messages}
     for name in cases:
         message = by_body[name.encode()]
@@ -94,15 +95,17 @@ def test_timer_survives_a_leader_kill_and_a_full_restart(cluster: LocalCluster) 
     cluster.kill(old.id, signal.SIGKILL)
     cluster.restart(old.id)
     new_address = leader(cluster)
-    wait_for(lambda: delivered_at_least(new_address, "TimedFailover", 1), 30, "the first timer from the new leader")
+    wait_for(lambda: delivered_at_least(new_address, "TimedFailover", 1),
+             "the first timer from the new leader", timeout_seconds=30)
     # the whole group restarts while the second timer is pending
     for node in cluster.info.nodes:
         cluster.kill(node.id, signal.SIGKILL)
     for node in cluster.info.nodes:
         cluster.restart(node.id)
     address = leader(cluster)
-    messages = wait_for(lambda: delivered_at_least(address, "TimedFailover", 2), 60,
-                        "the second timer after the restart")
+    messages = wait_for(lambda: delivered_at_least(address, "TimedFailover", 2),
+                        "the second timer after the restart",
+                        timeout_seconds=60)
     assert [m.body for m in messages] == [b"f0", b"f1"]
     for message in messages:
         assert message.store_timestamp >= int(message.property_map["TIMER_OUT_MS"])
@@ -122,13 +125,14 @@ def test_leader_killed_while_timers_and_delays_are_being_delivered(cluster: Loca
         code, _, remark = wire.send(address, "TimedMidway", key.encode(), queue_id=0, properties=properties)
         assert code == ResponseCode.SUCCESS, remark
         keys.append(key)
-    wait_for(lambda: delivered_at_least(address, "TimedMidway", 1), 30, "the first due timer")
+    wait_for(lambda: delivered_at_least(address, "TimedMidway", 1), "the first due timer", timeout_seconds=30)
     old = cluster.leader_node()
     assert old is not None
     cluster.kill(old.id, signal.SIGKILL)  # due times are passing: some delivered, some not yet
     cluster.restart(old.id)
     new_address = leader(cluster)
-    messages = wait_for(lambda: delivered_at_least(new_address, "TimedMidway", 24), 60, "every message")
+    messages = wait_for(lambda: delivered_at_least(new_address, "TimedMidway", 24), "every message",
+                        timeout_seconds=60)
     assert sorted(m.property_map["UNIQ_KEY"] for m in messages) == keys  # each exactly once
     for message in messages:
         due = message.property_map.get("TIMER_OUT_MS")

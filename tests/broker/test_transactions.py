@@ -17,7 +17,8 @@ from protocol.codes import RequestCode, ResponseCode
 from protocol.command import RemotingCommand
 from protocol.connection import RemotingError
 from tests.broker import wire
-from tests.support import small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 GROUP = "tx-producer"
@@ -132,7 +133,7 @@ def test_unknown_state_is_resolved_by_check_back(cluster: LocalCluster) -> None:
     checks: list[RemotingCommand] = []
     asyncio.run(_answer_checks(address, 8, checks))
     assert checks and checks[0].ext_fields["transactionId"] == "TXCHECK0000000000000000000000001"
-    wait_for(lambda: max_offset(address, "TxChecked") == 1, 20, "the checked-back commit")
+    wait_for(lambda: max_offset(address, "TxChecked") == 1, "the checked-back commit", timeout_seconds=20)
     _, _, messages = wire.pull(address, "TxChecked", 0, 0)
     assert [m.body for m in messages] == [b"tx-TXCHECK0000000000000000000000001"]
 
@@ -149,22 +150,24 @@ def test_leader_kill_between_prepare_and_commit(cluster: LocalCluster) -> None:
         master = route_master(cluster.namesrv)
         return master if master not in (None, address) else None
 
-    new_address = wait_for(new_leader, 30, "a new leader")
+    new_address = wait_for(new_leader, "a new leader", timeout_seconds=30)
     def commit() -> tuple[int, str] | None:
         outcome = end(new_address, half, 8)
         return None if outcome[0] == ResponseCode.SERVICE_NOT_AVAILABLE else outcome
 
-    code, remark = wait_for(commit, 20, "the commit on the new leader")
+    code, remark = wait_for(commit, "the commit on the new leader", timeout_seconds=20)
     assert code == ResponseCode.SUCCESS, remark
     _, _, messages = wire.pull(new_address, "TxFailover", 0, 0)
     assert [m.property_map["UNIQ_KEY"] for m in messages] == ["TXFAIL00000000000000000000000001"]
     cluster.restart(old.id)
-    wait_for(lambda: max_offset(old.broker_address, "TxFailover") == 1, 60, "the old leader catching up")
+    wait_for(lambda: max_offset(old.broker_address, "TxFailover") == 1, "the old leader catching up",
+             timeout_seconds=60)
 
 
 def test_half_without_producer_is_discarded_after_max_checks(cluster: LocalCluster) -> None:
     address = leader(cluster)
     create_topic(address, "TxAbandoned")
     prepare(address, "TxAbandoned", "TXGONE00000000000000000000000001")
-    wait_for(lambda: (max_offset(address, "TRANS_CHECK_MAX_TIME_TOPIC") or 0) >= 1, 60, "the discard after 3 checks")
+    wait_for(lambda: (max_offset(address, "TRANS_CHECK_MAX_TIME_TOPIC") or 0) >= 1,
+             "the discard after 3 checks", timeout_seconds=60)
     assert max_offset(address, "TxAbandoned") == 0

@@ -105,9 +105,9 @@ def json_body(body: bytes) -> Any:
 def leader_address(namesrv: str, timeout_seconds: float = 60.0) -> str:
     """The address the name server routes to as brokerId 0 (polled until there is one)."""
     from cli.cluster import route_master
-    from tests.support import wait_for
+    from tests.support.waiting import wait_for
 
-    return wait_for(lambda: route_master(namesrv), timeout_seconds, "a leader in the routes")
+    return wait_for(lambda: route_master(namesrv), "a leader in the routes", timeout_seconds=timeout_seconds)
 
 
 def create_topic(address: str, topic: str, queues: int = 4, perm: int = 6) -> None:

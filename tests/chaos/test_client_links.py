@@ -8,10 +8,8 @@ at run time, every wait is a poll with a deadline, and the group is stopped what
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
@@ -21,23 +19,12 @@ from chaos.toxiproxy_server import ToxiproxyServer
 from cli.cluster import node_status, request
 from client import ClientConfig, Message, MQClientError, Producer, ProducerConfig
 from protocol.codes import RequestCode, ResponseCode
-from tests.support import small_store
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
-T = TypeVar("T")
 WAIT_SECONDS = 30.0
-
-
-def wait_for(probe: Callable[[], T | None], what: str, timeout_seconds: float = WAIT_SECONDS) -> T:
-    deadline = time.monotonic() + timeout_seconds
-    while True:
-        found = probe()
-        if found is not None:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_seconds} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def route_addresses(namesrv: str, topic: str) -> dict[int, str]:
@@ -64,7 +51,7 @@ def test_the_name_server_and_the_members_name_brokers_by_their_proxies(cluster: 
         assert cluster.node_by_address(link.listen) == node.id == cluster.node_by_address(node.broker_address)
     # every member registers (followers too): the route names each by its proxy, the leader as id 0
     routes = wait_for(lambda: found if len(found := route_addresses(cluster.namesrv, "TBW102")) == 3 else None,
-                      "every member to register")
+                      "every member to register", timeout_seconds=WAIT_SECONDS)
     assert set(routes.values()) == {link.listen for link in proxies.values()}
     leader = cluster.local.leader_id()
     assert leader is not None and routes[0] == proxies[leader].listen
@@ -94,7 +81,8 @@ def test_a_send_fails_while_the_client_links_are_disabled_and_succeeds_once_enab
         with pytest.raises(MQClientError):
             producer.send(Message("ClientLinks", b"cut off"))
         # the members are up and the group has a leader: only the clients' way in is closed
-        assert wait_for(lambda: cluster.local.leader_id(), "a leader answering directly") in cluster.node_ids
+        assert wait_for(lambda: cluster.local.leader_id(), "a leader answering directly",
+                        timeout_seconds=WAIT_SECONDS) in cluster.node_ids
         for link in cluster.client_links:
             heal(handle, link.name)
         after = producer.send(Message("ClientLinks", b"after"))

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from chaos import powerfs
 from chaos.powerfs import PAGE_SIZE, PowerFS, PowerLossMount, cut_power
-from tests.support import wait_for
+from tests.support.waiting import wait_for
 
 # --------------------------------------------------------------------------- the model, without a mount
 
@@ -430,7 +430,7 @@ def test_a_directory_moved_onto_powerfs_comes_back_after_release(fuse_ready: Non
         assert sorted(os.listdir(member)) == ["store"]  # the log's creation was not durable: gone with it
         (member / "store" / "segment").write_bytes(b"t" * 10)
         powerfs.sync_mounts(tmp_path)
-        wait_for(lambda: mount.status()["volatile_files"] == 0, 5, "the sync")
+        wait_for(lambda: mount.status()["volatile_files"] == 0, "the sync", timeout_seconds=5)
     finally:
         released = powerfs.release_mounts(tmp_path / "cluster")
     assert released == [member] and powerfs.mounted_powerfs(tmp_path) == []

@@ -24,7 +24,7 @@ from chaos.runner import RunOptions, RunOutcome, run
 from chaos.scenarios import SCENARIOS
 from chaos.workload import WorkloadConfig
 from cli.cluster import ClusterInfo, is_alive
-from tests.support import small_store
+from tests.support.stores import small_store
 
 pytestmark = pytest.mark.slow
 

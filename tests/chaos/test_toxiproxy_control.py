@@ -26,6 +26,7 @@ from chaos.toxiproxy_control import (
     reset_peer,
 )
 from chaos.toxiproxy_server import ToxiproxyServer
+from cli.cluster import free_ports
 from tests.chaos.helpers import (
     EchoServer,
     connect,
@@ -35,7 +36,6 @@ from tests.chaos.helpers import (
     receives_nothing_for,
     refuses_connections,
 )
-from tests.support import free_ports
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import pytest
 from toxiproxy.api import APIConsumer
 from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
 
+from cli.cluster import free_ports
 from tests.chaos.helpers import (
     EchoServer,
     connect,
@@ -24,7 +25,7 @@ from tests.chaos.helpers import (
     receives_nothing_for,
     refuses_connections,
 )
-from tests.support import free_ports, wait_for
+from tests.support.waiting import wait_for
 
 
 def port_of(proxy: Any) -> int:
@@ -141,7 +142,7 @@ def test_removing_a_toxic_releases_what_it_holds(toxiproxy: Any, echo: EchoServe
     proxy.add_toxic(type="latency", attributes={"latency": 60_000})  # far beyond any wait here
     with connect(port_of(proxy)) as connection:
         connection.sendall(b"held")
-        wait_for(lambda: echo.received_bytes == 4, 10.0, "the echo server to answer")
+        wait_for(lambda: echo.received_bytes == 4, "the echo server to answer", timeout_seconds=10.0)
         proxy.destroy_toxic("latency_downstream")
         assert receive_exactly(connection, 4) == b"held"
 

@@ -14,14 +14,15 @@ import pytest
 from click.testing import CliRunner, Result
 
 from cli.client_commands import BenchStats, parse_deliver_at
-from cli.cluster import LocalCluster, request
+from cli.cluster import LocalCluster, free_ports, request
 from cli.main import main
 from client import ClientConfig, ConsumerConfig, Message, MessageQueue, Producer, PushConsumer
 from client.loop import EventLoopThread
 from dledger.stages import STAGES
 from protocol.codes import RequestCode, ResponseCode
 from tests.client.fake_broker import FakeGroup
-from tests.support import free_ports, small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -262,11 +263,12 @@ def test_group_status_asks_each_member_through_the_broker(real_cluster: LocalClu
                             listener=lambda messages, context: received.extend(messages))
     consumer.subscribe("CliInfo")
     with consumer:
-        wait_for(lambda: len(consumer.assigned_queues()) == 3, 30.0, "the consumer to hold its queues")  # + retry
+        wait_for(lambda: len(consumer.assigned_queues()) == 3, "the consumer to hold its queues",
+                 timeout_seconds=30.0)  # + retry
         for index in range(4):
             sent = CliRunner().invoke(main, ["send", "CliInfo", f"m{index}"], env=env)
             assert sent.exit_code == 0, sent.output
-        wait_for(lambda: len(received) == 4, 30.0, "4 consumed messages")
+        wait_for(lambda: len(received) == 4, "4 consumed messages", timeout_seconds=30.0)
         result = CliRunner().invoke(main, ["group", "status", "cli-info", "--json"], env=env)
         assert result.exit_code == 0, result.output
         report = json.loads(result.stdout)
@@ -344,7 +346,8 @@ def test_topic_and_group_admin_against_a_real_group(real_cluster: LocalCluster) 
     updated = cli("topic", "update", "Admin26", "--queues", "4")
     assert "4 read / 4 write queues, perm r-, ordered" in updated.stdout  # perm and order kept (issue 26)
     assert wait_for(lambda: all(config and (config["perm"], config["order"], config["readQueueNums"]) == (4, True, 4)
-                                for config in topic_on_each_member(real_cluster, "Admin26")), 20.0, "every member")
+                                for config in topic_on_each_member(real_cluster, "Admin26")), "every member",
+                           timeout_seconds=20.0)
     cli("topic", "update", "Admin26", "--perm", "rw")
     broker_name = json.loads(cli("topic", "describe", "Admin26", "--json").stdout)["brokers"][0]["brokerName"]
     config = ClientConfig((real_cluster.namesrv,), client_ip="127.0.0.1", request_timeout_seconds=2.0)
@@ -394,8 +397,9 @@ def test_topic_and_group_admin_against_a_real_group(real_cluster: LocalCluster) 
     assert f"topic Admin26 deleted from {broker_name}" in deleted.stdout
     assert "Admin26" not in json.loads(cli("topic", "list", "--json").stdout)
     cli("topic", "describe", "Admin26", exit_code=1)
-    wait_for(lambda: topic_on_each_member(real_cluster, "Admin26") == [None] * len(real_cluster.info.nodes), 20.0,
-             "the topic to leave every member's state")
+    wait_for(lambda: topic_on_each_member(real_cluster, "Admin26") == [None] * len(real_cluster.info.nodes),
+             "the topic to leave every member's state",
+             timeout_seconds=20.0)
     groups = {entry["group"]: entry for entry in json.loads(cli("group", "list", "--json").stdout)}
     assert "Admin26" not in groups.get("g26", {}).get("topics", [])  # its offsets went with the topic
     again = cli("topic", "delete", "Admin26", exit_code=1)
@@ -433,7 +437,7 @@ def test_client_commands_against_a_real_group_across_a_leader_kill(real_cluster:
                 return False
         return True
 
-    wait_for(committed_on_the_followers, 20.0, "the group's offsets on the followers")
+    wait_for(committed_on_the_followers, "the group's offsets on the followers", timeout_seconds=20.0)
     real_cluster.kill(leader, signal.SIGKILL)
     after = json.loads(cli("send", "E2E", "after the kill", "--json").stdout)
     assert after["status"] == "SEND_OK"

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from cli import front as front_module
 from cli.cluster import LocalCluster, check_overrides, is_alive, parse_setting, route_master
 from cli.main import main
-from tests.support import wait_for
+from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,7 +52,8 @@ def test_up_status_kill_leader_restart_down(data_dir: Path) -> None:
     # HAProxy is installed (`make test` installs it): the group has a front, registered as its brokerId 0
     front = next(line for line in started.stdout.splitlines() if line.startswith("front=")).split("=", 1)[1]
     assert info["front"] == front and is_alive(info["front_pid"])
-    wait_for(lambda: route_master(namesrv) == front, 30, "the front as the group's brokerId 0")
+    wait_for(lambda: route_master(namesrv) == front, "the front as the group's brokerId 0",
+             timeout_seconds=30)
     assert (data_dir / "n0" / "store" / "commitlog").is_dir()
     for node in ("n0", "n1", "n2"):  # --set reached every member's file, and the store uses it
         settings = tomllib.loads((data_dir / node / "node.toml").read_text())
@@ -72,14 +73,16 @@ def test_up_status_kill_leader_restart_down(data_dir: Path) -> None:
     consumed = raftmq("consume", "E2E", "--group", "e2e", "--from", "first", "--count", "2", *client)
     assert sorted(json.loads(line)["body"] for line in consumed.stdout.splitlines()) == ["after the kill",
                                                                                          "before the kill"]
-    wait_for(lambda: LocalCluster.open(data_dir).leader_id() not in (None, leaders[0]), 30, "a new leader")
+    wait_for(lambda: LocalCluster.open(data_dir).leader_id() not in (None, leaders[0]), "a new leader",
+             timeout_seconds=30)
     assert route_master(namesrv) == front  # the group's address survives its leader
     rows = [json.loads(line) for line in raftmq("cluster", "status", "--data-dir", str(data_dir), "--json").stdout.splitlines()]
     assert [row["alive"] for row in rows if row["node"] == leaders[0]] == [False]
     raftmq("cluster", "restart", leaders[0], "--data-dir", str(data_dir))
     cluster = LocalCluster.open(data_dir)
-    wait_for(lambda: all(row["alive"] and row["role"] in ("leader", "follower") for row in cluster.status()), 60,
-             "every node back")
+    wait_for(lambda: all(row["alive"] and row["role"] in ("leader", "follower") for row in cluster.status()),
+             "every node back",
+             timeout_seconds=60)
     raftmq("cluster", "down", "--data-dir", str(data_dir))
     assert not any(row["alive"] for row in cluster.status())
     assert not is_alive(info["front_pid"])  # the front stops with the group

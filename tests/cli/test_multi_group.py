@@ -2,7 +2,7 @@
 both; sends land in both; one group losing its leader delays only its own queues while the other keeps
 acknowledging; the killed group's queues resume after its election; nothing acknowledged is lost.
 
-No front (it would only add two HAProxy processes); small store files (tests.support.small_store).
+No front (it would only add two HAProxy processes); small store files (tests.support.stores.small_store).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from client.errors import MQClientError
 from client.message import Message, MessageQueue, PullStatus
 from client.producer import AsyncProducer
 from client.pull_consumer import AsyncPullConsumer
-from tests.support import small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 GROUPS: Final = ("broker-a", "broker-b")
 TOPIC: Final = "MultiGroup"
@@ -225,7 +226,8 @@ def test_two_groups_spread_a_topic_and_one_losing_its_leader_delays_only_its_own
         return remote if roles == sorted((group, role) for group in GROUPS
                                          for role in ("leader", "follower", "follower")) else None
 
-    remote = wait_for(remote_settled, STEP_SECONDS, "both groups reported through the name server")
+    remote = wait_for(remote_settled, "both groups reported through the name server",
+                      timeout_seconds=STEP_SECONDS)
     assert {str(row["node"]) for row in remote} == {"a0", "a1", "a2", "b0", "b1", "b2"}
 
     # a topic created through the CLI holds its queues on every group
@@ -239,7 +241,7 @@ def test_two_groups_spread_a_topic_and_one_losing_its_leader_delays_only_its_own
         return described.exit_code == 0 and sorted(
             data["brokerName"] for data in json.loads(described.output)["queueDatas"]) == list(GROUPS)
 
-    wait_for(auto_routed, STEP_SECONDS, f"{AUTO_TOPIC} routed to both groups")
+    wait_for(auto_routed, f"{AUTO_TOPIC} routed to both groups", timeout_seconds=STEP_SECONDS)
     cluster = LocalCluster.open(data_dir)
     asyncio.run(kill_a_leader_under_load(cluster))
 
@@ -250,7 +252,7 @@ def test_two_groups_spread_a_topic_and_one_losing_its_leader_delays_only_its_own
     raftmq("cluster", "restart", str(killed), "--data-dir", str(data_dir))
     restarted = LocalCluster.open(data_dir)
     wait_for(lambda: all(row["alive"] and row["role"] in ("leader", "follower") for row in restarted.status()),
-             STEP_SECONDS, f"{killed} back")
+             f"{killed} back", timeout_seconds=STEP_SECONDS)
     raftmq("cluster", "down", "--data-dir", str(data_dir))
     assert not any(is_alive(node.pid) for node in restarted.info.nodes) and not is_alive(restarted.info.namesrv_pid)
 

@@ -20,7 +20,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,8 @@ import pytest
 
 from cli.cluster import NodeInfo, node_toml
 from commitlog.message import decode_message_id, format_address
-from tests.support import small_store
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 REPO: Final = Path(__file__).resolve().parents[2]
 NETNS_CONFIG_DIR: Final = Path("/etc/netns")  # `ip netns exec NAME` mounts /etc/netns/NAME/hosts on /etc/hosts
@@ -38,6 +38,8 @@ MEMBERS: Final = 3
 DOMAIN: Final = "raftmq.test"
 BROKER_PORT, RAFT_PORT, CATCHUP_PORT, NAMESRV_PORT = 10911, 20010, 20011, 9876
 STEP_TIMEOUT_SECONDS: Final = 60.0
+#: each poll runs `raftmq cluster status`, a process of its own
+STEP_POLL_SECONDS: Final = 0.5
 
 
 def _ip(*arguments: str, namespace: str | None = None) -> None:
@@ -171,20 +173,6 @@ def _logs(directory: Path, *extra: str) -> str:
                      for path in sorted(directory.glob("*.log")))])
 
 
-def _wait(condition: object, what: str, directory: Path, extra: list[str]) -> object:
-    """Poll ``condition()`` until truthy; at the deadline fail with the members' log tails."""
-    assert callable(condition)
-    deadline = time.monotonic() + STEP_TIMEOUT_SECONDS
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {STEP_TIMEOUT_SECONDS} s waiting for {what}\n"
-                                 f"{_logs(directory, *extra)}")
-        time.sleep(0.5)
-
-
 @pytest.mark.slow
 def test_a_group_across_namespaces_addressed_by_name_survives_its_leader(hosts: Hosts, tmp_path: Path) -> None:
     client = MEMBERS  # the last namespace: name server and clients
@@ -232,7 +220,12 @@ def test_a_group_across_namespaces_addressed_by_name_survives_its_leader(hosts: 
         leaders = [str(row["node"]) for row in rows if row["role"] == "leader" and row["node"] != excluded]
         return leaders[0] if len(leaders) == 1 and len(rows) >= MEMBERS - (1 if excluded else 0) else None
 
-    first_leader = _wait(leader, "a leader among three members reported by name", tmp_path, last_status)
+    def logs() -> str:
+        return _logs(tmp_path, *last_status)
+
+    first_leader = wait_for(leader, "a leader among three members reported by name",
+                            timeout_seconds=STEP_TIMEOUT_SECONDS,
+                            interval_seconds=STEP_POLL_SECONDS, explain=logs)
     assert isinstance(first_leader, str)
     rows = status()
     assert sorted(str(row["address"]) for row in rows) == sorted(node.broker_address for node in nodes)
@@ -246,7 +239,9 @@ def test_a_group_across_namespaces_addressed_by_name_survives_its_leader(hosts: 
 
     members[first_leader].send_signal(signal.SIGKILL)
     members[first_leader].wait(timeout=10)
-    second_leader = _wait(lambda: leader(excluded=first_leader), "a new leader after the kill", tmp_path, last_status)
+    second_leader = wait_for(lambda: leader(excluded=first_leader), "a new leader after the kill",
+                             timeout_seconds=STEP_TIMEOUT_SECONDS, interval_seconds=STEP_POLL_SECONDS,
+                             explain=logs)
     assert second_leader != first_leader
     after = raftmq("send", "Hosts", "after the kill", "--json", "--namesrv", namesrv_name)
     assert after.returncode == 0, after.stdout + after.stderr + _logs(tmp_path)
@@ -277,6 +272,7 @@ def test_a_group_across_namespaces_addressed_by_name_survives_its_leader(hosts: 
         applied = {row["applied_index"] for row in rows}
         return len(rows) == MEMBERS and len(back) == 1 and len(applied) == 1 and back[0]["role"] == "follower"
 
-    _wait(caught_up, f"{first_leader} back at {hosts.member_address(killed)}, caught up", tmp_path, last_status)
+    wait_for(caught_up, f"{first_leader} back at {hosts.member_address(killed)}, caught up",
+             timeout_seconds=STEP_TIMEOUT_SECONDS, interval_seconds=STEP_POLL_SECONDS, explain=logs)
     log = Path(nodes[killed].log).read_text(errors="replace")
     assert f"listening on {hosts.member_address(killed)}" in log.replace("[", "").replace("]", "")

@@ -12,10 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 from cli import cluster_commands
-from cli.cluster import LocalCluster
+from cli.cluster import LocalCluster, free_ports
 from cli.main import main
 from cli.remote_status import _Group, _group_rows, format_table, name_servers
-from tests.support import free_ports, small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 
 def status_rows(*arguments: str) -> list[dict[str, object]]:
@@ -37,7 +38,7 @@ def test_every_member_of_a_running_group_is_reported_from_the_name_server(runnin
         return rows if len(rows) == 3 and sorted(str(row["role"]) for row in rows) == ["follower", "follower",
                                                                                          "leader"] else None
 
-    rows = wait_for(settled, 30, "three members, one leader, reported remotely")
+    rows = wait_for(settled, "three members, one leader, reported remotely", timeout_seconds=30)
     assert [row["node"] for row in rows] == ["n0", "n1", "n2"]
     assert {row["group"] for row in rows} == {"broker-a"} and {row["cluster"] for row in rows} == {"DefaultCluster"}
     assert all(row["reachable"] and row["error"] == "" for row in rows)
@@ -76,8 +77,9 @@ def test_a_member_that_does_not_answer_is_shown_unreachable(running: LocalCluste
         assert f"broker-a at {follower.client_address}: unreachable" in table.output
     finally:
         os.kill(follower.pid, signal.SIGCONT)
-    wait_for(lambda: all(row["reachable"] for row in status_rows("--namesrv", running.namesrv)), 30,
-             "the follower answering again")
+    wait_for(lambda: all(row["reachable"] for row in status_rows("--namesrv", running.namesrv)),
+             "the follower answering again",
+             timeout_seconds=30)
 
 
 def test_no_name_server_answering_is_a_failure_with_a_clear_message() -> None:

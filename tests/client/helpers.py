@@ -1,9 +1,9 @@
-"""Shared helpers of the client tests: a deadline for every coroutine, polling, a fake group."""
+"""Shared helpers of the client tests: a deadline for every coroutine, a fake group."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
@@ -21,16 +21,6 @@ def run(coroutine: Awaitable[T], timeout_seconds: float = TEST_DEADLINE_SECONDS)
             return await coroutine
 
     return asyncio.run(bounded())
-
-
-async def poll_until(condition: Callable[[], object], what: str, timeout_seconds: float = 10.0) -> None:
-    """Wait until ``condition()`` is truthy, checking every few milliseconds; fail naming ``what``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_seconds
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_seconds} s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def fast_client_config(namesrv: str, **overrides: object) -> ClientConfig:

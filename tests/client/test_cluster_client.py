@@ -7,9 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,7 +39,8 @@ from client.producer import AsyncProducer
 from client.unique_id import month_start_ms
 from protocol.codes import RequestCode, ResponseCode
 from tests.broker import wire
-from tests.support import small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -77,14 +77,6 @@ def consumer_config(group: str, **overrides: object) -> ConsumerConfig:
     return ConsumerConfig.from_mapping(values)
 
 
-def wait_until(condition: Callable[[], object], what: str, timeout_seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_seconds} s waiting for {what}")
-        time.sleep(0.05)
-
-
 def test_sends_admin_and_push_consumer(cluster: LocalCluster) -> None:
     config = client_config(cluster)
     with Admin(config) as admin, Producer(config, ProducerConfig(group="it-producer")) as producer:
@@ -109,8 +101,9 @@ def test_sends_admin_and_push_consumer(cluster: LocalCluster) -> None:
                                 listener=lambda messages, context: received.update((m.msg_id, m.body) for m in messages))
         consumer.subscribe("ItOrders")
         with consumer:
-            wait_until(lambda: len(received) == 28, "28 consumed messages")
-            wait_until(lambda: admin.consumer_progress("it-push", ["ItOrders"]).total_lag == 0, "offsets committed")
+            wait_for(lambda: len(received) == 28, "28 consumed messages", timeout_seconds=30.0)
+            wait_for(lambda: admin.consumer_progress("it-push", ["ItOrders"]).total_lag == 0,
+                     "offsets committed", timeout_seconds=30.0)
         assert set(received) >= {result.msg_id for result in sent}
         assert admin.consumer_ids("it-push") == []  # unregistered at close
 
@@ -128,9 +121,9 @@ def test_consumer_running_info_through_the_broker(cluster: LocalCluster) -> None
                                 listener=lambda messages, context: received.extend(messages))
         consumer.subscribe("ItInfo", "T")
         with consumer:
-            wait_until(lambda: len(received) == 6, "6 consumed messages")
-            wait_until(lambda: sum(offset for queue, offset in consumer.offsets().items() if queue.topic == "ItInfo")
-                       == 6, "the consumed offsets recorded")
+            wait_for(lambda: len(received) == 6, "6 consumed messages", timeout_seconds=30.0)
+            wait_for(lambda: sum(offset for queue, offset in consumer.offsets().items() if queue.topic == "ItInfo")
+                     == 6, "the consumed offsets recorded", timeout_seconds=30.0)
             (client_id,) = admin.consumer_ids("it-info")
             info = admin.consumer_running_info("it-info", client_id, jstack=True)
             assert info.client_id == client_id
@@ -181,7 +174,8 @@ def test_consumer_running_info_through_the_broker(cluster: LocalCluster) -> None
         # a pull consumer keeps queues and offsets itself: it reports its configuration and topics only
         with PullConsumer(config, consumer_config("it-info-pull")) as puller:
             puller.pull(MessageQueue("ItInfo", broker, 0), offset=0)
-            (pull_id,) = wait_for(lambda: admin.consumer_ids("it-info-pull"), 30.0, "the pull consumer's heartbeat")
+            (pull_id,) = wait_for(lambda: admin.consumer_ids("it-info-pull"), "the pull consumer's heartbeat",
+                                  timeout_seconds=30.0)
             info = admin.consumer_running_info("it-info-pull", pull_id)
             assert info.properties["PROP_CONSUME_TYPE"] == "CONSUME_ACTIVELY"
             assert [entry["topic"] for entry in info.subscriptions] == ["ItInfo"]
@@ -204,7 +198,7 @@ def test_reconsume_later_is_redelivered_through_the_retry_topic(cluster: LocalCl
     consumer = PushConsumer(config, consumer_config("it-retry"), listener=listener)
     consumer.subscribe("ItRetry")
     with consumer:
-        wait_until(lambda: len(deliveries) >= 2, "the redelivery")
+        wait_for(lambda: len(deliveries) >= 2, "the redelivery", timeout_seconds=30.0)
     again = deliveries[1]
     assert again.topic == "ItRetry" and again.msg_id == result.msg_id and again.reconsume_times == 1
 
@@ -229,7 +223,7 @@ def test_a_leader_kill_loses_no_acknowledged_message(cluster: LocalCluster, tmp_
             seen.update(message.msg_id for message in reader.poll(0.5))
             return set(acknowledged) <= seen
 
-        wait_until(read_more, "every acknowledged message")
+        wait_for(read_more, "every acknowledged message", timeout_seconds=30.0)
     cluster.restart(leader)
 
 
@@ -262,7 +256,7 @@ def test_transactions_commit_roll_back_and_answer_check_backs(cluster: LocalClus
                 seen.update((m.msg_id, m.body) for m in reader.poll(0.5))
                 return later.msg_id in seen
 
-            wait_until(read_more, "the checked-back transaction")
+            wait_for(read_more, "the checked-back transaction", timeout_seconds=30.0)
     assert seen[committed.msg_id] == b"commit" and seen[later.msg_id] == b"later"
     assert b"rollback" not in seen.values()
     assert [message.msg_id for message in listener.checked][:1] == [later.msg_id]

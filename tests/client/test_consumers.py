@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,7 +29,8 @@ from client.selector import select_by_sharding_key
 from client.sync import LitePullConsumer, PullConsumer, PushConsumer
 from protocol.codes import RequestCode, ResponseCode
 from tests.client.fake_broker import FakeGroup
-from tests.client.helpers import fake_group, fast_client_config, poll_until, run
+from tests.client.helpers import fake_group, fast_client_config, run
+from tests.support.waiting import poll_until, wait_for
 
 
 def consumer_config(group: str = "CG", **overrides: object) -> ConsumerConfig:
@@ -79,10 +78,10 @@ def test_push_consumer_consumes_everything_and_commits_offsets() -> None:
             consumer = AsyncPushConsumer(fast_client_config(group.namesrv), consumer_config(), listener=listener)
             consumer.subscribe("P")
             async with consumer:
-                await poll_until(lambda: len(received) == 20, "20 messages")
+                await poll_until(lambda: len(received) == 20, "20 messages", timeout_seconds=10.0)
                 # new messages arrive through long polling
                 ids += await produce(group, "P", 4)
-                await poll_until(lambda: len(received) == 24, "24 messages")
+                await poll_until(lambda: len(received) == 24, "24 messages", timeout_seconds=10.0)
                 assert len(consumer.assigned_queues()) == 4 + 1  # P and the group's retry topic
             assert sorted(message.msg_id for message in received) == sorted(ids)
             assert sum(committed(group, "CG", "P").values()) == 24
@@ -108,9 +107,11 @@ def test_tag_subscription_filters_messages() -> None:
             )
             consumer.subscribe("Tags", "A || C")
             async with consumer:
-                await poll_until(lambda: sorted(seen) == ["A", "A", "C"], "tagged messages")
+                await poll_until(lambda: sorted(seen) == ["A", "A", "C"], "tagged messages",
+                                 timeout_seconds=10.0)
                 # nothing matching is left: offsets move past the filtered ones too
-                await poll_until(lambda: sum(committed(group, "CG", "Tags").values()) == 5, "offsets past filtered")
+                await poll_until(lambda: sum(committed(group, "CG", "Tags").values()) == 5,
+                                 "offsets past filtered", timeout_seconds=10.0)
 
     run(scenario())
 
@@ -142,14 +143,16 @@ def test_two_members_split_queues_and_take_over_when_one_leaves() -> None:
                     theirs = {q for q in second.assigned_queues() if q.topic == "Split"}
                     return len(mine) == 2 and len(theirs) == 2 and not mine & theirs
 
-                await poll_until(split, "an even split")
+                await poll_until(split, "an even split", timeout_seconds=10.0)
                 ids = await produce(group, "Split", 40)
-                await poll_until(lambda: all(counts[i] >= 1 for i in ids), "every message consumed")
+                await poll_until(lambda: all(counts[i] >= 1 for i in ids), "every message consumed",
+                                 timeout_seconds=10.0)
                 await second.close()
                 await poll_until(lambda: len([q for q in first.assigned_queues() if q.topic == "Split"]) == 4,
-                                 "the remaining member takes every queue")
+                                 "the remaining member takes every queue", timeout_seconds=10.0)
                 more = await produce(group, "Split", 20)
-                await poll_until(lambda: all(counts[i] >= 1 for i in more), "messages after the takeover")
+                await poll_until(lambda: all(counts[i] >= 1 for i in more), "messages after the takeover",
+                                 timeout_seconds=10.0)
             finally:
                 await first.close()
                 await second.close()
@@ -174,7 +177,7 @@ def test_reconsume_later_goes_through_the_retry_topic() -> None:
             consumer = AsyncPushConsumer(fast_client_config(group.namesrv), consumer_config(), listener=listener)
             consumer.subscribe("Retry")
             async with consumer:
-                await poll_until(lambda: len(deliveries) == 2, "the redelivery")
+                await poll_until(lambda: len(deliveries) == 2, "the redelivery", timeout_seconds=10.0)
             first, again = deliveries
             assert group.sent_back[0]["delayLevel"] == "2" and group.sent_back[0]["originMsgId"] == msg_id
             assert again.topic == "Retry" and again.msg_id == msg_id and again.reconsume_times == 1
@@ -208,7 +211,8 @@ def test_orderly_consumer_locks_queues_and_keeps_order() -> None:
                                          orderly=True)
             consumer.subscribe("Ord")
             async with consumer:
-                await poll_until(lambda: sum(len(v) for v in seen.values()) == 30, "30 messages in order")
+                await poll_until(lambda: sum(len(v) for v in seen.values()) == 30, "30 messages in order",
+                                 timeout_seconds=10.0)
                 assert {key for (_, topic, _), key in group.locks.items() if topic == "Ord"} == {consumer.client_id}
             assert seen == {key: list(range(10)) for key in ("k1", "k2", "k3")}
             assert {topic for _, topic, _ in group.unlocked} == {"Ord", "%RETRY%CG"}
@@ -235,7 +239,8 @@ def test_orderly_messages_go_to_the_dead_letter_queue_after_max_reconsume_times(
             )
             consumer.subscribe("Poison")
             async with consumer:
-                await poll_until(lambda: "%DLQ%CG" in group.store.topics, "the dead-letter queue")
+                await poll_until(lambda: "%DLQ%CG" in group.store.topics, "the dead-letter queue",
+                                 timeout_seconds=10.0)
             assert len(attempts) == 3
             assert group.sent_back[-1]["delayLevel"] == "-1"
 
@@ -256,7 +261,8 @@ def test_broadcasting_members_each_get_everything_and_keep_offsets_in_a_file(tmp
             for consumer in (first, second):
                 consumer.subscribe("Bcast")
             async with first, second:
-                await poll_until(lambda: len(got["a"]) == 8 and len(got["b"]) == 8, "both members get all 8")
+                await poll_until(lambda: len(got["a"]) == 8 and len(got["b"]) == 8, "both members get all 8",
+                                 timeout_seconds=10.0)
             assert sorted(got["a"]) == sorted(got["b"])
             offsets = read_offsets_file(tmp_path / "a" / "BG" / "offsets.json")
             assert sum(offsets.values()) == 8 and not committed(group, "BG", "Bcast")
@@ -267,7 +273,7 @@ def test_broadcasting_members_each_get_everything_and_keep_offsets_in_a_file(tmp
                                           listener=lambda m, c: again.extend(x.body for x in m))
             restarted.subscribe("Bcast")
             async with restarted:
-                await poll_until(lambda: len(again) == 2, "the 2 new messages")
+                await poll_until(lambda: len(again) == 2, "the 2 new messages", timeout_seconds=10.0)
             assert sorted(again) == [b"Bcast-0", b"Bcast-1"]
 
     run(scenario())
@@ -284,10 +290,11 @@ def test_consume_from_last_offset_skips_history_for_a_new_group() -> None:
             consumer.subscribe("Hist")
             async with consumer:
                 await poll_until(
-                    lambda: len([q for q in consumer.offsets() if q.topic == "Hist"]) == 4, "start offsets"
+                    lambda: len([q for q in consumer.offsets() if q.topic == "Hist"]) == 4, "start offsets",
+                    timeout_seconds=10.0,
                 )
                 await produce(group, "Hist", 1)
-                await poll_until(lambda: got == [b"Hist-0"], "only the new message")
+                await poll_until(lambda: got == [b"Hist-0"], "only the new message", timeout_seconds=10.0)
 
     run(scenario())
 
@@ -377,20 +384,15 @@ def test_consumers_ride_out_a_leader_change() -> None:
                                          listener=lambda m, c: got.extend(x.msg_id for x in m))
             consumer.subscribe("Fail")
             async with consumer:
-                await poll_until(lambda: len(got) == 5, "the first 5")
+                await poll_until(lambda: len(got) == 5, "the first 5", timeout_seconds=10.0)
                 await group.kill(0)
                 await group.elect(1)
                 ids += await produce(group, "Fail", 5)
-                await poll_until(lambda: len(got) == 10, "5 more after the leader change")
-                await poll_until(lambda: sum(committed(group, "FG", "Fail").values()) == 10, "offsets on the new leader")
+                await poll_until(lambda: len(got) == 10, "5 more after the leader change",
+                                 timeout_seconds=10.0)
+                await poll_until(lambda: sum(committed(group, "FG", "Fail").values()) == 10,
+                                 "offsets on the new leader", timeout_seconds=10.0)
             assert sorted(got) == sorted(ids)
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def test_sync_consumer_facades() -> None:
@@ -408,7 +410,8 @@ def test_sync_consumer_facades() -> None:
         consumer.register_listener(lambda m, c: received.extend(x.body for x in m))
         consumer.subscribe("SyncC")
         with consumer:
-            wait_until(lambda: len(received) == 6, "6 pushed messages")
+            wait_for(lambda: len(received) == 6, "6 pushed messages", timeout_seconds=10.0,
+                     interval_seconds=0.02)
             assert len(consumer.assigned_queues()) == 5
         with LitePullConsumer(fast_client_config(group.namesrv), consumer_config("SL")) as lite:
             lite.subscribe("SyncC")
@@ -418,7 +421,7 @@ def test_sync_consumer_facades() -> None:
                 polled.extend(lite.poll(0.5))
                 return len(polled) == 6
 
-            wait_until(poll_more, "6 polled messages")
+            wait_for(poll_more, "6 polled messages", timeout_seconds=10.0, interval_seconds=0.02)
         with PullConsumer(fast_client_config(group.namesrv), consumer_config("SP")) as puller:
             queue = puller.fetch_subscribe_queues("SyncC")[0]
             assert puller.pull(queue, "*", 0, 10).status is PullStatus.FOUND
@@ -439,7 +442,7 @@ def test_a_new_member_triggers_an_immediate_rebalance() -> None:
                 consumer.subscribe("Notify")
             async with first:
                 await poll_until(lambda: len([q for q in first.assigned_queues() if q.topic == "Notify"]) == 4,
-                                 "the only member holds every queue")
+                                 "the only member holds every queue", timeout_seconds=10.0)
                 async with second:
                     # NOTIFY_CONSUMER_IDS_CHANGED, not the 60 s period, makes the first member give queues up
                     await poll_until(lambda: len([q for q in first.assigned_queues() if q.topic == "Notify"]) == 2,
@@ -468,8 +471,9 @@ def test_a_failed_send_back_is_consumed_again_locally(monkeypatch: pytest.Monkey
             consumer = AsyncPushConsumer(fast_client_config(group.namesrv), consumer_config("LR"), listener=listener)
             consumer.subscribe("Local")
             async with consumer:
-                await poll_until(lambda: len(deliveries) == 2, "the local redelivery")
-                await poll_until(lambda: sum(committed(group, "LR", "Local").values()) == 1, "the offset")
+                await poll_until(lambda: len(deliveries) == 2, "the local redelivery", timeout_seconds=10.0)
+                await poll_until(lambda: sum(committed(group, "LR", "Local").values()) == 1, "the offset",
+                                 timeout_seconds=10.0)
             assert [m.topic for m in deliveries] == ["Local", "Local"]
             assert deliveries[0].msg_id == deliveries[1].msg_id and deliveries[1].reconsume_times == 0
             assert not group.sent_back  # the only send-back was refused

@@ -10,8 +10,8 @@ from client.message import Message, MessageExt
 from client.transaction import AsyncTransactionProducer, LocalTransactionState
 from commitlog.message import decode_record
 from tests.client.fake_broker import FakeGroup, check_transaction
-from tests.client.helpers import fake_group, fast_client_config, poll_until, run
-from tests.support import wait_for
+from tests.client.helpers import fake_group, fast_client_config, run
+from tests.support.waiting import poll_until, wait_for
 
 
 class Listener:
@@ -48,7 +48,8 @@ def test_commit_rollback_and_unknown_end_the_transaction() -> None:
                                                                        arg={"order": 1})
                 rolled = await producer.send_message_in_transaction(Message("Tx", b"roll me back"))
                 unknown = await producer.send_message_in_transaction(Message("Tx", b"unknown"))
-                await poll_until(lambda: len(group.store.end_transactions) == 3, "3 END_TRANSACTION")
+                await poll_until(lambda: len(group.store.end_transactions) == 3, "3 END_TRANSACTION",
+                                 timeout_seconds=10.0)
             assert [state.local_state for state in (committed, rolled, unknown)] == [
                 LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
                 LocalTransactionState.UNKNOW]
@@ -76,9 +77,11 @@ def test_a_check_back_is_answered_with_end_transaction() -> None:
             listener = Listener([LocalTransactionState.UNKNOW])
             async with producer_for(group, listener) as producer:
                 result = await producer.send_message_in_transaction(Message("Tx", b"decide later", keys=("k",)))
-                await poll_until(lambda: len(group.store.end_transactions) == 1, "the first END_TRANSACTION")
+                await poll_until(lambda: len(group.store.end_transactions) == 1, "the first END_TRANSACTION",
+                                 timeout_seconds=10.0)
                 await check_transaction(group, "TPG", 0, transaction_id="TX-1")
-                await poll_until(lambda: len(group.store.end_transactions) == 2, "the answer to the check")
+                await poll_until(lambda: len(group.store.end_transactions) == 2, "the answer to the check",
+                                 timeout_seconds=10.0)
             (checked,) = listener.checked
             assert checked.body == b"decide later" and checked.msg_id == result.msg_id and checked.keys == ("k",)
             answer = group.store.end_transactions[1].fields
@@ -105,7 +108,8 @@ def test_an_async_listener_works_too() -> None:
                 result = await producer.send_message_in_transaction(Message("Tx", b"a"))
                 assert result.local_state is LocalTransactionState.COMMIT_MESSAGE
                 await check_transaction(group, "TPG", 0)
-                await poll_until(lambda: len(group.store.end_transactions) == 2, "the check answer")
+                await poll_until(lambda: len(group.store.end_transactions) == 2, "the check answer",
+                                 timeout_seconds=10.0)
             assert group.store.end_transactions[1].fields["commitOrRollback"] == "12"
 
     run(scenario())
@@ -125,7 +129,7 @@ def test_sync_transaction_producer() -> None:
             result = producer.send_message_in_transaction(Message("Tx", b"sync"))
         assert result.local_state is LocalTransactionState.COMMIT_MESSAGE
         assert wait_for(lambda: loop.call(lambda: [e.fields["commitOrRollback"] for e in group.store.end_transactions]),
-                 10, "END_TRANSACTION") == ["8"]
+                 "END_TRANSACTION", timeout_seconds=10) == ["8"]
     finally:
         loop.run(group.stop())
         loop.stop()
@@ -167,10 +171,12 @@ def test_a_reconnected_producer_heartbeats_the_broker_at_once() -> None:
             async with producer:
                 await producer.send_message_in_transaction(Message("Tx", b"one"))
                 leader = group.leader.address
-                await poll_until(lambda: any("TPG" in str(beat) for beat in group.heartbeats), "a first heartbeat")
+                await poll_until(lambda: any("TPG" in str(beat) for beat in group.heartbeats),
+                                 "a first heartbeat", timeout_seconds=10.0)
                 before = len(group.heartbeats)
                 await producer.instance._connections[leader].close()  # the link drops (a reset, a proxy cut)
                 await producer.send_message_in_transaction(Message("Tx", b"two"))  # reconnects
-                await poll_until(lambda: len(group.heartbeats) > before, "a heartbeat on the new connection")
+                await poll_until(lambda: len(group.heartbeats) > before, "a heartbeat on the new connection",
+                                 timeout_seconds=10.0)
 
     run(scenario())

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from commitlog.consume_queue import CQ_UNIT, ConsumeQueue
 from commitlog.key_index import IndexFile, key_hash
 from commitlog.key_index_files import KeyIndex
-from tests.support import both_apply_paths  # noqa: F401  (a fixture)
+from tests.support.apply_paths import both_apply_paths  # noqa: F401  (a fixture)
 
 units = st.tuples(st.integers(0, 2**63 - 1), st.integers(1, 2**31 - 1), st.integers(-(2**63), 2**63 - 1))
 

@@ -24,7 +24,7 @@ from commitlog.records import (
 )
 from commitlog.store import AppendStatus, MessageStore
 from tests.commitlog.helpers import data_bytes, message, small_config
-from tests.support import both_apply_paths  # noqa: F401  (a fixture)
+from tests.support.apply_paths import both_apply_paths  # noqa: F401  (a fixture)
 
 STAMP = 1_700_000_200_000
 V6_HOST = bytes(range(16)) + (40123).to_bytes(4, "big")  # IPv6 address + port

@@ -30,7 +30,7 @@ from commitlog.message import (
 from commitlog.records import STORE_TIMESTAMP_AT, RecordBuilder, check_layout, meta_list, uniq_key_of
 from commitlog.store import GetStatus, MessageStore
 from tests.commitlog.helpers import data_bytes, message, retry_of, small_config
-from tests.support import both_apply_paths  # noqa: F401  (a fixture)
+from tests.support.apply_paths import both_apply_paths  # noqa: F401  (a fixture)
 
 STORE_HOST = "[fd00:1:2::3]:10911"
 STORE_HOST_BYTES = bytes.fromhex("fd000001000200000000000000000003") + (10911).to_bytes(4, "big")

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,34 +10,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support import SMALL_STORE, free_ports, wait_for
+from tests.support.process_group import (
+    MemberConfig,
+    MemberProcess,
+    member_configs,
+    member_environment,
+    running_processes,
+)
+from tests.support.stores import SMALL_STORE
+from tests.support.waiting import wait_for
 
-REPO = Path(__file__).resolve().parents[2]
 SECRET = "replication-test-secret-0123456789"
 
 
-@dataclass
-class Node:
-    node_id: str
-    config: Path
-    ack_log: Path
-    data_dir: Path
-    process: subprocess.Popen[str] | None = None
-    stopped: bool = False  # SIGSTOP'ed
+class Node(MemberProcess):
+    """A ``tests.dledger.member_node`` process: control commands as text lines, answers as JSON lines."""
 
-    def request(self, command: str, timeout_seconds: float = 30.0) -> dict[str, Any]:
-        assert self.process is not None and self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(command + "\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline()
-        if not line:
-            raise ConnectionError(f"{self.node_id} exited (code {self.process.poll()})")
-        reply: dict[str, Any] = json.loads(line)
-        return reply
+    def __init__(self, config: MemberConfig, root: Path, environment: dict[str, str]) -> None:
+        super().__init__(config.node_id, [sys.executable, "-m", "tests.dledger.member_node", str(config.path),
+                                          str(root / f"{config.node_id}.acks")],
+                         log_path=root / f"{config.node_id}.log", environment=environment)
+        self.node_id = config.node_id
+        self.config = config.path
+        self.ack_log = root / f"{config.node_id}.acks"
+        self.data_dir = config.data_dir
 
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+    def request(self, command: str, timeout_seconds: float | None = None) -> dict[str, Any]:
+        """The answer to ``command`` (ConnectionError once the member exited); without ``timeout_seconds``,
+        however long the member takes: a status under load may take long, and a reply given up on would be
+        read as the answer to the next request."""
+        return self.ask(command, timeout_seconds)
 
 
 @dataclass
@@ -57,57 +56,15 @@ class Group:
     nodes: list[Node] = field(default_factory=list)
 
     def configure(self) -> None:
-        ports = free_ports(2 * self.size)
-        members = [(f"n{i}", f"127.0.0.1:{ports[2 * i]}", f"127.0.0.1:{ports[2 * i + 1]}") for i in range(self.size)]
-        for node_id, raft_address, catchup_address in members:
-            directory = self.root / node_id
-            directory.mkdir(parents=True, exist_ok=True)
-            lines = ["[node]", f'id = "{node_id}"', f'raft_address = "{raft_address}"',
-                     f'catchup_address = "{catchup_address}"', f'data_dir = "{directory}"', f'secret = "{SECRET}"']
-            if self.preferred_leader is not None:
-                lines.append(f'preferred_leader = "{self.preferred_leader}"')
-            for other_id, other_raft, other_catchup in members:
-                if other_id != node_id:
-                    lines += ["[[peers]]", f'id = "{other_id}"', f'raft_address = "{other_raft}"',
-                              f'catchup_address = "{other_catchup}"']
-            for section, values in (("raft", self.raft), ("group_commit", self.group_commit), ("store", self.store)):
-                if values:
-                    lines.append(f"[{section}]")
-                    lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
-            config = self.root / f"{node_id}.toml"
-            config.write_text("\n".join(lines) + "\n")
-            self.nodes.append(Node(node_id, config, self.root / f"{node_id}.acks", directory))
-
-    def start(self, node: Node) -> None:
-        log = open(self.root / f"{node.node_id}.log", "a")  # noqa: SIM115 - handed to the child
-        node.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.dledger.member_node", str(node.config), str(node.ack_log)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO,
-            env={**os.environ, **self.env,
-                 "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))},
-        )
-        log.close()
-        node.stopped = False
-
-    def kill(self, node: Node, signal_number: int = signal.SIGKILL) -> None:
-        assert node.process is not None
-        if node.stopped:
-            node.process.send_signal(signal.SIGCONT)
-        node.process.send_signal(signal_number)
-        node.process.wait(timeout=30)
-
-    def pause(self, node: Node) -> None:
-        assert node.process is not None
-        node.process.send_signal(signal.SIGSTOP)
-        node.stopped = True
-
-    def resume(self, node: Node) -> None:
-        assert node.process is not None
-        node.process.send_signal(signal.SIGCONT)
-        node.stopped = False
+        sections = {"raft": self.raft, "group_commit": self.group_commit, "store": self.store}
+        environment = member_environment(self.env)
+        for config in member_configs(self.root, self.size, secret=SECRET, sections=sections,
+                                     preferred_leader=self.preferred_leader):
+            config.data_dir.mkdir(parents=True, exist_ok=True)
+            self.nodes.append(Node(config, self.root, environment))
 
     def running(self) -> list[Node]:
-        return [n for n in self.nodes if n.alive and not n.stopped]
+        return [n for n in self.nodes if n.alive and not n.paused]
 
     def statuses(self) -> dict[str, dict[str, Any]]:
         result = {}
@@ -129,7 +86,7 @@ class Group:
         return None
 
     def wait_leader(self, timeout_seconds: float = 30.0, among: list[Node] | None = None) -> Node:
-        node: Node = wait_for(lambda: self.leader(among), timeout_seconds, "a leader")
+        node: Node = wait_for(lambda: self.leader(among), "a leader", timeout_seconds=timeout_seconds)
         return node
 
     def wait_converged(self, timeout_seconds: float = 120.0) -> dict[str, dict[str, Any]]:
@@ -145,7 +102,8 @@ class Group:
                 return statuses
             return None
 
-        result: dict[str, dict[str, Any]] = wait_for(converged, timeout_seconds, "the members to converge")
+        result: dict[str, dict[str, Any]] = wait_for(converged, "the members to converge",
+                                                     timeout_seconds=timeout_seconds)
         return result
 
     def load(self, on: bool) -> None:
@@ -165,32 +123,21 @@ class Group:
     def stop_all(self) -> None:
         for node in self.nodes:
             if node.alive:
-                if node.stopped:
-                    self.resume(node)
+                if node.paused:
+                    node.resume()
                 with suppress(ConnectionError, OSError, ValueError):
-                    node.request("stop", timeout_seconds=60)
-                assert node.process is not None
+                    node.request("stop")
                 try:
                     node.process.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     node.process.kill()
                     node.process.wait()
 
-    def cleanup(self) -> None:
-        for node in self.nodes:
-            if node.process is not None and node.process.poll() is None:
-                node.process.send_signal(signal.SIGCONT)
-                node.process.kill()
-                node.process.wait()
-
 
 @contextmanager
 def running_group(root: Path, **settings: Any) -> Iterator[Group]:
+    """A started group (see :class:`Group` for ``settings``); every member process is killed on leaving."""
     group = Group(root, **settings)
     group.configure()
-    try:
-        for node in group.nodes:
-            group.start(node)
+    with running_processes(group.nodes):
         yield group
-    finally:
-        group.cleanup()

@@ -29,6 +29,7 @@ from dledger.future import AppendFuture
 from dledger.group_commit import AppendError
 from dledger.member import GroupMember
 from dledger.tuning import tune_process_gc
+from tests.support.percentiles import percentile
 
 QUEUES = 4
 IN_FLIGHT_MAX = int(os.environ.get("RAFTMQ_TEST_IN_FLIGHT", "256"))
@@ -203,10 +204,10 @@ def main() -> None:
                 reply = {"error": str(exc)}
         elif command == ["latency"]:
             with load.lock:
-                latencies, load.latencies = sorted(load.latencies), []
+                latencies, load.latencies = load.latencies, []
             if latencies:
-                reply = {"count": len(latencies), "p50_ms": 1000 * latencies[len(latencies) // 2],
-                         "p99_ms": 1000 * latencies[min(len(latencies) - 1, len(latencies) * 99 // 100)]}
+                reply = {"count": len(latencies), "p50_ms": 1000 * percentile(latencies, 0.50),
+                         "p99_ms": 1000 * percentile(latencies, 0.99)}
         elif command == ["transfer"]:
             member.transfer_leadership()
         elif command == ["stop"]:

@@ -39,7 +39,7 @@ from dledger.state import ReplicatedState, StateError
 from dledger.timers import TIMER_PROGRESS_KEY, TIMER_RELEASE_MAX, schedule
 from protocol.topics import TIMER_TOPIC
 from tests.commitlog.helpers import data_bytes, message, small_config, tree_bytes
-from tests.support import both_apply_paths  # noqa: F401  (a fixture)
+from tests.support.apply_paths import both_apply_paths  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.usefixtures("both_apply_paths")
 

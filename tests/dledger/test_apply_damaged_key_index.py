@@ -31,7 +31,7 @@ from tests.commitlog.key_index_damage import (
     with_newer_in_bucket,
     write_at,
 )
-from tests.support import both_apply_paths  # noqa: F401  (a fixture)
+from tests.support.apply_paths import both_apply_paths  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.usefixtures("both_apply_paths")
 

@@ -23,7 +23,7 @@ from dledger.state import ReplicatedState
 from dledger.timers import schedule, timer_key
 from protocol.topics import TIMER_TOPIC
 from tests.commitlog.helpers import data_bytes, message, small_config
-from tests.support import both_apply_paths  # noqa: F401  (a fixture)
+from tests.support.apply_paths import both_apply_paths  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.usefixtures("both_apply_paths")
 

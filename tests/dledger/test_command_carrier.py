@@ -11,12 +11,12 @@ from pathlib import Path
 from commitlog.message import MessageInput, encode_host
 from dledger.apply import ApplyResult
 from dledger.command import encode_messages_command
-from dledger.config import NodeConfig
 from dledger.journal import SegmentedJournal
-from dledger.member import GroupMember
 from dledger.raft_node import RAW_COMMAND_PREFIX, encode_payload
 from tests.dledger.group import SECRET
-from tests.support import free_ports, wait_for
+from tests.support.in_process_group import running_members
+from tests.support.process_group import member_configs
+from tests.support.waiting import wait_for
 
 
 def message(sequence: int) -> MessageInput:
@@ -25,25 +25,13 @@ def message(sequence: int) -> MessageInput:
 
 
 def test_raw_and_int_carried_commands_both_apply_in_order(tmp_path: Path) -> None:
-    ports = free_ports(6)
-    addresses = [(f"n{i}", f"127.0.0.1:{ports[2 * i]}", f"127.0.0.1:{ports[2 * i + 1]}") for i in range(3)]
-    members: list[GroupMember] = []
-    try:
-        for node_id, raft_address, catchup_address in addresses:
-            lines = ["[node]", f'id = "{node_id}"', f'raft_address = "{raft_address}"',
-                     f'catchup_address = "{catchup_address}"', f'data_dir = "{tmp_path / node_id}"',
-                     f'secret = "{SECRET}"']
-            for other_id, other_raft, other_catchup in addresses:
-                if other_id != node_id:
-                    lines += ["[[peers]]", f'id = "{other_id}"', f'raft_address = "{other_raft}"',
-                              f'catchup_address = "{other_catchup}"']
-            # small files: the defaults preallocate a 1 GiB segment and large index files per member
-            lines += ["[store]", "segment_size_bytes = 2097152", "body_size_max_bytes = 1048576",
-                      "consume_queue_units_per_file = 1000",
-                      "index_slot_count = 1000", "index_entry_capacity = 4000"]
-            (tmp_path / f"{node_id}.toml").write_text("\n".join(lines) + "\n")
-            members.append(GroupMember(NodeConfig.from_toml(tmp_path / f"{node_id}.toml")))
-        leader = wait_for(lambda: next((m for m in members if m.is_leader), None), 60, "a leader")
+    # small files: the defaults preallocate a 1 GiB segment and large index files per member
+    store = {"segment_size_bytes": 2097152, "body_size_max_bytes": 1048576, "consume_queue_units_per_file": 1000,
+             "index_slot_count": 1000, "index_entry_capacity": 4000}
+    configs = member_configs(tmp_path, 3, secret=SECRET, sections={"store": store})
+    with running_members([config.path for config in configs]) as members:
+        leader = wait_for(lambda: next((m for m in members if m.is_leader), None), "a leader",
+                          timeout_seconds=60)
         applied: list[tuple[ApplyResult | None, int]] = []
         done = threading.Event()
 
@@ -60,13 +48,11 @@ def test_raw_and_int_carried_commands_both_apply_in_order(tmp_path: Path) -> Non
         assert first is not None and first.message_results and first.message_results[0][0].queue_offset == 0
         assert result.queue_offset == 1
         end = leader.store.max_physical_offset
-        wait_for(lambda: all(m.store.max_physical_offset == end for m in members), 30, "every member to apply both")
+        wait_for(lambda: all(m.store.max_physical_offset == end for m in members),
+                 "every member to apply both", timeout_seconds=30)
         for member in members:  # followers decoded both carriers to the same records
             stored = [member.store.read_message(r.physical_offset) for r in (first.message_results[0][0], result)]
             assert [m.body for m in stored] == [bytes([1]) * 300, bytes([2]) * 300]
             assert member.store.read_committed(0, end) == leader.store.read_committed(0, end)
         assert RAW_COMMAND_PREFIX[0] == 0  # pysyncobj's REGULAR command type: its own checks pass it through
         assert all(isinstance(m.raft._SyncObj__raftLog, SegmentedJournal) for m in members)  # ours, not pysyncobj's
-    finally:
-        for member in members:
-            member.stop()

@@ -17,11 +17,11 @@ from commitlog.store import GetStatus, MessageStore
 from tests.commitlog.helpers import data_bytes
 from tests.dledger.group import Group, running_group
 from tests.dledger.member_node import QUEUES
-from tests.support import wait_for
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
-#: Sized for the 100k+ messages these tests write, not tests.support.SMALL_STORE: with its 16k-entry index
+#: Sized for the 100k+ messages these tests write, not tests.support.stores.SMALL_STORE: with its 16k-entry index
 #: files (a UNIQ_KEY lookup that finds nothing reads every index file) the preferred-leader test failed 6
 #: runs in 7, against 1 in 21 with these sizes (its restarted member's pysyncobj log ended empty: an
 #: IndexError on every tick).
@@ -34,7 +34,7 @@ def wait_acked(group: Group, at_least: int, timeout_seconds: float = 120.0) -> i
         total = sum(status["acked"] for status in group.statuses().values())
         return total if total >= at_least else 0
 
-    result: int = wait_for(enough, timeout_seconds, f"{at_least} acknowledged appends")
+    result: int = wait_for(enough, f"{at_least} acknowledged appends", timeout_seconds=timeout_seconds)
     return result
 
 
@@ -96,7 +96,8 @@ def test_each_entry_reaches_a_follower_once_under_a_deep_pipeline(tmp_path: Path
     with running_group(tmp_path, store=STORE, group_commit={"in_flight_entries_max": 16}, env=env) as group:
         leader = group.wait_leader()
         group.load(True)
-        wait_for(lambda: leader.request("status")["acked"] >= 100_000, 240, "100,000 acknowledged appends")
+        wait_for(lambda: leader.request("status")["acked"] >= 100_000, "100,000 acknowledged appends",
+                 timeout_seconds=240)
         group.load(False)
         statuses = group.wait_converged()
     followers = {node: status for node, status in statuses.items() if status["role"] != "leader"}
@@ -115,12 +116,12 @@ def test_killing_the_leader_under_load_loses_and_reorders_nothing(tmp_path: Path
         for _ in range(3):
             acked = wait_acked(group, acked + 3_000)
             leader = group.wait_leader()
-            group.kill(leader)
+            leader.kill()
             started = time.monotonic()
             survivors = [n for n in group.nodes if n is not leader]
             group.wait_leader(among=survivors)
             takeovers.append(time.monotonic() - started)
-            group.start(leader)  # restarts and catches up while the load goes on
+            leader.start()  # restarts and catches up while the load goes on
             group.load(True)
         wait_acked(group, acked + 3_000)
         figures = verify(group)
@@ -140,7 +141,7 @@ def test_killing_every_member_at_once_loses_nothing_acknowledged(tmp_path: Path)
             assert node.process is not None
             node.process.wait()
         for node in group.nodes:
-            group.start(node)
+            node.start()
         group.wait_leader()
         figures = verify(group)
     assert figures["acked"] >= 10_000
@@ -153,7 +154,7 @@ def test_an_isolated_leader_stops_acknowledging(tmp_path: Path) -> None:
         wait_acked(group, 5_000)
         followers = [n for n in group.nodes if n is not leader]
         for follower in followers:
-            group.pause(follower)
+            follower.pause()
         # what was in flight settles; after that a minority must never acknowledge
         def settled() -> int | None:
             first = leader.request("status")["acked"]
@@ -161,11 +162,12 @@ def test_an_isolated_leader_stops_acknowledging(tmp_path: Path) -> None:
             second = leader.request("status")["acked"]
             return second if first == second else None
 
-        frozen = wait_for(settled, 30, "in-flight appends to settle")
-        wait_for(lambda: leader.request("status")["role"] != "leader", 30, "the isolated leader to step down")
+        frozen = wait_for(settled, "in-flight appends to settle", timeout_seconds=30)
+        wait_for(lambda: leader.request("status")["role"] != "leader", "the isolated leader to step down",
+                 timeout_seconds=30)
         assert leader.request("status")["acked"] == frozen
         for follower in followers:
-            group.resume(follower)
+            follower.resume()
         group.wait_leader()
         group.load(True)
         wait_acked(group, frozen + 2_000)
@@ -177,11 +179,12 @@ def test_a_paused_leader_is_replaced_and_rejoins(tmp_path: Path) -> None:
         leader = group.wait_leader()
         group.load(True)
         acked = wait_acked(group, 3_000)
-        group.pause(leader)
+        leader.pause()
         group.wait_leader(among=[n for n in group.nodes if n is not leader])
         acked = wait_acked(group, acked + 3_000)
-        group.resume(leader)
-        wait_for(lambda: leader.request("status")["role"] != "leader", 30, "the old leader to step down")
+        leader.resume()
+        wait_for(lambda: leader.request("status")["role"] != "leader", "the old leader to step down",
+                 timeout_seconds=30)
         wait_acked(group, acked + 2_000)
         verify(group)
 
@@ -202,11 +205,11 @@ def test_a_wiped_follower_rejoins_through_a_snapshot_and_becomes_identical(tmp_p
         group.load(True)
         acked = wait_acked(group, 20_000)
         follower = next(n for n in group.nodes if n is not leader)
-        group.kill(follower)
+        follower.kill()
         shutil.rmtree(follower.data_dir)
         follower.data_dir.mkdir()
         acked = wait_acked(group, acked + 20_000)  # the log moves on and is compacted meanwhile
-        group.start(follower)
+        follower.start()
         wait_acked(group, acked + 2_000)
         verify(group)
     follower_log = (tmp_path / f"{follower.node_id}.log").read_text()
@@ -249,10 +252,10 @@ def test_leadership_transfer_before_a_planned_restart(tmp_path: Path) -> None:
         group.load(True)
         acked = wait_acked(group, 2_000)
         leader.request("transfer")
-        wait_for(lambda: group.leader() not in (None, leader), 30, "the transfer")
-        group.kill(leader)  # the planned restart, now of a follower
+        wait_for(lambda: group.leader() not in (None, leader), "the transfer", timeout_seconds=30)
+        leader.kill()  # the planned restart, now of a follower
         acked = wait_acked(group, acked + 2_000)
-        group.start(leader)
+        leader.start()
         wait_acked(group, acked + 2_000)
         verify(group)
 
@@ -260,14 +263,15 @@ def test_leadership_transfer_before_a_planned_restart(tmp_path: Path) -> None:
 def test_the_preferred_leader_takes_leadership_back(tmp_path: Path) -> None:
     with running_group(tmp_path, store=STORE, preferred_leader="n2") as group:
         preferred = group.nodes[2]
-        wait_for(lambda: group.leader() is preferred, 60, "the preferred member to lead")
+        wait_for(lambda: group.leader() is preferred, "the preferred member to lead", timeout_seconds=60)
         group.load(True)
         acked = wait_acked(group, 2_000)
-        group.kill(preferred)
+        preferred.kill()
         group.wait_leader(among=group.nodes[:2])
         acked = wait_acked(group, acked + 2_000)
-        group.start(preferred)  # it leads again once it has caught up
-        wait_for(lambda: group.leader() is preferred, 60, "the preferred member to lead again")
+        preferred.start()  # it leads again once it has caught up
+        wait_for(lambda: group.leader() is preferred, "the preferred member to lead again",
+                 timeout_seconds=60)
         group.load(True)
         wait_acked(group, acked + 2_000)
         verify(group)

@@ -23,7 +23,7 @@ from dledger.group_clock import (
 from dledger.state import ReplicatedState
 from dledger.transport import transport_class
 from dledger.tuning import tuned_conf
-from tests.support import wait_for
+from tests.support.waiting import wait_for
 
 T = 1_750_000_000_000
 HOUR_MS = 3_600_000
@@ -174,7 +174,8 @@ def members_with_clocks(offsets_ms: list[int]) -> Iterator[list[GroupClock]]:
 
 def test_members_learn_each_others_clocks_over_the_transport() -> None:
     with members_with_clocks([73 * HOUR_MS, 0, 0]) as clocks:
-        wait_for(lambda: all(len(clock.readings_ms()) == 3 for clock in clocks), 10, "every member hears the others")
+        wait_for(lambda: all(len(clock.readings_ms()) == 3 for clock in clocks),
+                 "every member hears the others", timeout_seconds=10)
         skewed = clocks[0]
         offsets = sorted(skewed.offsets_ms().values())
         assert all(abs(offset + 73 * HOUR_MS) < 2000 for offset in offsets), offsets

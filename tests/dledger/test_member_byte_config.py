@@ -9,12 +9,10 @@ test runs its members and fails on its assertions where the feature is missing."
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +29,10 @@ from dledger.member import GroupMember
 from dledger.raft_node import RAW_COMMAND_PREFIX
 from dledger.state import ReplicatedState
 from dledger.timers import due_second, schedule
-from tests.dledger.group import REPO, SECRET
-from tests.support import free_ports, wait_for
+from tests.dledger.group import SECRET
+from tests.support.in_process_group import running_members
+from tests.support.process_group import REPOSITORY_ROOT, member_configs, member_environment
+from tests.support.waiting import wait_for
 
 #: small files (the defaults preallocate a 1 GiB segment and large index files per member)
 STORE: dict[str, Any] = {"store_host": "10.1.2.3:10911", "segment_size_bytes": 2 << 20, "body_size_max_bytes": 1 << 20,
@@ -52,33 +52,7 @@ member.stop()
 
 
 def write_configs(root: Path, store: dict[str, Any] | None = None) -> list[Path]:
-    ports = free_ports(6)
-    members = [(f"n{i}", f"127.0.0.1:{ports[2 * i]}", f"127.0.0.1:{ports[2 * i + 1]}") for i in range(3)]
-    paths = []
-    for node_id, raft_address, catchup_address in members:
-        lines = ["[node]", f'id = "{node_id}"', f'raft_address = "{raft_address}"',
-                 f'catchup_address = "{catchup_address}"', f'data_dir = "{root / node_id}"', f'secret = "{SECRET}"']
-        for other_id, other_raft, other_catchup in members:
-            if other_id != node_id:
-                lines += ["[[peers]]", f'id = "{other_id}"', f'raft_address = "{other_raft}"',
-                          f'catchup_address = "{other_catchup}"']
-        lines += ["[store]", *(f"{key} = {value!r}".replace("'", '"') for key, value in (store or STORE).items())]
-        path = root / f"{node_id}.toml"
-        path.write_text("\n".join(lines) + "\n")
-        paths.append(path)
-    return paths
-
-
-@contextlib.contextmanager
-def running(configs: list[Path]) -> Iterator[list[GroupMember]]:
-    members: list[GroupMember] = []
-    try:
-        for config in configs:
-            members.append(GroupMember(NodeConfig.from_toml(config)))
-        yield members
-    finally:
-        for member in members:
-            member.stop()
+    return [config.path for config in member_configs(root, 3, secret=SECRET, sections={"store": store or STORE})]
 
 
 def plain(number: int) -> MessageInput:
@@ -95,7 +69,8 @@ def raw_operations(member: GroupMember) -> list[str]:
 
 
 def leader_of(members: list[GroupMember]) -> GroupMember:
-    return wait_for(lambda: next((member for member in members if member.is_leader), None), 60, "a leader")
+    return wait_for(lambda: next((member for member in members if member.is_leader), None), "a leader",
+                    timeout_seconds=60)
 
 
 def files_of(root: Path) -> dict[str, tuple[int, bytes]]:
@@ -108,11 +83,12 @@ def files_of(root: Path) -> dict[str, tuple[int, bytes]]:
 def established(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], list[list[str]]]:
     """A group that stored a message, then stopped: its configurations and each member's own operations."""
     configs = write_configs(tmp_path_factory.mktemp("group"))
-    with running(configs) as members:
+    with running_members(configs) as members:
         leader = leader_of(members)
         leader.append([plain(1)]).result(timeout=30)
         end = leader.store.max_physical_offset
-        wait_for(lambda: all(member.store.max_physical_offset == end for member in members), 30, "every member")
+        wait_for(lambda: all(member.store.max_physical_offset == end for member in members), "every member",
+                 timeout_seconds=30)
         operations = [raw_operations(member) for member in members]
     return configs, operations
 
@@ -144,8 +120,8 @@ def test_a_member_with_other_store_settings_refuses_to_start_and_writes_nothing(
                                                     f"{setting} = {value!r}".replace("'", '"')))
     assert other.read_text() != configs[2].read_text()
     before = files_of(node.data_dir)
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
-    finished = subprocess.run([sys.executable, "-c", START_AND_STOP, str(other)], cwd=REPO, env=environment,
+    finished = subprocess.run([sys.executable, "-c", START_AND_STOP, str(other)], cwd=REPOSITORY_ROOT,
+                              env=member_environment(),
                               capture_output=True, text=True, timeout=120)
     assert "started" not in finished.stdout
     shown = str(value)
@@ -156,10 +132,11 @@ def test_a_member_with_other_store_settings_refuses_to_start_and_writes_nothing(
 
 def test_data_directories_without_a_byte_configuration_get_one(tmp_path: Path) -> None:
     configs = write_configs(tmp_path)
-    with running(configs) as members:
+    with running_members(configs) as members:
         (first,) = leader_of(members).append([plain(1)]).result(timeout=30)
-        wait_for(lambda: all(member.store.max_physical_offset > first.physical_offset for member in members), 30,
-                 "every member to store the message")
+        wait_for(lambda: all(member.store.max_physical_offset > first.physical_offset for member in members),
+                 "every member to store the message",
+                 timeout_seconds=30)
     for config in configs:  # as a version before the configuration left them
         path = NodeConfig.from_toml(config).store_config.data_dir / CHECKPOINT_NAME
         checkpoint = read_checkpoint(path)
@@ -168,18 +145,20 @@ def test_data_directories_without_a_byte_configuration_get_one(tmp_path: Path) -
         state.byte_config = None
         write_checkpoint(path, dataclasses.replace(checkpoint, extension=state.encode()))
     expected = command_module.ByteConfig.of(NodeConfig.from_toml(configs[0]).store_config)
-    with running(configs) as members:
+    with running_members(configs) as members:
         (second,) = leader_of(members).append([plain(2)]).result(timeout=30)
-        wait_for(lambda: all(member.state.byte_config == expected for member in members), 30,
-                 "every member to apply the group's byte configuration")
-        wait_for(lambda: all(member.store.max_physical_offset > second.physical_offset for member in members), 30,
-                 "every member to store the second message")
+        wait_for(lambda: all(member.state.byte_config == expected for member in members),
+                 "every member to apply the group's byte configuration",
+                 timeout_seconds=30)
+        wait_for(lambda: all(member.store.max_physical_offset > second.physical_offset for member in members),
+                 "every member to store the second message",
+                 timeout_seconds=30)
         for member in members:
             assert member.store.read_message(first.physical_offset).body == plain(1).body
 
 
 def test_a_follower_repairs_a_damaged_timer_from_a_peer_before_releasing_it(tmp_path: Path) -> None:
-    with running(write_configs(tmp_path)) as members:
+    with running_members(write_configs(tmp_path)) as members:
         leader = leader_of(members)
         leader.append([plain(1)]).result(timeout=30)
         stamp = leader.state.last_store_timestamp
@@ -187,7 +166,8 @@ def test_a_follower_repairs_a_damaged_timer_from_a_peer_before_releasing_it(tmp_
         stored = leader.propose(Command((Messages((schedule(plain(2)._replace(store_timestamp=stamp), due_ms),)),)))
         timer_offset = stored.message_results[0][0].physical_offset
         end = leader.store.max_physical_offset
-        wait_for(lambda: all(member.store.max_physical_offset == end for member in members), 30, "the timer stored")
+        wait_for(lambda: all(member.store.max_physical_offset == end for member in members),
+                 "the timer stored", timeout_seconds=30)
         follower = next(member for member in members if member is not leader)
         follower._stop_scrubber.set()  # apply, not the scrubber, must meet the damage
         follower._scrubber.join(timeout=10)
@@ -201,7 +181,8 @@ def test_a_follower_repairs_a_damaged_timer_from_a_peer_before_releasing_it(tmp_
         released = leader.propose(Command((TimerRelease(due_second(due_ms)),)))
         assert [result.queue_offset for result in released.message_results[0]] == [1]  # the timer, released
         end = leader.store.max_physical_offset
-        wait_for(lambda: all(member.store.max_physical_offset == end for member in members), 30, "the release")
+        wait_for(lambda: all(member.store.max_physical_offset == end for member in members), "the release",
+                 timeout_seconds=30)
         for member in members:
             assert member.store.read_committed(0, end) == leader.store.read_committed(0, end)
 
@@ -210,11 +191,12 @@ def test_a_follower_repairs_a_damaged_timer_from_a_peer_before_releasing_it(tmp_
 def test_a_record_whose_own_size_field_is_damaged_is_repaired_from_a_peer(tmp_path: Path, damage: str) -> None:
     """The size comes from the peer's copy: a flipped size byte, or a segment rolled back to zeros, left the
     scrubber retrying a repair it could not make, forever."""
-    with running(write_configs(tmp_path)) as members:
+    with running_members(write_configs(tmp_path)) as members:
         leader = leader_of(members)
         (stored,) = leader.append([plain(1)]).result(timeout=30)
         end = leader.store.max_physical_offset
-        wait_for(lambda: all(member.store.max_physical_offset == end for member in members), 30, "the message stored")
+        wait_for(lambda: all(member.store.max_physical_offset == end for member in members),
+                 "the message stored", timeout_seconds=30)
         follower = next(member for member in members if member is not leader)
         follower._stop_scrubber.set()  # the repair is called here, not by the scrubber
         follower._scrubber.join(timeout=10)
@@ -238,36 +220,39 @@ def test_a_member_whose_snapshot_is_damaged_on_disk_catches_up_from_the_leaders(
     configs = write_configs(tmp_path)
     for config in configs:
         config.write_text(config.read_text() + "[raft]\nlog_compaction_entries = 5\nlog_compaction_seconds = 1\n")
-    with running(configs) as members:
+    with running_members(configs) as members:
         leader = leader_of(members)
         for number in range(1, 40):
             leader.append([plain(number % 200 + 1)]).result(timeout=30)
         follower = next(member for member in members if member is not leader)
-        wait_for(lambda: follower.raft.journal().first_index > 3 and follower.snapshot_path.exists(), 60,
-                 "the follower to compact its journal")
+        wait_for(lambda: follower.raft.journal().first_index > 3 and follower.snapshot_path.exists(),
+                 "the follower to compact its journal",
+                 timeout_seconds=60)
         index = members.index(follower)
     members[index].stop()
     snapshot = NodeConfig.from_toml(configs[index]).data_dir / "raft" / "snapshot"
     data = bytearray(snapshot.read_bytes())
     data[len(data) // 2] ^= 0x40
     snapshot.write_bytes(bytes(data))
-    with running(configs) as members:
+    with running_members(configs) as members:
         leader = leader_of(members)
         for number in range(40, 60):
             (last,) = leader.append([plain(number % 200 + 1)]).result(timeout=30)
         restarted = members[index]
-        wait_for(lambda: restarted.store.max_physical_offset > last.physical_offset, 60,
-                 "the member with the damaged snapshot to catch up")
+        wait_for(lambda: restarted.store.max_physical_offset > last.physical_offset,
+                 "the member with the damaged snapshot to catch up",
+                 timeout_seconds=60)
 
 
 def test_a_byte_gone_bad_outside_a_records_body_is_found_by_comparing_replicas_and_repaired(tmp_path: Path) -> None:
     """Only the body carries a CRC: a flipped byte in a record's properties passes validation. The scrubber
     compares each range's CRC-32 with the peers' and puts back the record that differs from both."""
-    with running(write_configs(tmp_path)) as members:
+    with running_members(write_configs(tmp_path)) as members:
         leader = leader_of(members)
         results = [leader.append([plain(number)]).result(timeout=30)[0] for number in range(1, 6)]
         end = leader.store.max_physical_offset
-        wait_for(lambda: all(member.store.max_physical_offset == end for member in members), 30, "the messages stored")
+        wait_for(lambda: all(member.store.max_physical_offset == end for member in members),
+                 "the messages stored", timeout_seconds=30)
         follower = next(member for member in members if member is not leader)
         target = results[2]
         segment = follower.store.commit_log.segments[follower.store.commit_log.segment_start(target.physical_offset)]
@@ -280,5 +265,6 @@ def test_a_byte_gone_bad_outside_a_records_body_is_found_by_comparing_replicas_a
         finally:
             os.close(descriptor)
         assert follower.store.read_committed(0, end) != leader.store.read_committed(0, end)
-        wait_for(lambda: follower.store.read_committed(0, end) == leader.store.read_committed(0, end) or None, 30,
-                 "the scrubber to find and repair the damaged properties")
+        wait_for(lambda: follower.store.read_committed(0, end) == leader.store.read_committed(0, end) or None,
+                 "the scrubber to find and repair the damaged properties",
+                 timeout_seconds=30)

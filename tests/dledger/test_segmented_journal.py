@@ -32,6 +32,7 @@ from pysyncobj.journal import FileJournal, MemoryJournal
 from pysyncobj.node import TCPNode
 from pysyncobj.transport import Transport
 
+from cli.cluster import free_ports
 from commitlog import reaper
 from commitlog.errors import EXIT_SYNC_FAILED, DiskFullError
 from dledger.journal import (
@@ -44,7 +45,6 @@ from dledger.journal import (
     segment_name,
 )
 from tests.commitlog.test_sync_errors import Stopped, stops  # noqa: F401  (a fixture, used by name)
-from tests.support import free_ports
 
 #: small files and a small cache, so that tests roll segments and read entries back from them
 SEGMENT_BYTES = 1024

@@ -31,7 +31,8 @@ from client import (
 )
 from tests.acl.helpers import runtime_info
 from tests.hardening.garbage import KINDS, GarbageSender
-from tests.support import small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +55,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 def leader(cluster: LocalCluster) -> str:
-    return wait_for(lambda: route_master(cluster.namesrv), 30, "a leader in the routes")
+    return wait_for(lambda: route_master(cluster.namesrv), "a leader in the routes", timeout_seconds=30)
 
 
 def all_alive(cluster: LocalCluster) -> None:
@@ -110,7 +111,8 @@ def test_garbage_on_every_remoting_port_while_a_workload_runs(cluster: LocalClus
                     assert time.monotonic() < deadline, f"workload too slow: {len(bodies)} sends, {garbage}"
                     bodies.append(f"workload {len(bodies)}".encode())
                     results.append(producer.send(Message(TOPIC, bodies[-1])))
-                wait_for(lambda: all(body in received for body in bodies), 60, "every message consumed")
+                wait_for(lambda: all(body in received for body in bodies), "every message consumed",
+                         timeout_seconds=60)
             finally:
                 garbage.stop()
     assert {result.status for result in results} == {SendStatus.SEND_OK}
@@ -175,10 +177,11 @@ def test_connections_beyond_the_limit_are_refused_and_the_node_serves_again(clus
             except ConnectionResetError:
                 return True
 
-        wait_for(lambda: sum(refused(connection) for connection in opened) >= 16, 10,
-                 "the connections over the limit to be closed")
+        wait_for(lambda: sum(refused(connection) for connection in opened) >= 16,
+                 "the connections over the limit to be closed",
+                 timeout_seconds=10)
     finally:
         for connection in opened:
             with contextlib.suppress(OSError):
                 connection.close()
-    wait_for(lambda: runtime_info(address), 10, "the leader to serve again")
+    wait_for(lambda: runtime_info(address), "the leader to serve again", timeout_seconds=10)

@@ -29,14 +29,15 @@ from typing import Final
 import pytest
 from pysyncobj import SyncObj, SyncObjConf
 
-from cli.cluster import LocalCluster, route_master
+from cli.cluster import LocalCluster, free_ports, route_master
 from dledger.catchup import MAC_BYTES, NONCE_BYTES, REQUEST, RESPONSE, STATUS_OK
 from dledger.transport import transport_class
 from protocol.codes import ResponseCode
 from tests.acl.helpers import runtime_info
 from tests.broker import wire
 from tests.dledger.test_transport import malicious_pickle, read_until_closed
-from tests.support import free_ports, small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +57,8 @@ def terms(cluster: LocalCluster) -> dict[str, int]:
     """Each member's Raft term (all must answer)."""
     found = {}
     for node in cluster.info.nodes:
-        info = wait_for(lambda node=node: runtime_info(node.broker_address), 10, f"{node.id} to answer")  # type: ignore[misc]
+        info = wait_for(lambda node=node: runtime_info(node.broker_address),  # type: ignore[misc]
+                        f"{node.id} to answer", timeout_seconds=10)
         found[node.id] = int(info["raftTerm"])
     return found
 
@@ -82,7 +84,7 @@ def send_and_read(address: str, data: bytes) -> bytes:
 
 
 def test_outsiders_cannot_join_vote_or_inject(cluster: LocalCluster, tmp_path: Path) -> None:
-    leader = wait_for(lambda: route_master(cluster.namesrv), 30, "a leader")
+    leader = wait_for(lambda: route_master(cluster.namesrv), "a leader", timeout_seconds=30)
     group_terms = terms(cluster)
     raft_addresses = [node.raft_address for node in cluster.info.nodes]
     conf = SyncObjConf(autoTick=True, dynamicMembershipChange=True, raftMinTimeout=0.05, raftMaxTimeout=0.1,
@@ -102,7 +104,7 @@ def test_outsiders_cannot_join_vote_or_inject(cluster: LocalCluster, tmp_path: P
     try:
         for outsider in outsiders:
             wait_for(lambda outsider=outsider: outsider.getStatus()["raft_term"] >= OUTSIDER_TERM_MIN,  # type: ignore[misc]
-                     60, "an outsider to campaign many times")
+                     "an outsider to campaign many times", timeout_seconds=60)
         outsider_address = f"127.0.0.1:{ports[0]}"
         for address in raft_addresses:
             for message in (
@@ -130,7 +132,8 @@ def test_outsiders_cannot_join_vote_or_inject(cluster: LocalCluster, tmp_path: P
     # the group goes on as before: same terms unless it held an election of its own, and it serves
     if after == group_terms:
         assert route_master(cluster.namesrv) == leader
-    code, _, remark = wire.send(wait_for(lambda: route_master(cluster.namesrv), 30, "a leader"), "AfterOutsiders",
+    code, _, remark = wire.send(wait_for(lambda: route_master(cluster.namesrv), "a leader",
+                                         timeout_seconds=30), "AfterOutsiders",
                                 b"still here")
     assert code == ResponseCode.SUCCESS, remark
 

@@ -27,7 +27,8 @@ from client.errors import MQClientError
 from commitlog.message import decode_record
 from protocol.codes import RequestCode, ResponseCode
 from tests.acl.helpers import probed_cluster, pull_fields, request
-from tests.support import small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +71,7 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsGroup]:
 
 
 def leader(group: TlsGroup) -> str:
-    return wait_for(lambda: route_master(group.cluster.namesrv), 30, "a leader in the routes")
+    return wait_for(lambda: route_master(group.cluster.namesrv), "a leader in the routes", timeout_seconds=30)
 
 
 def test_our_client_sends_over_tls_and_reads_back(group: TlsGroup) -> None:

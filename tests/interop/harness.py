@@ -28,7 +28,7 @@ from protocol.client import RemotingClient
 from protocol.codes import RequestCode, ResponseCode
 from protocol.command import RemotingCommand
 from tests.interop.cpp_driver import read_events
-from tests.support import wait_for
+from tests.support.waiting import wait_for
 
 REPOSITORY: Final = Path(__file__).resolve().parents[2]
 #: SIGTERM, then this long for the native client's shutdown, then SIGKILL
@@ -73,7 +73,7 @@ class Driver:
 
     def wait_exit(self, timeout_seconds: float) -> int:
         """The exit status, polled until ``timeout_seconds`` (AssertionError naming the driver then)."""
-        wait_for(lambda: not self.running(), timeout_seconds, f"{self.name} to exit")
+        wait_for(lambda: not self.running(), f"{self.name} to exit", timeout_seconds=timeout_seconds)
         return int(self.process.returncode)
 
     def stop(self, timeout_seconds: float = STOP_GRACE_SECONDS) -> int:

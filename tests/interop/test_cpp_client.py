@@ -47,7 +47,8 @@ from tests.interop.harness import (
     max_offset,
     route,
 )
-from tests.support import small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +82,7 @@ class Group:
             response = create_topic(self.cluster.broker_address(leader), topic, queues)
             return response.code == ResponseCode.SUCCESS
 
-        wait_for(created, 30.0, f"the leader to create topic {topic}")
+        wait_for(created, f"the leader to create topic {topic}", timeout_seconds=30.0)
 
         def routed() -> str | None:
             data = route(self.namesrv, topic)
@@ -89,7 +90,8 @@ class Group:
                 return None
             return master_address(data)
 
-        return wait_for(routed, 30.0, f"the name server to route {topic} with {queues} queues")
+        return wait_for(routed, f"the name server to route {topic} with {queues} queues",
+                        timeout_seconds=30.0)
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +155,7 @@ def test_producer_without_a_route_fails_cleanly(drivers: DriverPool, tmp_path: P
             line = output.read_text()
             return f"127.0.0.1:{json.loads(line)['port']}" if line.endswith("\n") else None
 
-        address = wait_for(listening, 30.0, "the name server to listen")
+        address = wait_for(listening, "the name server to listen", timeout_seconds=30.0)
         modes = ("sync", "async", "oneway", "batch", "orderly")
         producers = [drivers.start(f"producer-{mode}", "produce", namesrv=address, topic="interop_no_route",
                                    group="interop_no_route_producers", mode=mode, count=2, send_timeout_ms=1000)
@@ -210,10 +212,11 @@ def test_orderly_send_and_orderly_consumer_with_queue_locks(group: Group, driver
     sent = produce(drivers, group, topic, "orderly", shards=6, tags="TagA,TagB")
     assert {event["queue_id"] for event in sent} == set(range(QUEUES))
     reader = consumer(drivers, group, "orderly-consumer", topic, consumer_group, orderly=True)
-    wait_for(lambda: deliveries_cover([reader], bodies(sent)), PROCESS_SECONDS, "the orderly consumer to get all")
+    wait_for(lambda: deliveries_cover([reader], bodies(sent)), "the orderly consumer to get all",
+             timeout_seconds=PROCESS_SECONDS)
     # the driver reports lock successes from the native log, a little after they happen
     wait_for(lambda: {int(event["queue_id"]) for event in reader.events("queue_locked")} == set(range(QUEUES)),
-             PROCESS_SECONDS, "the consumer's log to show it locked every queue")
+             "the consumer's log to show it locked every queue", timeout_seconds=PROCESS_SECONDS)
     broker_name = reader.events("queue_locked")[0]["broker_name"]
     queues = [(topic, broker_name, queue_id) for queue_id in range(QUEUES)]
     intruder = "interop-intruder@127.0.0.1"
@@ -250,15 +253,16 @@ def test_clustering_consumers_share_the_queues(group: Group, drivers: DriverPool
         mine, theirs = assignment(first), assignment(second)
         return bool(mine and theirs and not mine & theirs and mine | theirs == set(range(QUEUES)))
 
-    wait_for(split, PROCESS_SECONDS, "the two consumers to split the queues between them")
+    wait_for(split, "the two consumers to split the queues between them", timeout_seconds=PROCESS_SECONDS)
     first_queues = assignment(first)
     sent = produce(drivers, group, topic, "sync", tags="TagA")
-    wait_for(lambda: deliveries_cover([first, second], bodies(sent)), PROCESS_SECONDS, "all deliveries")
+    wait_for(lambda: deliveries_cover([first, second], bodies(sent)), "all deliveries",
+             timeout_seconds=PROCESS_SECONDS)
     ends = {queue_id: max_offset(master, topic, queue_id).ext_fields.get("offset") for queue_id in range(QUEUES)}
 
     assert first.stop() == 0, "consumer-a did not shut down cleanly"
-    wait_for(lambda: assignment(second) == set(range(QUEUES)), PROCESS_SECONDS,
-             "consumer-b to take over consumer-a's queues")
+    wait_for(lambda: assignment(second) == set(range(QUEUES)), "consumer-b to take over consumer-a's queues",
+             timeout_seconds=PROCESS_SECONDS)
     resumed = {int(event["queue_id"]): int(event["offset"]) for event in second.events("queue_added")
                if int(event["queue_id"]) in first_queues}
     assert second.stop() == 0, "consumer-b did not shut down cleanly"
@@ -284,7 +288,8 @@ def test_clustering_consumers_share_the_queues(group: Group, drivers: DriverPool
         return wrong
 
     try:
-        wait_for(lambda: not committed(), 15.0, "the committed offsets to reach the queue ends")
+        wait_for(lambda: not committed(), "the committed offsets to reach the queue ends",
+                 timeout_seconds=15.0)
     except AssertionError:
         fail_on(committed())
 
@@ -296,7 +301,8 @@ def test_consumer_running_info_from_a_cpp_consumer(group: Group, drivers: Driver
     master = group.create_topic(topic)
     consumer_group = f"{topic}_consumers"
     reader = consumer(drivers, group, "consumer", topic, consumer_group, threads=1)
-    wait_for(lambda: assignment(reader) == set(range(QUEUES)), PROCESS_SECONDS, "the consumer to hold the queues")
+    wait_for(lambda: assignment(reader) == set(range(QUEUES)), "the consumer to hold the queues",
+             timeout_seconds=PROCESS_SECONDS)
     listed = call(master, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": consumer_group})
     (client_id,) = json.loads(listed.body)["consumerIdList"]
     answer = call(master, RequestCode.GET_CONSUMER_RUNNING_INFO,
@@ -334,8 +340,9 @@ def test_broadcasting_consumers_each_get_everything(group: Group, drivers: Drive
     # broadcasting consumers without local offsets start at the queues' max offsets: start them first
     readers = [consumer(drivers, group, name, topic, consumer_group, model="broadcasting", expect=MESSAGES,
                         threads=1) for name in ("consumer-a", "consumer-b")]
-    wait_for(lambda: all(assignment(reader) == set(range(QUEUES)) for reader in readers), PROCESS_SECONDS,
-             "both broadcasting consumers to pull every queue")
+    wait_for(lambda: all(assignment(reader) == set(range(QUEUES)) for reader in readers),
+             "both broadcasting consumers to pull every queue",
+             timeout_seconds=PROCESS_SECONDS)
     sent = produce(drivers, group, topic, "sync", tags="TagA,TagB")
     problems = finished(readers)
     for reader in readers:
@@ -391,7 +398,8 @@ def test_delay_level(group: Group, drivers: DriverPool, topic: str) -> None:
     group.create_topic(topic)
     count = 8
     reader = consumer(drivers, group, "consumer", topic, f"{topic}_consumers", expect=count, threads=1)
-    wait_for(lambda: assignment(reader) == set(range(QUEUES)), PROCESS_SECONDS, "the consumer to pull every queue")
+    wait_for(lambda: assignment(reader) == set(range(QUEUES)), "the consumer to pull every queue",
+             timeout_seconds=PROCESS_SECONDS)
     sent = produce(drivers, group, topic, "sync", count=count, tags="TagA", delay_level=DELAY_LEVEL)
     problems = finished([reader])
     deliveries = reader.events("delivery")

@@ -18,7 +18,7 @@ import pytest
 
 from protocol.batch import BATCH_HEAD
 from tests.interop.harness import REPOSITORY, DriverPool, Event
-from tests.support import wait_for
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def recorder(tmp_path: Path) -> Iterator[tuple[str, Path]]:
             line = output.read_text()
             return f"127.0.0.1:{json.loads(line)['port']}" if line.endswith("\n") else None
 
-        yield wait_for(listening, 30.0, "the recorder to listen"), frames
+        yield wait_for(listening, "the recorder to listen", timeout_seconds=30.0), frames
     finally:
         process.terminate()
         try:

@@ -36,7 +36,8 @@ from tests.interop.harness import (
     route,
     stored_messages,
 )
-from tests.support import small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -94,20 +95,22 @@ def test_a_stock_producer_rides_through_a_leader_kill_behind_the_front(fronted_g
     created = create_topic(front, topic, QUEUES)  # through the front: the leader takes it
     assert created.code == ResponseCode.SUCCESS, describe(created)
     # the name server gives the front as the group's brokerId 0, the only address a stock client sends to
-    assert wait_for(lambda: (data := route(cluster.namesrv, topic)) and master_address(data), 30.0,
-                    f"a route of {topic}") == front
+    assert wait_for(lambda: (data := route(cluster.namesrv, topic)) and master_address(data),
+                    f"a route of {topic}",
+                    timeout_seconds=30.0) == front
 
     producer = Producer(tmp_path / "producer", cluster.namesrv, topic)
     try:
-        wait_for(lambda: len(producer.events("ack")) >= ACKS_BEFORE_KILL, STEP_SECONDS, "acks before the kill")
+        wait_for(lambda: len(producer.events("ack")) >= ACKS_BEFORE_KILL, "acks before the kill",
+                 timeout_seconds=STEP_SECONDS)
         leader = cluster.leader_id()
         assert leader is not None
         killed_at = time.monotonic()
         cluster.kill(leader)
         first_after = wait_for(lambda: next((event for event in producer.events("ack") if event["at"] > killed_at),
-                                            None), STEP_SECONDS, "an ack after the kill")
+                                            None), "an ack after the kill", timeout_seconds=STEP_SECONDS)
         wait_for(lambda: sum(event["at"] > first_after["at"] for event in producer.events("ack"))
-                 >= ACKS_AFTER_RECOVERY, STEP_SECONDS, "acks after the recovery")
+                 >= ACKS_AFTER_RECOVERY, "acks after the recovery", timeout_seconds=STEP_SECONDS)
     finally:
         producer.stop()
     acks, errors = producer.events("ack"), producer.events("error")
@@ -140,4 +143,4 @@ def test_a_stock_producer_rides_through_a_leader_kill_behind_the_front(fronted_g
     assert answer.code == ResponseCode.SUCCESS, describe(answer)
     # read through the front, so possibly from a follower that has not applied it yet: it shows there soon
     wait_for(lambda: b"sent to a follower" in {message.body for message in stored_messages(cluster.namesrv, topic)},
-             STEP_SECONDS, "the forwarded send, read back through the front")
+             "the forwarded send, read back through the front", timeout_seconds=STEP_SECONDS)

@@ -40,7 +40,8 @@ from client.pull_consumer import AsyncPullConsumer
 from protocol.codes import ResponseCode
 from tests.interop import sdk5
 from tests.interop.harness import create_topic, max_offset, run_async
-from tests.support import small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +56,7 @@ class Group:
     cluster: LocalCluster
 
     def leader(self) -> NodeInfo:
-        return wait_for(self.cluster.leader_node, 30.0, "a leader")
+        return wait_for(self.cluster.leader_node, "a leader", timeout_seconds=30.0)
 
     def follower(self) -> NodeInfo:
         leader = self.leader()
@@ -65,7 +66,7 @@ class Group:
         def created() -> bool:
             return create_topic(self.leader().broker_address, topic, queues).code == ResponseCode.SUCCESS
 
-        wait_for(created, 30.0, f"the leader to create topic {topic}")
+        wait_for(created, f"the leader to create topic {topic}", timeout_seconds=30.0)
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,8 @@ def consume(group: Group, topic: str, expected: int, *, timeout_seconds: float =
         found = run_async(read_all())
         return found if len(found) >= expected else None
 
-    return wait_for(enough, timeout_seconds, f"{expected} messages of {topic} readable through PULL")
+    return wait_for(enough, f"{expected} messages of {topic} readable through PULL",
+                    timeout_seconds=timeout_seconds)
 
 
 def produce(endpoint: str, topic: str, messages: list[dict[str, object]]) -> list[dict[str, object]]:
@@ -258,7 +260,7 @@ def test_route_names_the_leader_as_broker_0_from_any_member(group: Group, topic:
             # a follower answers from its replicated state, which has the new topic once it applied it
             return answer if answer.status.code != Code.TOPIC_NOT_FOUND else None
 
-        response = wait_for(route, 30, f"{node.id} to know topic {topic}")
+        response = wait_for(route, f"{node.id} to know topic {topic}", timeout_seconds=30)
         assert response.status.code == Code.OK, response
         assert len(response.message_queues) == QUEUES
         for queue in response.message_queues:

@@ -43,7 +43,8 @@ from cli.cluster import LocalCluster, NodeInfo
 from protocol.codes import ResponseCode
 from tests.interop import sdk5
 from tests.interop.harness import create_topic, describe, run_async, stored_messages
-from tests.support import small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -166,7 +167,7 @@ def redelivered_after_ack(consumer_events: list[dict[str, Any]]) -> dict[str, li
 
 def test_leader_kill_under_a_5x_producer_and_consumer(group: LocalCluster, tmp_path: Path) -> None:
     cluster = group
-    leader = wait_for(cluster.leader_node, 30.0, "a leader")
+    leader = wait_for(cluster.leader_node, "a leader", timeout_seconds=30.0)
     created = create_topic(leader.broker_address, TOPIC, QUEUES)
     assert created.code == ResponseCode.SUCCESS, describe(created)
     # whichever member the SDK's channel picks must know the topic already
@@ -174,7 +175,7 @@ def test_leader_kill_under_a_5x_producer_and_consumer(group: LocalCluster, tmp_p
         def routes(node: NodeInfo = node) -> bool:
             return query_route(node, TOPIC) == Code.OK
 
-        wait_for(routes, 30.0, f"{node.id} to route {TOPIC}")
+        wait_for(routes, f"{node.id} to route {TOPIC}", timeout_seconds=30.0)
     endpoints = ";".join(node.grpc_address for node in cluster.info.nodes)
     common = {"endpoints": endpoints, "topic": TOPIC, "request_timeout_seconds": 3}
     drivers: list[FlowDriver] = []
@@ -191,7 +192,7 @@ def test_leader_kill_under_a_5x_producer_and_consumer(group: LocalCluster, tmp_p
             assert producer.running() and consumer.running(), [driver.report() for driver in drivers]
             return len(producer.acks()) >= ACKS_BEFORE_KILL and len(consumer.acks()) >= ACKS_BEFORE_KILL
 
-        wait_for(flowing, STEP_SECONDS, "both clients flowing")
+        wait_for(flowing, "both clients flowing", timeout_seconds=STEP_SECONDS)
         killed = cluster.leader_id()
         assert killed is not None
         killed_at = time.monotonic()
@@ -203,7 +204,7 @@ def test_leader_kill_under_a_5x_producer_and_consumer(group: LocalCluster, tmp_p
             taken = [event for event in consumer.acks() if event["at"] > killed_at]
             return len(sent) >= ACKS_AFTER_RECOVERY and len(taken) >= ACKS_AFTER_RECOVERY
 
-        wait_for(recovered, STEP_SECONDS, "both clients acknowledged again after the kill")
+        wait_for(recovered, "both clients acknowledged again after the kill", timeout_seconds=STEP_SECONDS)
         producer.stop()
         sent_ids = {event["message_id"] for event in producer.acks()}
 
@@ -217,7 +218,7 @@ def test_leader_kill_under_a_5x_producer_and_consumer(group: LocalCluster, tmp_p
             last_ack: float = max(event["at"] for event in taken)
             return time.monotonic() - last_ack > INVISIBLE_SECONDS + AWAIT_SECONDS + 1
 
-        wait_for(drained, STEP_SECONDS, "the consumer to acknowledge every acknowledged send")
+        wait_for(drained, "the consumer to acknowledge every acknowledged send", timeout_seconds=STEP_SECONDS)
         consumer.stop()
     finally:
         for driver in drivers:

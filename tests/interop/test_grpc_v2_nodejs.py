@@ -32,7 +32,7 @@ from tests.interop.harness import run_async
 from tests.interop.sdk5 import DriverRun
 from tests.interop.test_grpc_v2 import QUEUES, Group, consume
 from tests.interop.test_grpc_v2_pop import receive
-from tests.support import small_store
+from tests.support.stores import small_store
 
 pytestmark = pytest.mark.slow
 

@@ -33,7 +33,8 @@ from broker.v2.server import SERVICE_NAME
 from cli.cluster import LocalCluster, NodeInfo
 from protocol.codes import ResponseCode
 from tests.interop.harness import consumer_offset, create_topic, run_async
-from tests.support import small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +49,7 @@ class Group:
     cluster: LocalCluster
 
     def leader(self) -> NodeInfo:
-        return wait_for(self.cluster.leader_node, 30.0, "a leader")
+        return wait_for(self.cluster.leader_node, "a leader", timeout_seconds=30.0)
 
     def followers(self) -> list[NodeInfo]:
         leader = self.leader()
@@ -58,7 +59,7 @@ class Group:
         def created() -> bool:
             return create_topic(self.leader().broker_address, topic, 1).code == ResponseCode.SUCCESS
 
-        wait_for(created, 30.0, f"the leader to create topic {topic}")
+        wait_for(created, f"the leader to create topic {topic}", timeout_seconds=30.0)
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +202,8 @@ def test_pull_from_an_offset_with_and_without_tags(group: Group, topic: str) -> 
             pulled = pull(node, pull_request(topic, 0, tag="TagB || TagC", polling_seconds=1))
             return pulled if pulled.code == Code.OK and len(pulled.messages) == 2 else None
 
-        assert wait_for(applied, 30.0, f"{follower.id} to serve the pull").bodies == ["b-1", "c-3"]
+        assert wait_for(applied, f"{follower.id} to serve the pull",
+                        timeout_seconds=30.0).bodies == ["b-1", "c-3"]
 
 
 def test_long_polling_pull_returns_when_a_message_arrives(group: Group, topic: str) -> None:
@@ -246,7 +248,7 @@ def test_update_offset_through_a_follower_reaches_the_leader_and_every_member(gr
             answer = get_offset(member, topic)
             return answer.status.code == Code.OK and answer.offset == 2
 
-        wait_for(committed, 30.0, f"the offset on {node.id}")
+        wait_for(committed, f"the offset on {node.id}", timeout_seconds=30.0)
     # the same replicated offset as the 4.x protocol's
     assert consumer_offset(leader.broker_address, GROUP, topic, 0).ext_fields["offset"] == "2"
     # a bad update through the follower is answered by the leader, and changes nothing
@@ -278,7 +280,7 @@ def test_query_offset_policies(group: Group, topic: str) -> None:
         def caught_up(node: NodeInfo = follower) -> bool:
             return end_offset(node, topic) == 2
 
-        wait_for(caught_up, 30.0, f"{follower.id}'s end offset")
+        wait_for(caught_up, f"{follower.id}'s end offset", timeout_seconds=30.0)
 
 
 def test_offset_rpcs_with_bad_input_get_the_protocols_codes(group: Group, topic: str) -> None:

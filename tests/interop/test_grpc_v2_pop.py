@@ -40,7 +40,8 @@ from protocol.codes import RequestCode, ResponseCode
 from tests.broker import wire
 from tests.interop import sdk5
 from tests.interop.harness import create_topic, max_offset, member_ready, run_async
-from tests.support import small_store, wait_for
+from tests.support.stores import small_store
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -53,13 +54,13 @@ class Group:
         self.cluster = cluster
 
     def leader(self) -> NodeInfo:
-        return wait_for(self.cluster.leader_node, 30.0, "a leader")
+        return wait_for(self.cluster.leader_node, "a leader", timeout_seconds=30.0)
 
     def create_topic(self, topic: str, queues: int = QUEUES) -> None:
         def created() -> bool:
             return create_topic(self.leader().broker_address, topic, queues).code == ResponseCode.SUCCESS
 
-        wait_for(created, 30.0, f"the leader to create topic {topic}")
+        wait_for(created, f"the leader to create topic {topic}", timeout_seconds=30.0)
 
 
 def start_group(directory: Path) -> LocalCluster:
@@ -239,7 +240,7 @@ def test_leader_failover_with_messages_in_flight(group: Group) -> None:
         node = cluster.leader_node()
         return node if node is not None and node.id != old_leader.id else None
 
-    new_leader = wait_for(new_leader_node, 60.0, "a new leader")
+    new_leader = wait_for(new_leader_node, "a new leader", timeout_seconds=60.0)
     # the old leader's handle of an in-flight message is honoured by the new leader (replicated state)
     assert ack(new_leader, "GID_pop_failover", topic, received["honoured-0"]) == Code.OK
     deadline = time.monotonic() + 40.0
@@ -259,7 +260,7 @@ def test_leader_failover_with_messages_in_flight(group: Group) -> None:
         rows = {str(row["node"]): row for row in cluster.status()}
         return rows[old_leader.id]["role"] in ("follower", "leader")
 
-    wait_for(caught_up, 60.0, "the old leader back")
+    wait_for(caught_up, "the old leader back", timeout_seconds=60.0)
 
 
 def test_forward_to_dead_letter_queue_stores_it_there_once(group: Group, topic: str) -> None:
@@ -286,7 +287,7 @@ def test_a_follower_forwards_acks_and_answers_receives_with_a_retryable_code(gro
     # a follower that knows the leader (the failover test before may have just restarted one)
     follower = wait_for(lambda: next((node for node in group.cluster.info.nodes
                                       if node.id != leader.id and member_ready(node.http_address)), None),
-                        60.0, "a ready follower")
+                        "a ready follower", timeout_seconds=60.0)
     send(leader, topic, "via-follower")
     (message,) = receive_all(leader, "GID_pop_follower", topic, 1, invisible_ms=30_000)
     code, _ = receive(follower, "GID_pop_follower", topic, invisible_ms=5000)
@@ -342,8 +343,9 @@ def test_a_group_configured_through_admin_dead_letters_after_its_max_attempts(gr
     assert consumed.returncode == 0, consumed.describe()
     deliveries = [(result["body"], result["attempt"], result["acked"]) for result in consumed.results if "body" in result]
     assert sorted(deliveries) == [("fine", 1, True), ("poison", 1, False), ("poison", 2, False)], consumed.describe()
-    wait_for(lambda: max_offset(leader.broker_address, dead_letters, 0).ext_fields.get("offset") == "1", 30.0,
-             "the dead letter after the second delivery's invisible time")
+    wait_for(lambda: max_offset(leader.broker_address, dead_letters, 0).ext_fields.get("offset") == "1",
+             "the dead letter after the second delivery's invisible time",
+             timeout_seconds=30.0)
     # write-only as the broker creates it (RocketMQ's PERM_WRITE): made readable as an operator does
     assert "perm rw" in raftmq_cli(group.cluster, "topic", "update", dead_letters, "--perm", "rw").stdout
     code, fields, pulled = wire.pull(leader.broker_address, dead_letters, 0, 0)
@@ -359,13 +361,15 @@ def test_a_group_configured_through_admin_dead_letters_after_its_max_attempts(gr
     back = {"offset": str(fine.physical_offset), "group": name, "delayLevel": "1", "originMsgId": fine.msg_id,
             "originTopic": topic, "unitMode": "false"}
     assert wire.call(leader.broker_address, RequestCode.CONSUMER_SEND_MSG_BACK, back)[0] == ResponseCode.SUCCESS
-    wait_for(lambda: max_offset(leader.broker_address, f"%RETRY%{name}", 0).ext_fields.get("offset") == "1", 30.0,
-             "the retry after its 1 s delay")
+    wait_for(lambda: max_offset(leader.broker_address, f"%RETRY%{name}", 0).ext_fields.get("offset") == "1",
+             "the retry after its 1 s delay",
+             timeout_seconds=30.0)
     (retried,) = wire.pull(leader.broker_address, f"%RETRY%{name}", 0, 0)[2]
     back["offset"] = str(retried.physical_offset)
     assert wire.call(leader.broker_address, RequestCode.CONSUMER_SEND_MSG_BACK, back)[0] == ResponseCode.SUCCESS
-    wait_for(lambda: max_offset(leader.broker_address, dead_letters, 0).ext_fields.get("offset") == "2", 30.0,
-             "the 4.x dead letter")
+    wait_for(lambda: max_offset(leader.broker_address, dead_letters, 0).ext_fields.get("offset") == "2",
+             "the 4.x dead letter",
+             timeout_seconds=30.0)
     # consume disabled: both protocols refuse the group
     disabled = raftmq_cli(group.cluster, "group", "update", name, "--no-consume-enable").stdout
     assert "retry max 1" in disabled and "consume disabled" in disabled

@@ -17,10 +17,9 @@ import pytest
 from pyspark.sql import SparkSession
 
 from cli.audit_demo import Load, start_group, wait_messages
-from cli.cluster import LocalCluster
+from cli.cluster import LocalCluster, free_ports
 from spark_analytics.live import AuditMetrics, audit_continuously, serve_metrics
 from spark_analytics.remote import Access, MemberClient, RemoteError
-from tests.support import free_ports
 
 pytestmark = pytest.mark.slow
 
