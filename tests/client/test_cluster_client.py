@@ -225,6 +225,17 @@ def test_a_leader_kill_loses_no_acknowledged_message(cluster: LocalCluster, tmp_
 
         wait_for(read_more, "every acknowledged message", timeout_seconds=30.0)
     cluster.restart(leader)
+    # the tests after this one call every member directly: the group is whole again only once it serves
+    restarted = cluster.info.node(leader).broker_address
+    wait_for(lambda: serves(restarted), f"{leader} serving again after its restart", timeout_seconds=60.0)
+
+
+def serves(address: str) -> bool:
+    try:
+        code, _, _ = wire.call(address, RequestCode.GET_BROKER_RUNTIME_INFO)
+    except OSError:
+        return False
+    return code == ResponseCode.SUCCESS
 
 
 class _Transactions:
