@@ -1,6 +1,6 @@
 """A key-index file rebuilt from the commit log: which entries it holds (:func:`rebuilt_entries`, pure), and
 the rebuild itself (:func:`rebuild_file`: the records it covers scanned, the file written by
-:meth:`commitlog.key_index.KeyIndex.replace_file`), or of the whole index when a file's layout does not fit.
+:meth:`commitlog.key_index_files.KeyIndex.replace_file`), or of the whole index when a file's layout does not fit.
 
 A file holds a run of the index's entries in commit-log order: all but the last hold ``entry_capacity``, and
 a file is named by the commit-log offset of its first entry. The entries of one record (its UNIQ_KEY, then
