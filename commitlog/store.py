@@ -24,7 +24,7 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
@@ -73,6 +73,7 @@ from commitlog.message import (
     validate_input,
 )
 from commitlog.message import crc32 as _crc32
+from commitlog.queue_starts import QueueKey, continuation_problem
 from commitlog.recent_keys import SEED_SPAN_MS, RecentKeys
 from commitlog.records import (
     HASH_DTYPE,
@@ -969,6 +970,15 @@ class MessageStore:
             self.apply_position.write(self.applied_raft_index, start_offset)
         self.flush()
 
+    def queue_starts(self, physical_offset: int) -> dict[QueueKey, int] | None:
+        """Each queue's offset of its first unit at or after ``physical_offset`` (its end when it has none
+        there): where a replica that copies the commit log from ``physical_offset`` continues it. None when
+        ``physical_offset`` is not in [min_offset, end]."""
+        with self._lock:
+            if not self.min_offset <= physical_offset <= self.commit_log.end_offset:
+                return None
+            return {key: queue.first_at_or_after(physical_offset) for key, queue in self.queues.items()}
+
     def ingest_raw(self, offset: int, data: bytes) -> None:
         """Append raw commit-log bytes copied from a peer at ``offset`` (== the current end). They are not
         visible until :meth:`finish_ingest` validates and dispatches them."""
@@ -993,9 +1003,11 @@ class MessageStore:
     def _ingest_end(self) -> int:
         return self._ingested_end if self._ingested_end >= 0 else self.commit_log.end_offset
 
-    def finish_ingest(self, raft_index: int) -> None:
+    def finish_ingest(self, raft_index: int, queue_starts: Mapping[QueueKey, int] | None = None) -> None:
         """Validate the ingested bytes record by record, dispatch them, and mark ``raft_index`` applied.
-        CorruptionError (and nothing made visible) when they do not form valid records."""
+        ``queue_starts``: where each queue continues, from the peer, when the copy begins past its retention
+        point (:mod:`commitlog.queue_starts`). CorruptionError (and nothing made visible) when the bytes do
+        not form valid records or do not continue the queues."""
         with self._lock:
             start, end = self.commit_log.end_offset, self._ingest_end()
             pending_index: list[IndexEntry] = []
@@ -1005,6 +1017,16 @@ class MessageStore:
             if self.commit_log.scan_end != end:
                 self._ingested_end = -1
                 raise CorruptionError(f"copied bytes are not valid records at {self.commit_log.scan_end}")
+            problem = continuation_problem(runs, self.next_queue_offsets, queue_starts)
+            if problem is not None:
+                self._ingested_end = -1
+                raise CorruptionError(f"copied records do not continue the queues: {problem}")
+            for key, queue_start in (queue_starts or {}).items():
+                queue = self._queue(*key)
+                if queue.max_offset < queue_start:
+                    queue.restore_empty_at(queue_start)
+                self._dirty_queues.add(queue)
+                self.next_queue_offsets[key] = queue_start
             for message in runs:
                 offset = message.physical_offset
                 transaction = message.sys_flag & TRANSACTION_TYPE_MASK

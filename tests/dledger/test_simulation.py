@@ -190,17 +190,12 @@ def test_a_refused_end_transaction_is_refused_again_after_a_restart(directory: P
         simulation.close()
 
 
-PAST_RETENTION = ("a replica that copies the commit log from past the leader's retention point (MessageStore.reset_to "
-                  "then finish_ingest) knows nothing of a queue whose messages are all below that point: it numbers "
-                  "the queue's next message 0 where the others number it after the deleted ones")
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=PAST_RETENTION)
 def test_a_replica_restarted_past_retention_numbers_a_queue_as_the_others(directory: Path) -> None:
-    """Found by the seeded runs (a wiped replica restarting after retention; they leave that case to this test).
-    A queue's only message is in a segment retention deletes; a replica wiped then restarts from the leader's
-    snapshot, copying the commit log from the leader's first segment. The queue's next message must take the
-    same queue offset on every replica: it is written into the record, whose bytes must be the same."""
+    """Found by the seeded runs (a wiped replica restarting after retention). A queue's only message is in a
+    segment retention deletes; a replica wiped then restarts from the leader's snapshot, copying the commit log
+    from the leader's first segment. The queue's next message must take the same queue offset on every replica:
+    it is written into the record, whose bytes must be the same (the replica asks the leader where each queue
+    continues, dledger/catchup.py)."""
     simulation = Simulation(0, directory, steps=0)
     try:
         lone = ("TopicB", 3)
@@ -227,18 +222,12 @@ def test_a_replica_restarted_past_retention_numbers_a_queue_as_the_others(direct
         simulation.close()
 
 
-PAST_A_CONSUME_QUEUE_FILE = ("a replica that copies the commit log from past the leader's retention point fails in "
-                             "MessageStore.finish_ingest when a queue's first copied message is past the queue's "
-                             "first consume-queue file: ConsumeQueue.prune_below searches the queue from offset 0, "
-                             "whose file the new queue does not have (KeyError)")
-
-
-@pytest.mark.xfail(strict=True, raises=KeyError, reason=PAST_A_CONSUME_QUEUE_FILE)
 def test_a_replica_restarted_past_retention_copies_a_long_queue(directory: Path) -> None:
     """Found by the seeded runs, as the test above. One queue holds every message; retention keeps only the
     last segment, so the queue's first retained message is files into the queue, and a binary search over
-    [0, its end) first probes a unit below it. A wiped replica restarts from the leader's snapshot. (With the
-    default 300,000 units per file: a queue that lost more than that many messages to retention.)"""
+    [0, its end) would first probe a unit below it, whose file the copy never made. A wiped replica restarts
+    from the leader's snapshot and holds the queue as the others do. (With the default 300,000 units per file:
+    a queue that lost more than that many messages to retention.)"""
     simulation = Simulation(0, directory, steps=0)
     try:
         long_queue = ("TopicA", 0)
@@ -256,5 +245,40 @@ def test_a_replica_restarted_past_retention_copies_a_long_queue(directory: Path)
         wiped = simulation.replicas[2]
         wiped.kill()
         simulation.restart_from_snapshot(wiped)
+        wiped_store, _ = wiped.running()
+        assert (wiped_store.min_queue_offset(*long_queue), wiped_store.max_queue_offset(*long_queue)) == (first, end)
+        simulation.check()
+    finally:
+        simulation.close()
+
+
+def test_a_replica_restarted_past_retention_continues_a_queue_first_written_after_the_snapshot(
+        directory: Path) -> None:
+    """A queue whose messages below the retention point are gone and whose next message came after the snapshot
+    the wiped replica installs: the copied range holds none of its records, the entry replayed after the
+    snapshot stores one, and it takes the offset it took on the others (the leader answers where the queue
+    continues with the message already stored: later records do not change that answer)."""
+    simulation = Simulation(0, directory, steps=0)
+    try:
+        lone = ("TopicB", 3)
+        simulation.propose_sends([simulation.message(queue=lone)], "the queue's first message")
+        simulation.propose_sends([simulation.message(queue=lone)], "the queue's second message")
+        store, _ = simulation.leader.running()
+        while len(store.commit_log.starts) < 4:
+            simulation.propose_sends([simulation.message(queue=("TopicA", 0))], "another queue's message")
+        kept_from = sorted(store.commit_log.starts)[2]
+        simulation.propose(encode_command(Command((Retention(kept_from),))), f"retention below {kept_from}")
+        for replica in simulation.replicas:
+            simulation.apply_up_to(replica, len(simulation.log))
+        simulation.capture_snapshot(simulation.leader)
+        wiped = simulation.replicas[2]
+        wiped.kill()
+        simulation.propose_sends([simulation.message(queue=lone)], "the queue's next message, after the snapshot")
+        starts = store.queue_starts(kept_from)
+        assert starts is not None and starts[lone] == 2
+        simulation.restart_from_snapshot(wiped)
+        simulation.apply_up_to(wiped, len(simulation.log))
+        assert wiped.running()[0].max_queue_offset(*lone) == 3
+        simulation.check()
     finally:
         simulation.close()
