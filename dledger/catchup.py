@@ -200,13 +200,14 @@ class CatchupServer:
     def _serve_by_kind(self, connection: socket.socket) -> None:
         """A request named by its kind and version (the only one: queue starts)."""
         kind, version, offset = KIND_REQUEST.unpack(_receive_exactly(connection, KIND_REQUEST.size))
-        starts = None
-        if (kind, version) == (KIND_QUEUE_STARTS, QUEUE_STARTS_VERSION):
-            starts = self.store.queue_starts(offset)
+        if (kind, version) != (KIND_QUEUE_STARTS, QUEUE_STARTS_VERSION):
+            connection.sendall(RESPONSE.pack(STATUS_REFUSED, self.store.commit_log.min_offset,
+                                             self.store.max_physical_offset))
+            return
+        starts = self.store.queue_starts(offset)
         low, end = self.store.commit_log.min_offset, self.store.max_physical_offset
         if starts is None:
-            status = STATUS_BELOW_RETENTION if offset < low else STATUS_NOT_YET if offset > end else STATUS_REFUSED
-            connection.sendall(RESPONSE.pack(status, low, end))
+            connection.sendall(RESPONSE.pack(STATUS_BELOW_RETENTION if offset < low else STATUS_NOT_YET, low, end))
             return
         body = encode_queue_starts(starts)
         if body is None:

@@ -190,6 +190,14 @@ def test_a_refused_end_transaction_is_refused_again_after_a_restart(directory: P
         simulation.close()
 
 
+def retain_and_compact(simulation: Simulation, kept_from: int) -> None:
+    """The leader's retention below ``kept_from``, applied by every replica, then the leader's snapshot."""
+    simulation.propose(encode_command(Command((Retention(kept_from),))), f"retention below {kept_from}")
+    for replica in simulation.replicas:
+        simulation.apply_up_to(replica, len(simulation.log))
+    simulation.capture_snapshot(simulation.leader)
+
+
 def test_a_replica_restarted_past_retention_numbers_a_queue_as_the_others(directory: Path) -> None:
     """Found by the seeded runs (a wiped replica restarting after retention). A queue's only message is in a
     segment retention deletes; a replica wiped then restarts from the leader's snapshot, copying the commit log
@@ -205,10 +213,7 @@ def test_a_replica_restarted_past_retention_numbers_a_queue_as_the_others(direct
             filler = ("TopicA", simulation.number % 4)
             simulation.propose_sends([simulation.message(queue=filler)], "another queue's message")
         kept_from = sorted(store.commit_log.starts)[2]
-        simulation.propose(encode_command(Command((Retention(kept_from),))), f"retention below {kept_from}")
-        for replica in simulation.replicas:
-            simulation.apply_up_to(replica, len(simulation.log))
-        simulation.capture_snapshot(simulation.leader)
+        retain_and_compact(simulation, kept_from)
         wiped = simulation.replicas[2]
         wiped.kill()
         simulation.restart_from_snapshot(wiped)
@@ -235,13 +240,10 @@ def test_a_replica_restarted_past_retention_copies_a_long_queue(directory: Path)
         while len(store.commit_log.starts) < 6:
             simulation.propose_sends([simulation.message(queue=long_queue)], "a message of the long queue")
         kept_from = max(store.commit_log.starts)
-        simulation.propose(encode_command(Command((Retention(kept_from),))), f"retention below {kept_from}")
-        for replica in simulation.replicas:
-            simulation.apply_up_to(replica, len(simulation.log))
+        retain_and_compact(simulation, kept_from)
         units_per_file = simulation.config.consume_queue_units_per_file
         first, end = store.min_queue_offset(*long_queue), store.max_queue_offset(*long_queue)
         assert end // 2 < first - first % units_per_file, "the search's first probe is below the copied units' files"
-        simulation.capture_snapshot(simulation.leader)
         wiped = simulation.replicas[2]
         wiped.kill()
         simulation.restart_from_snapshot(wiped)
@@ -267,10 +269,7 @@ def test_a_replica_restarted_past_retention_continues_a_queue_first_written_afte
         while len(store.commit_log.starts) < 4:
             simulation.propose_sends([simulation.message(queue=("TopicA", 0))], "another queue's message")
         kept_from = sorted(store.commit_log.starts)[2]
-        simulation.propose(encode_command(Command((Retention(kept_from),))), f"retention below {kept_from}")
-        for replica in simulation.replicas:
-            simulation.apply_up_to(replica, len(simulation.log))
-        simulation.capture_snapshot(simulation.leader)
+        retain_and_compact(simulation, kept_from)
         wiped = simulation.replicas[2]
         wiped.kill()
         simulation.propose_sends([simulation.message(queue=lone)], "the queue's next message, after the snapshot")
