@@ -320,10 +320,10 @@ class Simulation:
         if kind == "wipe":
             assert self.snapshot is not None
             if decode_snapshot(self.snapshot).index < self.retention_index:
-                # a member that installs a snapshot from before the last retention copies the commit log from
-                # the retention point, then replays the entries in between over a store without the records
-                # below it, which the others held when they applied them (UNIQ_KEY dedupe finds a retried
-                # send's first copy there): the seeds have the leader compact after retention instead
+                # a snapshot from before the last retention: replaying the entries in between over a copy that
+                # starts at the retention point dedupes otherwise than the others did (they still held the
+                # records below it), what test_a_replica_restarted_from_a_snapshot_older_than_the_retention_*
+                # shows: the seeds have the leader compact after the retention instead
                 self.capture_snapshot(self.leader)
             self.restart_from_snapshot(replica)
         else:
