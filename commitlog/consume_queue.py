@@ -114,7 +114,15 @@ class ConsumeQueue:
                 path = self.directory / f"{start * UNIT_BYTES:020d}"
                 self.files[start] = MappedFile(path, self.file_bytes, create=True)
 
+    def _start_at_first_unit(self, queue_offset: int) -> None:
+        """A queue without units whose first unit comes past its start begins there (rebuilt from, or
+        copied from, a commit log whose first segments retention deleted): every offset in its range has a
+        file, so searches and reads within [min_offset, max_offset) never look for one that was not made."""
+        if self.min_offset == self.max_offset < queue_offset:
+            self.min_offset = self.max_offset = queue_offset
+
     def put(self, queue_offset: int, physical_offset: int, size: int, tags_code: int) -> None:
+        self._start_at_first_unit(queue_offset)
         start = self.file_start(queue_offset)
         CQ_UNIT.pack_into(
             self.files[start].map, (queue_offset - start) * UNIT_BYTES, physical_offset, size, tags_code
@@ -129,6 +137,7 @@ class ConsumeQueue:
     def put_packed(self, first_offset: int, packed: bytes) -> None:
         """:meth:`put_run` for units already packed back to back."""
         count = len(packed) // UNIT_BYTES
+        self._start_at_first_unit(first_offset)
         position = 0
         while position < count:
             offset = first_offset + position

@@ -5,10 +5,12 @@ drops everything and continues at a segment start."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
 
 from commitlog.dispatch import dispatch_records
 from commitlog.errors import CorruptionError
 from commitlog.flush import flush
+from commitlog.queue_starts import QueueKey, continuation_problem
 from commitlog.state import StoreState
 from protocol.invariant import invariant
 
@@ -65,15 +67,37 @@ def _ingest_end(state: StoreState) -> int:
     return state.ingested_end if state.ingested_end >= 0 else state.commit_log.end_offset
 
 
-def finish_ingest(state: StoreState, raft_index: int) -> None:
+def queue_starts(state: StoreState, physical_offset: int) -> dict[QueueKey, int] | None:
+    """Each queue's offset of its first unit at or after ``physical_offset`` (its end when it has none
+    there): where a replica that copies the commit log from ``physical_offset`` continues it. None when
+    ``physical_offset`` is not in [min_offset, end]."""
+    with state.lock:
+        if not state.min_offset <= physical_offset <= state.commit_log.end_offset:
+            return None
+        return {key: queue.first_at_or_after(physical_offset) for key, queue in state.queues.items()}
+
+
+def finish_ingest(state: StoreState, raft_index: int, queue_starts: Mapping[QueueKey, int] | None = None) -> None:
     """Validate the ingested bytes record by record, dispatch them, and mark ``raft_index`` applied.
-    CorruptionError (and nothing made visible) when they do not form valid records."""
+    ``queue_starts``: where each queue continues, from the peer, when the copy begins past its retention
+    point (:mod:`commitlog.queue_starts`). CorruptionError (and nothing made visible) when the bytes do not
+    form valid records or do not continue the queues."""
     with state.lock:
         start, end = state.commit_log.end_offset, _ingest_end(state)
         messages = list(state.commit_log.scan(start, end))
         if state.commit_log.scan_end != end:
             state.ingested_end = -1
             raise CorruptionError(f"copied bytes are not valid records at {state.commit_log.scan_end}")
+        problem = continuation_problem(messages, state.next_queue_offsets, queue_starts)
+        if problem is not None:
+            state.ingested_end = -1
+            raise CorruptionError(f"copied records do not continue the queues: {problem}")
+        for key, queue_start in (queue_starts or {}).items():
+            queue = state.queue(*key)
+            if queue.max_offset < queue_start:
+                queue.restore_empty_at(queue_start)
+            state.dirty_queues.add(queue)
+            state.next_queue_offsets[key] = queue_start
         pending_index, written = dispatch_records(state, messages)
         for queue in written:
             state.next_queue_offsets[(queue.topic, queue.queue_id)] = queue.max_offset

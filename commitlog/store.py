@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -44,6 +44,7 @@ from commitlog.index_upkeep import trust_index
 from commitlog.key_index_files import KeyIndex
 from commitlog.message import MessageInput, StoredMessage, decode_message_id
 from commitlog.outcomes import AppendOutcome, AppendResult, AppendStatus, GetResult, GetStatus, StoredRecords
+from commitlog.queue_starts import QueueKey
 from commitlog.recent_keys import SEED_SPAN_MS
 from commitlog.records import PreparedRecords
 from commitlog.retries import KeyCollision
@@ -245,10 +246,16 @@ class MessageStore:
         """Forget raw bytes ingested but not finished (a copy that failed half-way)."""
         ingest.discard_ingest(self.state)
 
-    def finish_ingest(self, raft_index: int) -> None:
-        """Validate the ingested bytes record by record, dispatch them, and mark ``raft_index`` applied.
-        CorruptionError (and nothing made visible) when they do not form valid records."""
-        ingest.finish_ingest(self.state, raft_index)
+    def queue_starts(self, physical_offset: int) -> dict[QueueKey, int] | None:
+        """Where each queue continues for a replica that copies from ``physical_offset``
+        (:func:`commitlog.ingest.queue_starts`)."""
+        return ingest.queue_starts(self.state, physical_offset)
+
+    def finish_ingest(self, raft_index: int, queue_starts: Mapping[QueueKey, int] | None = None) -> None:
+        """Validate the ingested bytes record by record, check they continue the queues (``queue_starts``:
+        the peer's, when the copy begins past its retention point), dispatch them, and mark ``raft_index``
+        applied. CorruptionError (and nothing made visible) when they do not."""
+        ingest.finish_ingest(self.state, raft_index, queue_starts)
 
     # ------------------------------------------------------------------ durability
 

@@ -20,6 +20,19 @@ Protocol (blocking TCP, one request per connection), after mutual authentication
 A digest request sends ``to_offset`` negated; the answer is the status line, then (status 0) the CRC-32 u32
 of the committed bytes ``[from_offset, -to_offset)``: the scrubber compares replicas with it.
 
+A negative ``from_offset`` (no offset is negative) asks for something else, named by the bytes after the
+request line, and ``to_offset`` is 0::
+
+    client -> server: kind u8 | version u8 | offset i64
+    server -> client: status u8 | min_offset i64 | end_offset i64
+                      (status 1: offset below my retention point; 2: offset past my end; 3: I do not serve
+                       that kind and version, or the answer would be over its limit)
+
+Kind 1, version 1, queue starts: where each queue continues for a copy that begins at ``offset``
+(:mod:`commitlog.queue_starts`); status 0 is followed by u32 byte length | u32 count | count entries, each
+``topic length u8 | topic | queue id i32 | start i64``, sorted by topic and queue id, only the queues that do
+not start at 0. A member from before such requests answers "below retention" (the offset looks negative).
+
 Nothing is read from an unauthenticated peer beyond the 64 handshake bytes; nothing is unpickled.
 """
 
@@ -40,6 +53,8 @@ import lz4.block
 from isal.isal_zlib import crc32
 
 from commitlog.errors import StoreError
+from commitlog.message import TOPIC_BYTES_MAX, topic_problem
+from commitlog.queue_starts import QueueKey
 from commitlog.store import MessageStore
 from dledger.addresses import resolve_for_bind
 
@@ -62,6 +77,18 @@ DIGEST_BYTES_MAX: Final = 64 << 20
 STATUS_OK: Final = 0
 STATUS_BELOW_RETENTION: Final = 1
 STATUS_NOT_YET: Final = 2
+STATUS_REFUSED: Final = 3
+
+#: ``from_offset`` of a request named by the :data:`KIND_REQUEST` that follows it
+REQUEST_BY_KIND: Final = -1
+KIND_REQUEST = struct.Struct(">BBq")
+KIND_QUEUE_STARTS: Final = 1
+QUEUE_STARTS_VERSION: Final = 1
+QUEUE_STARTS_HEADER = struct.Struct(">I")
+QUEUE_START = struct.Struct(">iq")
+#: the most queues one answer may name, and so its most bytes
+QUEUE_STARTS_MAX: Final = 1 << 16
+QUEUE_STARTS_BYTES_MAX: Final = QUEUE_STARTS_HEADER.size + QUEUE_STARTS_MAX * (1 + TOPIC_BYTES_MAX + QUEUE_START.size)
 
 
 class CatchupError(Exception):
@@ -125,6 +152,9 @@ class CatchupServer:
                 return
             connection.sendall(_mac(self.secret, b"catchup-server", client_nonce, server_nonce))
             from_offset, to_offset = REQUEST.unpack(_receive_exactly(connection, REQUEST.size))
+            if from_offset == REQUEST_BY_KIND:
+                self._serve_by_kind(connection)
+                return
             low, end = self.store.commit_log.min_offset, self.store.max_physical_offset
             if to_offset < 0:
                 self._serve_digest(connection, from_offset, -to_offset, low, end)
@@ -167,10 +197,95 @@ class CatchupServer:
             position += len(data)
         connection.sendall(RESPONSE.pack(STATUS_OK, low, end) + U32.pack(crc))
 
+    def _serve_by_kind(self, connection: socket.socket) -> None:
+        """A request named by its kind and version (the only one: queue starts)."""
+        kind, version, offset = KIND_REQUEST.unpack(_receive_exactly(connection, KIND_REQUEST.size))
+        if (kind, version) != (KIND_QUEUE_STARTS, QUEUE_STARTS_VERSION):
+            connection.sendall(RESPONSE.pack(STATUS_REFUSED, self.store.commit_log.min_offset,
+                                             self.store.max_physical_offset))
+            return
+        starts = self.store.queue_starts(offset)
+        low, end = self.store.commit_log.min_offset, self.store.max_physical_offset
+        if starts is None:
+            connection.sendall(RESPONSE.pack(STATUS_BELOW_RETENTION if offset < low else STATUS_NOT_YET, low, end))
+            return
+        body = encode_queue_starts(starts)
+        if body is None:
+            log.warning("cannot tell a peer where queues start: more than %d queues", QUEUE_STARTS_MAX)
+            connection.sendall(RESPONSE.pack(STATUS_REFUSED, low, end))
+            return
+        connection.sendall(RESPONSE.pack(STATUS_OK, low, end) + U32.pack(len(body)) + body)
+
     def close(self) -> None:
         self._stopped.set()
         self.listener.close()
         self._thread.join(timeout=5)
+
+
+def encode_queue_starts(starts: dict[QueueKey, int]) -> bytes | None:
+    """The body of a queue-starts answer (the queues that start at 0 left out), or None when it names more
+    than :data:`QUEUE_STARTS_MAX` queues."""
+    named = sorted((key, start) for key, start in starts.items() if start > 0)
+    if len(named) > QUEUE_STARTS_MAX:
+        return None
+    parts = [QUEUE_STARTS_HEADER.pack(len(named))]
+    for (topic, queue_id), start in named:
+        encoded = topic.encode()
+        parts.append(bytes((len(encoded),)) + encoded + QUEUE_START.pack(queue_id, start))
+    return b"".join(parts)
+
+
+def decode_queue_starts(body: bytes) -> dict[QueueKey, int]:
+    """The queue starts a peer sent, each entry checked (a valid topic, a queue id and start in range, sorted
+    without repeats, nothing left over); :class:`CatchupError` when one is not."""
+    if len(body) < QUEUE_STARTS_HEADER.size:
+        raise CatchupError("the queue starts are cut short")
+    (count,) = QUEUE_STARTS_HEADER.unpack_from(body)
+    if count > QUEUE_STARTS_MAX:
+        raise CatchupError(f"the peer names {count} queues, over the limit of {QUEUE_STARTS_MAX}")
+    starts: dict[QueueKey, int] = {}
+    previous: QueueKey | None = None
+    position = QUEUE_STARTS_HEADER.size
+    for _ in range(count):
+        if position >= len(body):
+            raise CatchupError("the queue starts are cut short")
+        length = body[position]
+        end = position + 1 + length
+        if end + QUEUE_START.size > len(body):
+            raise CatchupError("the queue starts are cut short")
+        try:
+            topic = body[position + 1 : end].decode()
+        except UnicodeDecodeError as exc:
+            raise CatchupError("a queue start names a topic that is not UTF-8") from exc
+        problem = topic_problem(topic)
+        if problem is not None:
+            raise CatchupError(f"a queue start names a topic the store refuses: {problem}")
+        queue_id, start = QUEUE_START.unpack_from(body, end)
+        key = (topic, queue_id)
+        if queue_id < 0 or start <= 0:
+            raise CatchupError(f"queue {topic}/{queue_id} cannot start at {start}")
+        if previous is not None and key <= previous:
+            raise CatchupError(f"queue {topic}/{queue_id} is out of order or repeated in the queue starts")
+        starts[key] = start
+        previous = key
+        position = end + QUEUE_START.size
+    if position != len(body):
+        raise CatchupError(f"{len(body) - position} bytes follow the queue starts")
+    return starts
+
+
+def fetch_queue_starts(peer: tuple[str, int], secret: bytes,
+                       offset: int) -> tuple[int, int, int, dict[QueueKey, int]]:
+    """Where each queue continues for a copy that begins at ``offset``, as ``peer`` tells: (status, the peer's
+    min offset, its end offset, the starts of the queues that do not start at 0, empty unless status 0)."""
+    request = KIND_REQUEST.pack(KIND_QUEUE_STARTS, QUEUE_STARTS_VERSION, offset)
+    with _request(peer, secret, REQUEST_BY_KIND, 0, request) as (connection, status, low, end):
+        if status != STATUS_OK:
+            return status, low, end, {}
+        (length,) = U32.unpack(_receive_exactly(connection, U32.size))
+        if length > QUEUE_STARTS_BYTES_MAX:
+            raise CatchupError(f"queue starts of {length} bytes are over the limit")
+        return status, low, end, decode_queue_starts(_receive_exactly(connection, length))
 
 
 def fetch(peers: Sequence[tuple[str, int]], secret: bytes, store: MessageStore, to_offset: int,
@@ -180,8 +295,8 @@ def fetch(peers: Sequence[tuple[str, int]], secret: bytes, store: MessageStore, 
     errors = []
     for peer in peers:
         try:
-            _fetch_from(peer, secret, store, to_offset)
-            store.finish_ingest(raft_index)
+            starts = _fetch_from(peer, secret, store, to_offset)
+            store.finish_ingest(raft_index, starts)
             return
         except (OSError, ConnectionError, CatchupError, StoreError, struct.error, lz4.block.LZ4BlockError) as exc:
             store.discard_ingest()
@@ -233,10 +348,10 @@ def fetch_digest(peer: tuple[str, int], secret: bytes, from_offset: int, to_offs
 
 
 @contextlib.contextmanager
-def _request(peer: tuple[str, int], secret: bytes, from_offset: int,
-             to_offset: int) -> Iterator[tuple[socket.socket, int, int, int]]:
-    """Connect, authenticate both ways, ask for ``[from_offset, to_offset)``: (connection, status, the
-    peer's min offset, its end offset)."""
+def _request(peer: tuple[str, int], secret: bytes, from_offset: int, to_offset: int,
+             extra: bytes = b"") -> Iterator[tuple[socket.socket, int, int, int]]:
+    """Connect, authenticate both ways, ask for ``[from_offset, to_offset)`` (``extra``: the bytes that
+    follow the request line): (connection, status, the peer's min offset, its end offset)."""
     with socket.create_connection(peer, timeout=SOCKET_TIMEOUT_SECONDS) as connection:
         server_nonce = _receive_exactly(connection, NONCE_BYTES)
         client_nonce = os.urandom(NONCE_BYTES)
@@ -244,7 +359,7 @@ def _request(peer: tuple[str, int], secret: bytes, from_offset: int,
         proof = _receive_exactly(connection, MAC_BYTES)
         if not hmac.compare_digest(proof, _mac(secret, b"catchup-server", client_nonce, server_nonce)):
             raise CatchupError("the peer failed authentication")
-        connection.sendall(REQUEST.pack(from_offset, to_offset))
+        connection.sendall(REQUEST.pack(from_offset, to_offset) + extra)
         status, low, end = RESPONSE.unpack(_receive_exactly(connection, RESPONSE.size))
         yield connection, status, low, end
 
@@ -263,9 +378,22 @@ def _chunks(connection: socket.socket) -> Iterator[bytes]:
         yield bytes(lz4.block.decompress(compressed))
 
 
-def _fetch_from(peer: tuple[str, int], secret: bytes, store: MessageStore, to_offset: int) -> None:
+def _fetch_from(peer: tuple[str, int], secret: bytes, store: MessageStore,
+                to_offset: int) -> dict[QueueKey, int] | None:
+    """Copy ``[own end, to_offset)`` from ``peer`` (after a reset to its retention point when it no longer
+    holds our end). Returns where the queues continue when the copy begins on an empty commit log past
+    offset 0 (after a reset, now or before a restart), else None."""
     for _ in range(2):  # the second round after a reset below the peer's retention point
         from_offset = store.max_physical_offset
+        starts = None
+        if 0 < from_offset == store.commit_log.min_offset:
+            status, low, end, starts = fetch_queue_starts(peer, secret, from_offset)
+            if status == STATUS_BELOW_RETENTION and low > from_offset:
+                store.reset_to(low)
+                continue
+            if status != STATUS_OK:
+                raise CatchupError(f"the peer holds [{low}, {end}) and cannot tell where the queues continue at "
+                                   f"{from_offset}")
         with _request(peer, secret, from_offset, to_offset) as (connection, status, low, end):
             if status == STATUS_BELOW_RETENTION:
                 store.reset_to(low)
@@ -278,5 +406,5 @@ def _fetch_from(peer: tuple[str, int], secret: bytes, store: MessageStore, to_of
                 position += len(data)
             if position != to_offset:
                 raise CatchupError(f"the copy stopped at {position}, expected {to_offset}")
-            return
+            return starts
     raise CatchupError("the peer's retention point moved twice during the copy")

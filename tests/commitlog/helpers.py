@@ -9,6 +9,7 @@ from commitlog.config import StoreConfig
 from commitlog.mapped_file import ALLOCATING_SUFFIX
 from commitlog.message import MessageInput, encode_host
 from commitlog.retries import retry_digest
+from commitlog.store import MessageStore
 from protocol.properties import decode_properties, encode_properties
 
 BORN_HOST = encode_host("192.168.0.10", 40123)
@@ -59,6 +60,19 @@ def message(
         body=body if body is not None else f"body-{number}-".encode() * 20,
         properties=encode_properties(values),
     )
+
+
+def store_past_retention(directory: Path) -> MessageStore:
+    """A store whose queue 1 holds one message, in a segment retention deleted, and whose queue 0 holds many,
+    its first kept one several consume-queue files into the queue."""
+    store = MessageStore(small_config(directory))
+    store.append(1, [message(0, queue_id=1)])
+    index = 2
+    while len(store.commit_log.starts) < 5:
+        store.append(index, [message(index, body=bytes(range(256)) + f"{index}".encode() * 20)])
+        index += 1
+    store.delete_below(index, sorted(store.commit_log.starts)[3])
+    return store
 
 
 def tree_bytes(root: Path) -> dict[str, bytes]:
