@@ -82,7 +82,17 @@ from dledger.timers import (
     starting_progress,
     timer_key,
 )
-from protocol.properties import encode_properties
+from protocol.properties import (
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
+    PROPERTY_DLQ_ORIGIN_TOPIC,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_UNIQ_KEY,
+    encode_properties,
+)
 from protocol.topics import DLQ_PREFIX, TIMER_TOPIC, TRANS_HALF_TOPIC
 
 log = logging.getLogger(__name__)
@@ -471,11 +481,11 @@ def dead_letter_copy(stored: StoredMessage, group: str, grant: PopGrant, stamp: 
     """The message a popped one becomes in ``group``'s dead-letter queue after ``grant.attempt`` deliveries
     (as a 4.x consumer's send-back to the dead-letter queue stores it)."""
     properties = stored.property_map
-    properties.setdefault("RETRY_TOPIC", stored.topic)
-    properties.setdefault("ORIGIN_MESSAGE_ID", properties.get("UNIQ_KEY") or stored.msg_id)
-    properties["DLQ_ORIGIN_TOPIC"] = stored.topic
-    properties["DLQ_ORIGIN_MESSAGE_ID"] = properties["ORIGIN_MESSAGE_ID"]
-    for name in ("DELAY", "REAL_TOPIC", "REAL_QID"):
+    properties.setdefault(PROPERTY_RETRY_TOPIC, stored.topic)
+    properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, properties.get(PROPERTY_UNIQ_KEY) or stored.msg_id)
+    properties[PROPERTY_DLQ_ORIGIN_TOPIC] = stored.topic
+    properties[PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = properties[PROPERTY_ORIGIN_MESSAGE_ID]
+    for name in (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID):
         properties.pop(name, None)
     return MessageInput(f"{DLQ_PREFIX}{group}", 0, stored.flag, stored.sys_flag & ~0x30, stored.born_timestamp,
                         stored.born_host, stamp, stored.reconsume_times + grant.attempt,

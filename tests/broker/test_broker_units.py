@@ -14,7 +14,7 @@ from broker.config import load_node_file
 from broker.consumers import CONSUME_FROM_WHERE, CONSUME_TYPES, _enum_name
 from broker.pull import tag_codes
 from broker.requests import RequestError, SendHeader
-from broker.send import decode_batch
+from broker.send import batch_messages
 from broker.timers import due_time_ms
 from commitlog.config import ConfigError
 from commitlog.message import MessageInput, decode_record, encode_host, encode_record, java_string_hash
@@ -25,12 +25,12 @@ from tests.broker.wire import batch_body
 
 def test_batch_round_trip_and_every_malformed_batch_is_message_illegal() -> None:
     body = batch_body([(b"one", {"UNIQ_KEY": "A", "TAGS": "t"}), (b"", {}), (b"three", {"KEYS": "k"})])
-    items = decode_batch(body)
+    items = batch_messages(body)
     assert [(item.body, item.properties) for item in items] == [
         (b"one", {"UNIQ_KEY": "A", "TAGS": "t"}), (b"", {}), (b"three", {"KEYS": "k"})]
     for bad in (b"", body[:-1], body + b"\x00", body[:10], b"\x00" * 22):
         with pytest.raises(RequestError) as caught:
-            decode_batch(bad)
+            batch_messages(bad)
         assert caught.value.code == ResponseCode.MESSAGE_ILLEGAL
 
 
@@ -38,7 +38,7 @@ def test_batch_round_trip_and_every_malformed_batch_is_message_illegal() -> None
 @given(st.binary(max_size=300))
 def test_any_batch_body_decodes_or_is_refused(body: bytes) -> None:
     try:
-        decode_batch(body)
+        batch_messages(body)
     except RequestError as error:
         assert error.code == ResponseCode.MESSAGE_ILLEGAL and error.remark
 
