@@ -52,7 +52,7 @@ from protocol.properties import (
     decode_properties,
     encode_properties,
 )
-from protocol.topics import TOPIC_NAME_MAX_CHARS, TOPIC_PATTERN
+from protocol.topics import check_topic_name
 
 # ------------------------------------------------------------------------------- property keys
 
@@ -93,13 +93,13 @@ DELAY_LEVEL_MAX: Final = 18
 
 
 def check_topic(topic: object) -> str:
-    """Java's ``Validators.checkTopic``: raise :class:`MessageValidationError` or return the topic."""
-    if not isinstance(topic, str) or not topic.strip():
-        raise MessageValidationError("the topic is blank")
-    if len(topic) > TOPIC_NAME_MAX_CHARS:
-        raise MessageValidationError(f"the topic is longer than {TOPIC_NAME_MAX_CHARS} characters: {topic[:40]!r}...")
-    if not TOPIC_PATTERN.match(topic):
-        raise MessageValidationError(f"the topic {topic!r} contains characters outside [%|a-zA-Z0-9_-]")
+    """Java's ``Validators.checkTopic`` (the broker's rule, :func:`protocol.topics.check_topic_name`): raise
+    :class:`MessageValidationError` or return the topic."""
+    if not isinstance(topic, str):
+        topic = ""  # no name at all: refused as a blank one, as Java refuses a null topic
+    problem = check_topic_name(topic)
+    if problem is not None:
+        raise MessageValidationError(problem)
     return topic
 
 

@@ -37,11 +37,11 @@ from commitlog.message import (
     cached_tag_code,
     pack_record,
     stored_size,
-    topic_problem,
 )
 from commitlog.message import crc32 as _crc32
 from protocol.invariant import invariant
 from protocol.properties import PROPERTIES_BYTES_MAX, find_uniq_key
+from protocol.topics import check_topic_name
 
 try:  # the record builder in C (setup.py builds it where a compiler is; the Python one below is the reference)
     from commitlog import _native
@@ -283,7 +283,7 @@ class RecordBuilder:
         if topic in self._topics:
             return self._topics[topic]
         entry: tuple[bytes, int] | None = None
-        if topic not in self.excluded_topics and topic_problem(topic) is None:
+        if topic not in self.excluded_topics and check_topic_name(topic) is None:
             encoded = topic.encode()
             entry = (bytes((len(encoded),)) + encoded, _crc32(encoded + b"#"))
         if len(self._topics) < CACHE_ENTRIES_MAX:

@@ -112,7 +112,7 @@ def test_message_accepts_key_strings_and_builds_wire_properties() -> None:
     [
         (Message("", b"x"), "blank"),
         (Message("bad topic", b"x"), "characters"),
-        (Message("T" * 128, b"x"), "longer than 127"),
+        (Message("T" * 128, b"x"), "longer than topic max length 127"),
         (Message("T", b""), "empty"),
         (Message("T", b"x" * 11), "over the limit"),
         (Message("T", b"x", tags="a\x01b"), "separators"),
