@@ -313,13 +313,13 @@ class StateMachine:
         (decided from the state before the command, as applying it will decide). Read from the store, which
         holds the same committed records on every replica; a record retention already deleted has none."""
         dead = plan_dead_letters(self.state.pop_queues, operation)
-        stamp = operation.now if isinstance(operation, PopRevive) else operation.timestamp
+        store_timestamp = operation.now if isinstance(operation, PopRevive) else operation.timestamp
         copies = []
         for grant in dead:
             stored = self._read_verified(functools.partial(self._read_pop_message, operation.topic,
                                                            operation.queue_id, grant.offset))
             if stored is not None:
-                copies.append(dead_letter_copy(stored, operation.group, grant, stamp))
+                copies.append(dead_letter_copy(stored, operation.group, grant, store_timestamp))
         return copies
 
     def _read_pop_message(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
@@ -370,13 +370,13 @@ class StateMachine:
 
     def _apply_records(self, raft_index: int, batch: PreparedRecords, want_results: bool) -> ApplyResult:
         """A Records operation (plain messages laid out by the leader: no timers, no transactions)."""
-        stamp = max(batch.stamp, self.state.last_store_timestamp)
+        store_timestamp = max(batch.stamp, self.state.last_store_timestamp)
         results: tuple[Sequence[AppendResult], ...] = ()
         if batch.record_count and raft_index > self.store.applied_raft_index:
-            duplicates = self._retries(record_sends(batch, self.store, stamp - UNIQ_KEY_WINDOW_MS),
-                                       stamp - UNIQ_KEY_WINDOW_MS)
+            duplicates = self._retries(record_sends(batch, self.store, store_timestamp - UNIQ_KEY_WINDOW_MS),
+                                       store_timestamp - UNIQ_KEY_WINDOW_MS)
             outcome = self._until_space(raft_index, functools.partial(
-                self.store.append_records, raft_index, batch, duplicates, stamp, want_results))
+                self.store.append_records, raft_index, batch, duplicates, store_timestamp, want_results))
             if want_results:
                 results = (self._merge(outcome.results, duplicates, batch.record_count) if duplicates
                            else outcome.results,)
@@ -384,8 +384,8 @@ class StateMachine:
             with self.state_lock:
                 if batch.record_count:
                     if self.state.timer_progress.get(TIMER_PROGRESS_KEY) is None:  # the first messages ever
-                        self.state.apply_timer_progress(TIMER_PROGRESS_KEY, starting_progress(stamp))
-                    self.state.last_store_timestamp = max(self.state.last_store_timestamp, stamp)
+                        self.state.apply_timer_progress(TIMER_PROGRESS_KEY, starting_progress(store_timestamp))
+                    self.state.last_store_timestamp = max(self.state.last_store_timestamp, store_timestamp)
                 self.state.applied_index = raft_index
         return ApplyResult(raft_index, results)
 
@@ -477,7 +477,7 @@ class StateMachine:
         return ApplyResult(raft_index, noop_reason=reason)
 
 
-def dead_letter_copy(stored: StoredMessage, group: str, grant: PopGrant, stamp: int) -> MessageInput:
+def dead_letter_copy(stored: StoredMessage, group: str, grant: PopGrant, store_timestamp: int) -> MessageInput:
     """The message a popped one becomes in ``group``'s dead-letter queue after ``grant.attempt`` deliveries
     (as a 4.x consumer's send-back to the dead-letter queue stores it)."""
     properties = stored.property_map
@@ -488,5 +488,5 @@ def dead_letter_copy(stored: StoredMessage, group: str, grant: PopGrant, stamp: 
     for name in (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID):
         properties.pop(name, None)
     return MessageInput(f"{DLQ_PREFIX}{group}", 0, stored.flag, stored.sys_flag & ~0x30, stored.born_timestamp,
-                        stored.born_host, stamp, stored.reconsume_times + grant.attempt,
+                        stored.born_host, store_timestamp, stored.reconsume_times + grant.attempt,
                         stored.prepared_transaction_offset, stored.body, encode_properties(properties))
