@@ -16,10 +16,12 @@ from broker.pull import tag_codes
 from broker.requests import RequestError, SendHeader
 from broker.send import batch_messages
 from broker.timers import due_time_ms
+from client.consumer_api import parse_subscription
 from commitlog.config import ConfigError
 from commitlog.message import MessageInput, decode_record, encode_host, encode_record, java_string_hash
 from protocol.codes import ResponseCode
 from protocol.properties import parse_properties
+from protocol.subscription import SUBSCRIBE_ALL, expression_tags
 from tests.broker.wire import batch_body
 
 
@@ -52,6 +54,22 @@ def test_properties_are_parsed_leniently_as_java_does() -> None:
 def test_tag_expressions_select_java_hash_codes() -> None:
     assert tag_codes(None) is None and tag_codes("*") is None and tag_codes(" ") is None
     assert tag_codes("TagA || TagB") == frozenset({java_string_hash("TagA"), java_string_hash("TagB")})
+
+
+@pytest.mark.parametrize(
+    ("expression", "tags"),
+    [(None, None), ("", None), ("  ", None), ("*", None), (" * ", None), ("TagA", frozenset({"TagA"})),
+     (" TagA ||TagB|| ", frozenset({"TagA", "TagB"})), ("||", frozenset()), ("A||A", frozenset({"A"}))],
+)
+def test_the_client_and_both_broker_sides_read_a_tag_expression_alike(expression: str | None,
+                                                                      tags: frozenset[str] | None) -> None:
+    assert expression_tags(expression) == tags
+    # the 4.x pull: hash codes, and an expression naming no tag selects nothing
+    assert tag_codes(expression) == (None if tags is None else frozenset(java_string_hash(tag) for tag in tags))
+    # the client: a subscription to every message when the expression names no tag
+    subscription = parse_subscription("T", expression, 0)
+    assert subscription.tags == (tags or frozenset())
+    assert subscription.expression == (SUBSCRIBE_ALL if not tags else (expression or "").strip())
 
 
 def test_send_header_reads_both_name_forms_and_refuses_bad_fields() -> None:
