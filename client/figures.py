@@ -1,5 +1,5 @@
 """Figures reported about a run of sends: one percentile rule for every tool that reports latencies (the
-CLI's ``bench`` and the chaos report), so their p50 and p99 mean the same thing."""
+CLI's ``bench``, and any tool above the client), so their p50 and p99 mean the same thing."""
 
 from __future__ import annotations
 
