@@ -20,7 +20,7 @@ from client.consumer_api import parse_subscription
 from commitlog.config import ConfigError
 from commitlog.message import MessageInput, decode_record, encode_host, encode_record, java_string_hash
 from protocol.codes import ResponseCode
-from protocol.properties import parse_properties
+from protocol.properties import find_uniq_key, parse_properties
 from protocol.subscription import SUBSCRIBE_ALL, expression_tags
 from tests.broker.wire import batch_body
 
@@ -49,6 +49,14 @@ def test_properties_are_parsed_leniently_as_java_does() -> None:
     assert parse_properties("A\x011\x02B\x012\x02") == {"A": "1", "B": "2"}
     assert parse_properties("A\x011\x02junk\x02\x02A\x013") == {"A": "3"}
     assert parse_properties("") == {}
+
+
+def test_the_uniq_key_is_read_from_encoded_properties_without_parsing_them() -> None:
+    assert find_uniq_key(b"A\x011\x02UNIQ_KEY\x01U1\x02UNIQ_KEY\x01U2\x02") == b"U1"  # the first one
+    assert find_uniq_key(b"UNIQ_KEY\x01U\x02") == b"U" and find_uniq_key(b"UNIQ_KEY\x01U") == b"U"
+    assert find_uniq_key(b"UNIQ_KEY\x01\x02UNIQ_KEY\x01V\x02") == b"V"  # an empty one is no key
+    assert find_uniq_key(b"XUNIQ_KEY\x01U\x02") is None and find_uniq_key(b"KEYS\x01k\x02") is None
+    assert find_uniq_key(b"") is None
 
 
 def test_tag_expressions_select_java_hash_codes() -> None:
