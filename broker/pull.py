@@ -25,24 +25,18 @@ from commitlog.message import body_at, java_string_hash
 from commitlog.store import GetResult, GetStatus
 from protocol.codes import ResponseCode
 from protocol.command import RemotingCommand, make_response
+from protocol.subscription import expression_tags
 
 log = logging.getLogger(__name__)
 
-#: RocketMQ's SubscriptionData.SUB_ALL
-SUBSCRIBE_ALL: Final = "*"
 #: held pulls at most (each is one waiting coroutine); more are answered at once
 HELD_PULLS_MAX: Final = 100_000
 
 
 def tag_codes(expression: str | None) -> frozenset[int] | None:
     """The tag hash codes an expression such as ``"TagA || TagB"`` selects; None selects everything."""
-    if expression is None:
-        return None
-    expression = expression.strip()
-    if not expression or expression == SUBSCRIBE_ALL:
-        return None
-    tags = [tag.strip() for tag in expression.split("||")]
-    return frozenset(java_string_hash(tag) for tag in tags if tag)
+    tags = expression_tags(expression)
+    return None if tags is None else frozenset(java_string_hash(tag) for tag in tags)
 
 
 def first_damaged(records: list[bytes]) -> int | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final
 
 from broker.context import BrokerContext
@@ -31,7 +30,7 @@ from commitlog.store import AppendResult, AppendStatus
 from dledger.command import TopicConfig
 from dledger.group_commit import AppendError
 from dledger.timers import schedule
-from protocol.batch import BATCH_HEAD, PROPERTIES_LENGTH
+from protocol.batch import BatchError, BatchMessage, decode_batch
 from protocol.codec import encode_json_answer
 from protocol.codes import RequestCode, ResponseCode, SerializeType
 from protocol.command import RemotingCommand, make_response
@@ -57,8 +56,6 @@ from protocol.topics import (
     dlq_topic,
 )
 
-#: messages one batch may hold (RocketMQ bounds a batch by its 4 MiB body; we bound the count too)
-BATCH_MESSAGES_MAX: Final = 4096
 SEND_CODES: Final = (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
 
 
@@ -78,49 +75,13 @@ def _properties_bytes(properties: dict[str, str]) -> bytes:
     return encoded
 
 
-@dataclass(frozen=True, slots=True)
-class BatchItem:
-    flag: int
-    body: bytes
-    properties: dict[str, str]
-
-
-def decode_batch(body: bytes) -> list[BatchItem]:
-    """The body of a batch send: ``totalSize | magic | bodyCRC | flag | bodyLen | body | propLen i16 |
-    properties`` per message (MessageDecoder.encodeMessages). MESSAGE_ILLEGAL for anything malformed."""
-    items: list[BatchItem] = []
-    position = 0
-    while position < len(body):
-        if len(items) >= BATCH_MESSAGES_MAX:
-            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"a batch holds at most {BATCH_MESSAGES_MAX} messages")
-        if len(body) - position < BATCH_HEAD.size + 2:
-            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"batch message at byte {position} is truncated")
-        # magic and body CRC are not checked, as MessageDecoder.decodeMessages does not: the C++ client
-        # writes 0 for both (the store computes its own CRC)
-        total, _magic, _crc, flag, body_length = BATCH_HEAD.unpack_from(body, position)
-        body_start = position + BATCH_HEAD.size
-        if body_length < 0 or body_start + body_length + 2 > len(body):
-            raise RequestError(ResponseCode.MESSAGE_ILLEGAL, f"batch message at byte {position} has a bad body length")
-        message_body = body[body_start : body_start + body_length]
-        (properties_length,) = PROPERTIES_LENGTH.unpack_from(body, body_start + body_length)
-        properties_start = body_start + body_length + 2
-        end = properties_start + properties_length
-        if properties_length < 0 or end > len(body):
-            raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
-                               f"batch message at byte {position} has a bad properties length")
-        if total != end - position:
-            raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
-                               f"batch message at byte {position} declares {total} bytes but holds {end - position}")
-        try:
-            properties = parse_properties(body[properties_start:end].decode("utf-8"))
-        except UnicodeDecodeError:
-            raise RequestError(ResponseCode.MESSAGE_ILLEGAL,
-                               f"batch message at byte {position} has properties that are not UTF-8") from None
-        items.append(BatchItem(flag, message_body, properties))
-        position = end
-    if not items:
-        raise RequestError(ResponseCode.MESSAGE_ILLEGAL, "the batch is empty")
-    return items
+def batch_messages(body: bytes) -> list[BatchMessage]:
+    """The messages of a batch send's body (:func:`protocol.batch.decode_batch`); MESSAGE_ILLEGAL, with
+    the decoder's text, for a malformed one."""
+    try:
+        return decode_batch(body)
+    except BatchError as error:
+        raise RequestError(ResponseCode.MESSAGE_ILLEGAL, str(error)) from None
 
 
 class SendProcessor:
@@ -242,7 +203,7 @@ class SendProcessor:
         sys_flag = header.sys_flag & ~0x30  # our hosts are IPv4, whatever the client's were
         reconsume_times = header.reconsume_times
         if batch:
-            items = decode_batch(request.body)
+            items = batch_messages(request.body)
             for item in items:
                 if item.properties.get(PROPERTY_DELAY_TIME_LEVEL, "0") not in ("", "0") or any(
                         name in item.properties for name in TIMER_PROPERTIES):

@@ -52,8 +52,10 @@ from protocol.properties import (
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
+    PROPERTY_TAGS,
     PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_KEY,
+    encode_properties,
     encode_properties_text,
 )
 from protocol.topics import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
@@ -67,12 +69,14 @@ ROLLBACK: Final = 0xC
 #: halves one check round looks at, at most
 CHECK_SCAN_MAX: Final = 10_000
 OP_TAG: Final = "d"
+#: an op record's properties: its tag alone
+_OP_PROPERTIES: Final = encode_properties({PROPERTY_TAGS: OP_TAG})
 
 
 def op_record(half_queue_offset: int, born_host: bytes, now_ms: int) -> MessageInput:
     """The op record of a resolved half (TransactionalMessageBridge.putOpMessage)."""
     return MessageInput(TRANS_OP_HALF_TOPIC, 0, 0, 0, now_ms, born_host, now_ms, 0, 0,
-                        str(half_queue_offset).encode(), f"TAGS\x01{OP_TAG}\x02".encode())
+                        str(half_queue_offset).encode(), _OP_PROPERTIES)
 
 
 def committed_message(half: StoredMessage, now_ms: int) -> MessageInput:

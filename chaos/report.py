@@ -4,7 +4,6 @@ unavailability windows)."""
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -12,13 +11,6 @@ from typing import Any
 
 from chaos.checker import CheckResult, FaultWindow
 from chaos.history import History
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    """The nearest-rank percentile of ``values`` (not empty)."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(fraction * len(ordered)))
-    return ordered[rank - 1]
 
 
 def fault_figures(windows: tuple[FaultWindow, ...]) -> dict[str, dict[str, Any]]:

@@ -55,6 +55,7 @@ from client.config import (
     load_credentials,
 )
 from client.errors import MessageValidationError, MQClientError
+from client.figures import percentile
 from client.lite_pull_consumer import AsyncLitePullConsumer
 from client.message import Message, MessageExt, MessageQueue, PullStatus, SendResult, check_topic
 from client.producer import AsyncProducer
@@ -1001,9 +1002,7 @@ class BenchStats:
     def percentile_ms(self, fraction: float) -> float:
         if not self.latencies:
             return 0.0
-        ordered = sorted(self.latencies)
-        index = min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))  # nearest rank
-        return ordered[index] * 1000
+        return percentile(self.latencies, fraction) * 1000
 
     def summary(self) -> dict[str, float | int | str]:
         seconds = max(self.seconds, 1e-9)

@@ -18,8 +18,8 @@ from client.message import MessageExt, MessageQueue, PullResult, PullStatus, dec
 from commitlog.message import RecordError, java_string_hash
 from protocol.codes import RequestCode, ResponseCode
 from protocol.route_data import MASTER_ID
+from protocol.subscription import SUBSCRIBE_ALL, expression_tags
 
-SUBSCRIBE_ALL: Final = "*"
 #: PullSysFlag bits
 PULL_FLAG_COMMIT_OFFSET: Final = 0x1
 PULL_FLAG_SUSPEND: Final = 0x2
@@ -65,13 +65,10 @@ class Subscription:
 
 def parse_subscription(topic: str, expression: str | None, sub_version: int) -> Subscription:
     """``FilterAPI.buildSubscriptionData``: blank or ``*`` subscribes to everything."""
-    text = (expression or "").strip()
-    if not text or text == SUBSCRIBE_ALL:
-        return Subscription(topic, SUBSCRIBE_ALL, frozenset(), sub_version)
-    tags = frozenset(tag.strip() for tag in text.split("||") if tag.strip())
+    tags = expression_tags(expression)
     if not tags:
         return Subscription(topic, SUBSCRIBE_ALL, frozenset(), sub_version)
-    return Subscription(topic, text, tags, sub_version)
+    return Subscription(topic, (expression or "").strip(), tags, sub_version)
 
 
 async def pull_message(

@@ -1,6 +1,6 @@
 """Messages as producers build them and consumers receive them, message queues, send results, and the
 pure encodings around them (Java's ``Message``, ``MessageExt``, ``MessageQueue``, ``SendResult``,
-``Validators`` and ``MessageDecoder.encodeMessages``).
+``Validators`` and ``MessageDecoder.encodeMessages``, whose layout is :mod:`protocol.batch`'s).
 
 Received records are decoded with :func:`commitlog.message.decode_record`, the store's own codec.
 """
@@ -24,7 +24,7 @@ from commitlog.message import (
     encode_message_id,
     format_address,
 )
-from protocol.batch import BATCH_HEAD, PROPERTIES_LENGTH
+from protocol.batch import encode_batch_message
 from protocol.properties import (
     KEY_SEPARATOR,
     PROPERTIES_BYTES_MAX,
@@ -52,7 +52,7 @@ from protocol.properties import (
     decode_properties,
     encode_properties,
 )
-from protocol.topics import TOPIC_NAME_MAX_CHARS, TOPIC_PATTERN
+from protocol.topics import check_topic_name
 
 # ------------------------------------------------------------------------------- property keys
 
@@ -93,13 +93,13 @@ DELAY_LEVEL_MAX: Final = 18
 
 
 def check_topic(topic: object) -> str:
-    """Java's ``Validators.checkTopic``: raise :class:`MessageValidationError` or return the topic."""
-    if not isinstance(topic, str) or not topic.strip():
-        raise MessageValidationError("the topic is blank")
-    if len(topic) > TOPIC_NAME_MAX_CHARS:
-        raise MessageValidationError(f"the topic is longer than {TOPIC_NAME_MAX_CHARS} characters: {topic[:40]!r}...")
-    if not TOPIC_PATTERN.match(topic):
-        raise MessageValidationError(f"the topic {topic!r} contains characters outside [%|a-zA-Z0-9_-]")
+    """Java's ``Validators.checkTopic`` (the broker's rule, :func:`protocol.topics.check_topic_name`): raise
+    :class:`MessageValidationError` or return the topic."""
+    if not isinstance(topic, str):
+        topic = ""  # no name at all: refused as a blank one, as Java refuses a null topic
+    problem = check_topic_name(topic)
+    if problem is not None:
+        raise MessageValidationError(problem)
     return topic
 
 
@@ -248,50 +248,9 @@ def encode_wire_properties(properties: Mapping[str, str]) -> str:
 
 
 def encode_batch_record(body: bytes, properties: Mapping[str, str], flag: int = 0, magic: int = 0) -> bytes:
-    """One message of a batch body, exactly as Java's ``MessageDecoder.encodeMessage``::
-
-        totalSize i32 | magic i32 (0) | bodyCRC i32 (0) | flag i32 | bodyLen i32 + body |
-        propertiesLen i16 + properties
-
-    Java and C++ clients write magic 0 and brokers ignore it (``magic`` exists for tests).
-    """
-    return encode_batch_record_of(body, encode_wire_properties(properties).encode("utf-8"), flag, magic)
-
-
-def encode_batch_record_of(body: bytes, encoded_properties: bytes, flag: int = 0, magic: int = 0) -> bytes:
-    """:func:`encode_batch_record` of properties already encoded (as a single send's header carries them)."""
-    total = BATCH_HEAD.size + len(body) + 2 + len(encoded_properties)
-    return b"".join(
-        (
-            BATCH_HEAD.pack(total, magic & 0xFFFFFFFF, 0, flag, len(body)),
-            bytes(body),
-            PROPERTIES_LENGTH.pack(len(encoded_properties)),
-            encoded_properties,
-        )
-    )
-
-
-def decode_batch_body(body: bytes) -> list[tuple[int, bytes, dict[str, str]]]:
-    """The inverse of a concatenation of :func:`encode_batch_record`: (flag, body, properties) each.
-    Raises ValueError on malformed input (tests and fake brokers use it)."""
-    result: list[tuple[int, bytes, dict[str, str]]] = []
-    position = 0
-    while position < len(body):
-        if position + BATCH_HEAD.size > len(body):
-            raise ValueError(f"truncated batch record head at {position}")
-        total, _magic, _crc, flag, body_length = BATCH_HEAD.unpack_from(body, position)
-        end = position + total
-        start = position + BATCH_HEAD.size
-        if total < BATCH_HEAD.size + 2 or end > len(body) or start + body_length + 2 > end:
-            raise ValueError(f"bad batch record size {total} at {position}")
-        message_body = body[start : start + body_length]
-        (properties_length,) = PROPERTIES_LENGTH.unpack_from(body, start + body_length)
-        properties_start = start + body_length + 2
-        if properties_start + properties_length != end:
-            raise ValueError(f"bad properties length {properties_length} at {position}")
-        result.append((flag, message_body, decode_properties(body[properties_start:end])))
-        position = end
-    return result
+    """One message of a batch body (:func:`protocol.batch.encode_batch_message`), its properties checked
+    as a single send's are (:func:`encode_wire_properties`)."""
+    return encode_batch_message(body, encode_wire_properties(properties).encode("utf-8"), flag, magic)
 
 
 # ------------------------------------------------------------------------------- received messages

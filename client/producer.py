@@ -38,7 +38,6 @@ from client.message import (
     SendResult,
     SendStatus,
     encode_batch_record,
-    encode_batch_record_of,
     encode_wire_properties,
     join_ids,
 )
@@ -46,6 +45,7 @@ from client.route import TopicRoute
 from client.selector import MessageQueueSelector, RoundRobin
 from client.unique_id import UniqueIdGenerator
 from commitlog.message import SYSFLAG_COMPRESSED, TRANSACTION_PREPARED_TYPE
+from protocol.batch import encode_batch_message
 from protocol.codes import RequestCode, ResponseCode
 from protocol.properties import PROPERTY_TRANSACTION_PREPARED, PROPERTY_WAIT_STORE_MSG_OK
 from protocol.topics import RETRY_PREFIX
@@ -394,7 +394,7 @@ class AsyncProducer:
                 and timeout_seconds is None and first_target is None):
             route = await self._route(prepared.topic)
             target = self._round_robin.select(route.publish_queues)
-            record = encode_batch_record_of(prepared.body, prepared.properties.encode("utf-8"), prepared.flag)
+            record = encode_batch_message(prepared.body, prepared.properties.encode("utf-8"), prepared.flag)
             return await coalescer.park(prepared.topic, target, record, prepared.message_ids[0], prepared)
         timeout = self.config.send_timeout_seconds if timeout_seconds is None else timeout_seconds
         deadline = self.instance.now() + timeout

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from commitlog.consume_queue import ConsumeQueue
     from commitlog.state import StoreState
 
-_DISPATCH_PROPERTY: Final = re.compile(rb"(?:^|\x02)(TAGS|KEYS|UNIQ_KEY)\x01([^\x02]*)")
+#: the (name, value) pairs of the properties dispatch reads (TAGS, KEYS, UNIQ_KEY), for ``findall``
+DISPATCH_PROPERTY: Final = re.compile(rb"(?:^|\x02)(TAGS|KEYS|UNIQ_KEY)\x01([^\x02]*)")
 
 
 #: the transaction types (``sys_flag & TRANSACTION_TYPE_MASK``) of records that take no consume-queue unit
@@ -45,7 +46,7 @@ def to_key_index(sys_flag: int) -> bool:
 
 def dispatch_fields(properties: bytes) -> tuple[bytes | None, bytes | None, bytes | None]:
     """(TAGS, KEYS, UNIQ_KEY) as raw bytes from encoded properties, in one C-level pass."""
-    found = dict(_DISPATCH_PROPERTY.findall(properties))  # the last of a repeated name wins, as before
+    found = dict(DISPATCH_PROPERTY.findall(properties))  # the last of a repeated name wins, as before
     return found.get(b"TAGS"), found.get(b"KEYS"), found.get(b"UNIQ_KEY")
 
 

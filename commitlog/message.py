@@ -16,7 +16,6 @@ A segment ends with a filler record: ``totalSize i32 | BLANK_MAGIC i32`` followe
 from __future__ import annotations
 
 import ipaddress
-import re
 import struct
 from dataclasses import dataclass
 from typing import Final, NamedTuple
@@ -452,20 +451,3 @@ def cached_tag_code(cache: dict[bytes, int], tags: bytes | None) -> int:
         if len(cache) < TAG_CODE_CACHE_MAX:
             cache[tags] = code
     return code
-
-
-#: RocketMQ's topic name rule (TopicValidator): letters, digits, and %|_-
-TOPIC_PATTERN: Final = re.compile(r"^[%|a-zA-Z0-9_-]+$")
-
-
-def topic_problem(topic: str) -> str | None:
-    """Why the store refuses ``topic`` as a topic name (RocketMQ's TopicValidator rule), or None."""
-    try:
-        length = len(topic.encode())
-    except UnicodeEncodeError:
-        return "topic is not valid unicode"
-    if not 0 < length <= TOPIC_BYTES_MAX:
-        return f"topic length {length} outside 1..{TOPIC_BYTES_MAX} bytes"
-    if not TOPIC_PATTERN.match(topic):
-        return f"topic {topic!r} has characters outside [%|a-zA-Z0-9_-]"
-    return None

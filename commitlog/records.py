@@ -15,7 +15,6 @@ are the same either way (tested).
 
 from __future__ import annotations
 
-import re
 import struct
 from collections.abc import Collection, Sequence
 from typing import Final, NamedTuple
@@ -23,6 +22,7 @@ from typing import Final, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from commitlog.dispatch import DISPATCH_PROPERTY
 from commitlog.message import (
     BODY_AT_V4,
     FILLER_HEADER_BYTES,
@@ -37,11 +37,11 @@ from commitlog.message import (
     cached_tag_code,
     pack_record,
     stored_size,
-    topic_problem,
 )
 from commitlog.message import crc32 as _crc32
 from protocol.invariant import invariant
-from protocol.properties import PROPERTIES_BYTES_MAX
+from protocol.properties import PROPERTIES_BYTES_MAX, find_uniq_key
+from protocol.topics import check_topic_name
 
 try:  # the record builder in C (setup.py builds it where a compiler is; the Python one below is the reference)
     from commitlog import _native
@@ -74,9 +74,6 @@ _INT16: Final = struct.Struct(">h")
 _BODY_LENGTH: Final = struct.Struct(">i")
 #: bounds the topic and tag-code caches of a builder
 CACHE_ENTRIES_MAX: Final = 100_000
-
-_DISPATCH_PROPERTY = re.compile(rb"(?:^|\x02)(TAGS|KEYS|UNIQ_KEY)\x01([^\x02]*)")
-_UNIQ_KEY_PROPERTY = re.compile(rb"(?:^|\x02)UNIQ_KEY\x01([^\x02]+)")
 
 Meta = tuple[int, int, int, int, int, int, int]
 
@@ -187,8 +184,7 @@ def uniq_key_of(batch: PreparedRecords, start: int, flags: int) -> bytes | None:
     properties_at = topic_at + 1 + records[topic_at]
     (properties_length,) = _INT16.unpack_from(records, properties_at)
     properties = bytes(records[properties_at + 2 : properties_at + 2 + properties_length])
-    match = _UNIQ_KEY_PROPERTY.search(properties)
-    return match.group(1) if match is not None else None
+    return find_uniq_key(properties)
 
 
 def check_layout(batch: PreparedRecords) -> str | None:
@@ -287,7 +283,7 @@ class RecordBuilder:
         if topic in self._topics:
             return self._topics[topic]
         entry: tuple[bytes, int] | None = None
-        if topic not in self.excluded_topics and topic_problem(topic) is None:
+        if topic not in self.excluded_topics and check_topic_name(topic) is None:
             encoded = topic.encode()
             entry = (bytes((len(encoded),)) + encoded, _crc32(encoded + b"#"))
         if len(self._topics) < CACHE_ENTRIES_MAX:
@@ -320,7 +316,7 @@ class RecordBuilder:
             return None  # not a store host: the plain path's store uses its own
         body_max = self.body_size_max_bytes
         segment_max = self.segment_size_bytes - FILLER_HEADER_BYTES
-        findall = _DISPATCH_PROPERTY.findall
+        findall = DISPATCH_PROPERTY.findall
         crc32 = _crc32
         tag_codes = self._tag_codes
         special_transaction = _SPECIAL_TRANSACTION_BIT

@@ -22,9 +22,10 @@ from commitlog.consume_queue import UNIT_BYTES, ConsumeQueue
 from commitlog.dispatch import topic_prefix_crc
 from commitlog.errors import StoreError
 from commitlog.key_index_files import KeyIndex
-from commitlog.message import TOPIC_PATTERN, cached_tag_code, topic_problem
+from commitlog.message import TOPIC_BYTES_MAX, cached_tag_code
 from commitlog.recent_keys import RecentKeys
 from protocol.invariant import invariant
+from protocol.topics import TOPIC_NAME_MAX_CHARS, TOPIC_PATTERN, check_topic_name
 
 CHECKPOINT_NAME: Final = "checkpoint"
 LOCK_NAME: Final = "lock"
@@ -34,6 +35,8 @@ CACHE_ENTRIES_MAX: Final = 100_000
 #: :data:`commitlog.consume_queue.CQ_UNIT` as a numpy record
 CQ_UNIT_DTYPE: Final = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tag", ">i8")])
 invariant(CQ_UNIT_DTYPE.itemsize == UNIT_BYTES, "the unit dtype is the unit struct")
+# a valid topic name is ASCII, one byte per character: every name the rule admits fits a record's topic
+invariant(TOPIC_NAME_MAX_CHARS <= TOPIC_BYTES_MAX, "a valid topic name must fit a record's topic length")
 
 
 class StoreState:
@@ -111,10 +114,16 @@ class StoreState:
         """(length byte + topic bytes, CRC of ``topic#``) for a valid topic, else why it is invalid."""
         entry = self.topics.get(topic)
         if entry is None:
-            reason = topic_problem(topic)
+            # the record's topic width first, in the store's words; then the name rule every layer keeps
+            try:
+                encoded = topic.encode()
+            except UnicodeEncodeError:
+                return "topic is not valid unicode"
+            if not 0 < len(encoded) <= TOPIC_BYTES_MAX:
+                return f"topic length {len(encoded)} outside 1..{TOPIC_BYTES_MAX} bytes"
+            reason = check_topic_name(topic)
             if reason is not None:
                 return reason
-            encoded = topic.encode()
             entry = (bytes((len(encoded),)) + encoded, topic_prefix_crc(topic))
             if len(self.topics) < CACHE_ENTRIES_MAX:
                 self.topics[topic] = entry

@@ -82,7 +82,17 @@ from dledger.timers import (
     starting_progress,
     timer_key,
 )
-from protocol.properties import encode_properties
+from protocol.properties import (
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
+    PROPERTY_DLQ_ORIGIN_TOPIC,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_UNIQ_KEY,
+    encode_properties,
+)
 from protocol.topics import DLQ_PREFIX, TIMER_TOPIC, TRANS_HALF_TOPIC
 
 log = logging.getLogger(__name__)
@@ -303,13 +313,13 @@ class StateMachine:
         (decided from the state before the command, as applying it will decide). Read from the store, which
         holds the same committed records on every replica; a record retention already deleted has none."""
         dead = plan_dead_letters(self.state.pop_queues, operation)
-        stamp = operation.now if isinstance(operation, PopRevive) else operation.timestamp
+        store_timestamp = operation.now if isinstance(operation, PopRevive) else operation.timestamp
         copies = []
         for grant in dead:
             stored = self._read_verified(functools.partial(self._read_pop_message, operation.topic,
                                                            operation.queue_id, grant.offset))
             if stored is not None:
-                copies.append(dead_letter_copy(stored, operation.group, grant, stamp))
+                copies.append(dead_letter_copy(stored, operation.group, grant, store_timestamp))
         return copies
 
     def _read_pop_message(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
@@ -360,13 +370,13 @@ class StateMachine:
 
     def _apply_records(self, raft_index: int, batch: PreparedRecords, want_results: bool) -> ApplyResult:
         """A Records operation (plain messages laid out by the leader: no timers, no transactions)."""
-        stamp = max(batch.stamp, self.state.last_store_timestamp)
+        store_timestamp = max(batch.stamp, self.state.last_store_timestamp)
         results: tuple[Sequence[AppendResult], ...] = ()
         if batch.record_count and raft_index > self.store.applied_raft_index:
-            duplicates = self._retries(record_sends(batch, self.store, stamp - UNIQ_KEY_WINDOW_MS),
-                                       stamp - UNIQ_KEY_WINDOW_MS)
+            duplicates = self._retries(record_sends(batch, self.store, store_timestamp - UNIQ_KEY_WINDOW_MS),
+                                       store_timestamp - UNIQ_KEY_WINDOW_MS)
             outcome = self._until_space(raft_index, functools.partial(
-                self.store.append_records, raft_index, batch, duplicates, stamp, want_results))
+                self.store.append_records, raft_index, batch, duplicates, store_timestamp, want_results))
             if want_results:
                 results = (self._merge(outcome.results, duplicates, batch.record_count) if duplicates
                            else outcome.results,)
@@ -374,8 +384,8 @@ class StateMachine:
             with self.state_lock:
                 if batch.record_count:
                     if self.state.timer_progress.get(TIMER_PROGRESS_KEY) is None:  # the first messages ever
-                        self.state.apply_timer_progress(TIMER_PROGRESS_KEY, starting_progress(stamp))
-                    self.state.last_store_timestamp = max(self.state.last_store_timestamp, stamp)
+                        self.state.apply_timer_progress(TIMER_PROGRESS_KEY, starting_progress(store_timestamp))
+                    self.state.last_store_timestamp = max(self.state.last_store_timestamp, store_timestamp)
                 self.state.applied_index = raft_index
         return ApplyResult(raft_index, results)
 
@@ -467,16 +477,16 @@ class StateMachine:
         return ApplyResult(raft_index, noop_reason=reason)
 
 
-def dead_letter_copy(stored: StoredMessage, group: str, grant: PopGrant, stamp: int) -> MessageInput:
+def dead_letter_copy(stored: StoredMessage, group: str, grant: PopGrant, store_timestamp: int) -> MessageInput:
     """The message a popped one becomes in ``group``'s dead-letter queue after ``grant.attempt`` deliveries
     (as a 4.x consumer's send-back to the dead-letter queue stores it)."""
     properties = stored.property_map
-    properties.setdefault("RETRY_TOPIC", stored.topic)
-    properties.setdefault("ORIGIN_MESSAGE_ID", properties.get("UNIQ_KEY") or stored.msg_id)
-    properties["DLQ_ORIGIN_TOPIC"] = stored.topic
-    properties["DLQ_ORIGIN_MESSAGE_ID"] = properties["ORIGIN_MESSAGE_ID"]
-    for name in ("DELAY", "REAL_TOPIC", "REAL_QID"):
+    properties.setdefault(PROPERTY_RETRY_TOPIC, stored.topic)
+    properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, properties.get(PROPERTY_UNIQ_KEY) or stored.msg_id)
+    properties[PROPERTY_DLQ_ORIGIN_TOPIC] = stored.topic
+    properties[PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = properties[PROPERTY_ORIGIN_MESSAGE_ID]
+    for name in (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID):
         properties.pop(name, None)
     return MessageInput(f"{DLQ_PREFIX}{group}", 0, stored.flag, stored.sys_flag & ~0x30, stored.born_timestamp,
-                        stored.born_host, stamp, stored.reconsume_times + grant.attempt,
+                        stored.born_host, store_timestamp, stored.reconsume_times + grant.attempt,
                         stored.prepared_transaction_offset, stored.body, encode_properties(properties))

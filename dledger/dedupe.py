@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import re
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -34,8 +33,8 @@ from commitlog.records import (
 )
 from commitlog.retries import KeyCollision, retry_digest
 from commitlog.store import AppendResult, MessageStore
+from protocol.properties import find_uniq_key
 
-_UNIQ_KEY_PROPERTY = re.compile(rb"(?:^|\x02)UNIQ_KEY\x01([^\x02]+)")
 #: (topic, UNIQ_KEY, reconsume count, content digest): a send as the store looks it up
 Lookup = tuple[str, bytes, int, bytes]
 #: ``find_recent_sends(lookups, since_timestamp)``: for each, the stored message's result, a key collision, or None
@@ -71,11 +70,11 @@ def message_sends(messages: Sequence[MessageInput]) -> KeyedSends:
     keys: list[bytes] = []
     reconsume_times: list[int] = []
     for position, message in enumerate(messages):
-        match = _UNIQ_KEY_PROPERTY.search(message.properties)
-        if match is not None:
+        key = find_uniq_key(message.properties)
+        if key is not None:
             positions.append(position)
             topic_indexes.append(topics.setdefault(message.topic, len(topics)))
-            keys.append(match.group(1))
+            keys.append(key)
             reconsume_times.append(message.reconsume_times)
 
     def digest(position: int) -> bytes:

@@ -129,10 +129,10 @@ class GroupClock:
     def readings_ms(self) -> list[int]:
         """This member's clock and each peer's clock as estimated now, from fresh readings only."""
         now = self.monotonic()
-        own = self.wall_clock_ms()
+        local_ms = self.wall_clock_ms()
         with self._lock:
             samples = list(self._samples.values())
-        readings = [own]
+        readings = [local_ms]
         for peer_ms, received in samples:
             age = now - received
             if 0 <= age <= self.sample_max_age_seconds:
@@ -142,10 +142,10 @@ class GroupClock:
     def offsets_ms(self) -> dict[str, int]:
         """Each peer with a fresh reading -> how far its clock is from ours (status, logs)."""
         now = self.monotonic()
-        own = self.wall_clock_ms()
+        local_ms = self.wall_clock_ms()
         with self._lock:
             samples = dict(self._samples)
-        return {peer: peer_ms + int((now - received) * 1000) - own for peer, (peer_ms, received) in samples.items()
+        return {peer: peer_ms + int((now - received) * 1000) - local_ms for peer, (peer_ms, received) in samples.items()
                 if 0 <= now - received <= self.sample_max_age_seconds}
 
     def corroborated_ms(self) -> int | None:

@@ -185,7 +185,7 @@ class GroupCommitter:
         self._completer.start()
         self._in_flight: dict[int, tuple[float, list[_Request]]] = {}
         self._next_batch_id = 0
-        self._last_stamp_ms = 0
+        self._last_store_timestamp_ms = 0
         self._compress_skips = 0  # entries left to send without trying lz4 (batcher thread only)
         self._compress_pause = COMPRESS_RETRY_ENTRIES  # the skips after the next futile attempt (batcher only)
         self._stopped = False
@@ -205,7 +205,7 @@ class GroupCommitter:
     def raise_stamp_floor(self, stamp_ms: int) -> None:
         """Never stamp below ``stamp_ms`` (the last store timestamp applied, on becoming leader)."""
         with self._condition:
-            self._last_stamp_ms = max(self._last_stamp_ms, stamp_ms)
+            self._last_store_timestamp_ms = max(self._last_store_timestamp_ms, stamp_ms)
 
     def submit(self, messages: Sequence[MessageInput],
                callback: Callable[[AppendFuture[tuple[AppendResult, ...]]], object] | None = None,
@@ -313,8 +313,8 @@ class GroupCommitter:
                 if not batch:
                     continue
                 taken = self.monotonic()
-                stamp = max(self.wall_clock_ms(), self._last_stamp_ms)
-                self._last_stamp_ms = stamp
+                store_timestamp = max(self.wall_clock_ms(), self._last_store_timestamp_ms)
+                self._last_store_timestamp_ms = store_timestamp
                 batch_id = self._next_batch_id
                 self._next_batch_id += 1
                 self._in_flight[batch_id] = (taken, batch)
@@ -326,12 +326,12 @@ class GroupCommitter:
             self.proposed_messages += len(messages)
             self.entry_messages_counts[min((len(messages) - 1).bit_length(), ENTRY_MESSAGES_BUCKETS - 1)] += 1
             try:
-                records = self.prepare(messages, stamp) if self.prepare is not None else None
-                proposal: Batch = (messages, stamp) if records is None else records
+                records = self.prepare(messages, store_timestamp) if self.prepare is not None else None
+                proposal: Batch = (messages, store_timestamp) if records is None else records
                 data = self._encode(proposal)
                 if records is not None and len(data) > self.entry_bytes_max:
                     # record heads and key hashes outgrew the size the batch was taken by: as messages
-                    proposal = (messages, stamp)
+                    proposal = (messages, store_timestamp)
                     data = self._encode(proposal)
             except (struct.error, ValueError, OverflowError) as exc:  # submit validated: a programmer error
                 log.error("could not encode a batch, failing it: %s", exc)

@@ -42,12 +42,12 @@ from dledger.apply import (
 from dledger.catchup import CatchupError, CatchupServer, fetch, fetch_digest, fetch_range
 from dledger.command import ByteConfig, Command, encode_command
 from dledger.config import NodeConfig, parse_address
-from dledger.framing import ENTRY_DIGESTS
 from dledger.future import AppendFuture
 from dledger.group_clock import GroupClock, replicated_floor_ms
 from dledger.group_commit import GroupCommitter, NotLeaderError, OutcomeUnknownError, request_bytes
 from dledger.journal import SegmentedJournal
 from dledger.raft_node import RAFT_STATE_LEADER, RAFT_STATES, RAW_COMMAND_PREFIX, RaftNode
+from dledger.secure_channel import ENTRY_DIGESTS
 from dledger.snapshot import (
     BackgroundSnapshots,
     Snapshot,

@@ -25,7 +25,14 @@ from typing import Final
 from commitlog.message import MessageInput, StoredMessage
 from commitlog.retries import PROPERTY_TIMER_OUT_MS, TIMER_KEY_PREFIX
 from dledger.command import TIMER_RELEASE_STARTS, TimerRelease
-from protocol.properties import decode_properties, encode_properties
+from protocol.properties import (
+    KEY_SEPARATOR,
+    PROPERTY_KEYS,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    decode_properties,
+    encode_properties,
+)
 from protocol.topics import TIMER_TOPIC
 
 TIMER_PROGRESS_KEY: Final = "timer"
@@ -35,9 +42,6 @@ TIMER_RELEASE_MAX: Final = 256
 TIMER_SECOND_MAX: Final = TIMER_RELEASE_STARTS - 1
 #: seconds one release may cover (an idle stretch is covered in steps)
 TIMER_SPAN_MAX_SECONDS: Final = 3600
-PROPERTY_REAL_TOPIC: Final = "REAL_TOPIC"
-PROPERTY_REAL_QUEUE_ID: Final = "REAL_QID"
-PROPERTY_KEYS: Final = "KEYS"
 _TIMER_OUT = re.compile(rb"(?:^|\x02)TIMER_OUT_MS\x01(\d{1,19})(?:\x02|$)")
 
 
@@ -62,7 +66,7 @@ def schedule(message: MessageInput, due_ms: int) -> MessageInput:
     properties[PROPERTY_REAL_QUEUE_ID] = str(message.queue_id)
     properties[PROPERTY_TIMER_OUT_MS] = str(due_ms)
     keys = properties.get(PROPERTY_KEYS, "")
-    properties[PROPERTY_KEYS] = f"{keys} {timer_key(due_second(due_ms))}".strip()
+    properties[PROPERTY_KEYS] = f"{keys}{KEY_SEPARATOR}{timer_key(due_second(due_ms))}".strip()
     return message._replace(topic=TIMER_TOPIC, queue_id=0, properties=encode_properties(properties))
 
 
@@ -73,9 +77,9 @@ def release(message: MessageInput, store_timestamp: int) -> MessageInput | None:
     queue_text = properties.get(PROPERTY_REAL_QUEUE_ID, "")
     if not topic or not queue_text.isdigit():
         return None
-    keys = [key for key in properties.get(PROPERTY_KEYS, "").split(" ") if key and not key.startswith(TIMER_KEY_PREFIX)]
+    keys = [key for key in properties.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) if key and not key.startswith(TIMER_KEY_PREFIX)]
     if keys:
-        properties[PROPERTY_KEYS] = " ".join(keys)
+        properties[PROPERTY_KEYS] = KEY_SEPARATOR.join(keys)
     else:
         properties.pop(PROPERTY_KEYS, None)
     return message._replace(topic=topic, queue_id=int(queue_text), store_timestamp=store_timestamp,

@@ -18,7 +18,7 @@ What it changes against pysyncobj 0.3.17's ``TcpConnection``/``TcpServer`` (whic
 
 * Frames are length-prefixed and carry pickle protocol 5 (bytes stay bytes), without zlib.
 * Output is a deque of buffers written with ``sendmsg`` (scatter/gather): no ``bytes +=``, no slicing of
-  a growing buffer; input is a ``bytearray`` with a read offset (``dledger.framing.ReceiveBuffer``).
+  a growing buffer; input is a ``bytearray`` with a read offset (``dledger.secure_channel.ReceiveBuffer``).
 * Write interest is registered with the poller while output is pending, so a partly sent message is
   flushed as soon as the socket drains, not on the next send.
 * Output is bounded: above ``TransportSettings.output_buffer_max_bytes`` of encoded bytes, further
@@ -97,7 +97,8 @@ from pysyncobj.tcp_connection import CONNECTION_STATE, set_keepalive
 from pysyncobj.transport import TCPTransport, TransportNotReadyError
 
 from dledger.addresses import AddressError, Resolver, lookup, split_host_port
-from dledger.framing import (
+from dledger.group_clock import CLOCK_SAMPLE_INTERVAL_SECONDS, GroupClock, clock_message, clock_reading
+from dledger.secure_channel import (
     ENTRY_DIGESTS,
     FRAME_SIZE_LIMIT_BYTES,
     ProtocolError,
@@ -105,7 +106,6 @@ from dledger.framing import (
     SecureChannel,
     validate_secret,
 )
-from dledger.group_clock import CLOCK_SAMPLE_INTERVAL_SECONDS, GroupClock, clock_message, clock_reading
 
 logger = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ def encode_message(message: object) -> bytes:
 
 def encode_message_parts(message: object) -> list[bytes | memoryview]:
     """The frame payload for ``message``: one plain pickle, or several parts, sent as a parted frame
-    (``dledger.framing``): a pickle followed by the commands of an append-entries message, out of band
+    (``dledger.secure_channel``): a pickle followed by the commands of an append-entries message, out of band
     (protocol 5 buffers), as views of the entries' own bytes: nothing copies them before the socket does."""
     buffers: list[pickle.PickleBuffer] = []
     skeleton = pickle.dumps(_commands_out_of_band(message), protocol=PAYLOAD_PICKLE_PROTOCOL,

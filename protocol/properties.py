@@ -9,6 +9,7 @@ reference; the bytes form is its UTF-8 encoding.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Final
 
@@ -31,6 +32,8 @@ PROPERTY_PRODUCER_GROUP: Final = "PGROUP"
 PROPERTY_MIN_OFFSET: Final = "MIN_OFFSET"
 PROPERTY_MAX_OFFSET: Final = "MAX_OFFSET"
 PROPERTY_ORIGIN_MESSAGE_ID: Final = "ORIGIN_MESSAGE_ID"
+PROPERTY_DLQ_ORIGIN_TOPIC: Final = "DLQ_ORIGIN_TOPIC"
+PROPERTY_DLQ_ORIGIN_MESSAGE_ID: Final = "DLQ_ORIGIN_MESSAGE_ID"
 PROPERTY_RECONSUME_TIME: Final = "RECONSUME_TIME"
 PROPERTY_MAX_RECONSUME_TIMES: Final = "MAX_RECONSUME_TIMES"
 PROPERTY_CONSUME_START_TIMESTAMP: Final = "CONSUME_START_TIME"
@@ -44,6 +47,9 @@ PROPERTY_START_DELIVER_TIME: Final = "__STARTDELIVERTIME"
 #: ... and RocketMQ 5's timer property; raftmq producers set both to the same value
 PROPERTY_TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"
 PROPERTY_CLUSTER: Final = "CLUSTER"
+
+#: the first non-empty UNIQ_KEY of encoded properties, found without parsing the other pairs
+_UNIQ_KEY_VALUE: Final = re.compile(rb"(?:^|\x02)UNIQ_KEY\x01([^\x02]+)")
 
 
 def encode_properties_text(properties: Mapping[str, str]) -> str:
@@ -74,3 +80,10 @@ def decode_properties(raw: bytes) -> dict[str, str]:
     """:func:`parse_properties` of stored bytes; bytes that are not UTF-8 read as U+FFFD. (The separators
     are single bytes no UTF-8 sequence contains, so decoding first splits the pairs where they are.)"""
     return parse_properties(raw.decode("utf-8", "replace"))
+
+
+def find_uniq_key(properties: bytes) -> bytes | None:
+    """The value of the first non-empty UNIQ_KEY in encoded ``properties``, as bytes, or None: one C-level
+    search, for readers that want this one property of every send (the dedupe of retried sends)."""
+    match = _UNIQ_KEY_VALUE.search(properties)
+    return match.group(1) if match is not None else None

@@ -22,6 +22,7 @@ __all__ = [
 
 #: TopicValidator.TOPIC_MAX_LENGTH (4.9)
 TOPIC_NAME_MAX_CHARS: Final = 127
+#: RocketMQ's topic name rule (TopicValidator): letters, digits and %|_- (a group name follows it too)
 TOPIC_PATTERN: Final = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 #: the topic whose route a client uses for a topic that does not exist yet (auto-creation)
 AUTO_CREATE_TOPIC: Final = "TBW102"
@@ -44,7 +45,8 @@ DLQ_PREFIX: Final = "%DLQ%"
 
 
 def check_topic_name(topic: str) -> str | None:
-    """Why ``topic`` is not a valid topic name (RocketMQ's TopicValidator), or None."""
+    """Why ``topic`` is not a valid topic name (RocketMQ's TopicValidator), or None: the one rule the broker
+    answers with, the client checks before sending and the store keeps to."""
     if not topic or not topic.strip():
         return "The specified topic is blank."
     if len(topic) > TOPIC_NAME_MAX_CHARS:

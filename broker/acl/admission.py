@@ -16,7 +16,7 @@ from typing import Final
 from broker.acl.authorizer import AclAuthorizer
 from broker.remoting.server import Connection
 from broker.requests import RequestError, SendHeader
-from broker.send import decode_batch
+from protocol.batch import BatchError, decode_batch
 from protocol.codes import RequestCode, ResponseCode
 from protocol.command import RemotingCommand, make_response
 
@@ -53,7 +53,7 @@ def properties_problem(request: RemotingCommand, count_max: int = PROPERTIES_COU
     if (header.batch or request.code == RequestCode.SEND_BATCH_MESSAGE) and request.body.count(b"\x02") > count_max:
         try:
             items = decode_batch(request.body)
-        except RequestError:
+        except BatchError:
             return None
         for position, item in enumerate(items):
             if len(item.properties) > count_max:

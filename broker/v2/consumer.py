@@ -31,7 +31,6 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from broker.pop import PoppedMessage, PopService
-from broker.pull import SUBSCRIBE_ALL
 from broker.requests import RequestError
 from broker.v2.auth import Access, Authenticator
 from broker.v2.messages import (
@@ -81,6 +80,7 @@ from protocol.properties import (
     PROPERTY_UNIQ_KEY,
 )
 from protocol.route_data import PERM_READ
+from protocol.subscription import expression_tags
 
 #: the invisible time of a receive that names none (auto-renewing push consumers): the proxy's default
 DEFAULT_INVISIBLE_MS: Final = 60_000
@@ -134,10 +134,7 @@ def tag_filter(expression: FilterExpression) -> TagFilter:
     text = expression.expression.strip()
     if has_control_character(text):
         raise StatusError(Code.ILLEGAL_FILTER_EXPRESSION, "a filter expression cannot contain control characters")
-    if not text or text == SUBSCRIBE_ALL:
-        return TagFilter(None)
-    tags = frozenset(tag.strip() for tag in text.split("||") if tag.strip())
-    return TagFilter(tags or None)
+    return TagFilter(expression_tags(text) or None)
 
 
 def duration_ms(duration: Duration) -> int:

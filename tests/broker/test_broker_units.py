@@ -14,23 +14,25 @@ from broker.config import load_node_file
 from broker.consumers import CONSUME_FROM_WHERE, CONSUME_TYPES, _enum_name
 from broker.pull import tag_codes
 from broker.requests import RequestError, SendHeader
-from broker.send import decode_batch
+from broker.send import batch_messages
 from broker.timers import due_time_ms
+from client.consumer_api import parse_subscription
 from commitlog.config import ConfigError
 from commitlog.message import MessageInput, decode_record, encode_host, encode_record, java_string_hash
 from protocol.codes import ResponseCode
-from protocol.properties import parse_properties
+from protocol.properties import find_uniq_key, parse_properties
+from protocol.subscription import SUBSCRIBE_ALL, expression_tags
 from tests.broker.wire import batch_body
 
 
 def test_batch_round_trip_and_every_malformed_batch_is_message_illegal() -> None:
     body = batch_body([(b"one", {"UNIQ_KEY": "A", "TAGS": "t"}), (b"", {}), (b"three", {"KEYS": "k"})])
-    items = decode_batch(body)
+    items = batch_messages(body)
     assert [(item.body, item.properties) for item in items] == [
         (b"one", {"UNIQ_KEY": "A", "TAGS": "t"}), (b"", {}), (b"three", {"KEYS": "k"})]
     for bad in (b"", body[:-1], body + b"\x00", body[:10], b"\x00" * 22):
         with pytest.raises(RequestError) as caught:
-            decode_batch(bad)
+            batch_messages(bad)
         assert caught.value.code == ResponseCode.MESSAGE_ILLEGAL
 
 
@@ -38,7 +40,7 @@ def test_batch_round_trip_and_every_malformed_batch_is_message_illegal() -> None
 @given(st.binary(max_size=300))
 def test_any_batch_body_decodes_or_is_refused(body: bytes) -> None:
     try:
-        decode_batch(body)
+        batch_messages(body)
     except RequestError as error:
         assert error.code == ResponseCode.MESSAGE_ILLEGAL and error.remark
 
@@ -49,9 +51,33 @@ def test_properties_are_parsed_leniently_as_java_does() -> None:
     assert parse_properties("") == {}
 
 
+def test_the_uniq_key_is_read_from_encoded_properties_without_parsing_them() -> None:
+    assert find_uniq_key(b"A\x011\x02UNIQ_KEY\x01U1\x02UNIQ_KEY\x01U2\x02") == b"U1"  # the first one
+    assert find_uniq_key(b"UNIQ_KEY\x01U\x02") == b"U" and find_uniq_key(b"UNIQ_KEY\x01U") == b"U"
+    assert find_uniq_key(b"UNIQ_KEY\x01\x02UNIQ_KEY\x01V\x02") == b"V"  # an empty one is no key
+    assert find_uniq_key(b"XUNIQ_KEY\x01U\x02") is None and find_uniq_key(b"KEYS\x01k\x02") is None
+    assert find_uniq_key(b"") is None
+
+
 def test_tag_expressions_select_java_hash_codes() -> None:
     assert tag_codes(None) is None and tag_codes("*") is None and tag_codes(" ") is None
     assert tag_codes("TagA || TagB") == frozenset({java_string_hash("TagA"), java_string_hash("TagB")})
+
+
+@pytest.mark.parametrize(
+    ("expression", "tags"),
+    [(None, None), ("", None), ("  ", None), ("*", None), (" * ", None), ("TagA", frozenset({"TagA"})),
+     (" TagA ||TagB|| ", frozenset({"TagA", "TagB"})), ("||", frozenset()), ("A||A", frozenset({"A"}))],
+)
+def test_the_client_and_both_broker_sides_read_a_tag_expression_alike(expression: str | None,
+                                                                      tags: frozenset[str] | None) -> None:
+    assert expression_tags(expression) == tags
+    # the 4.x pull: hash codes, and an expression naming no tag selects nothing
+    assert tag_codes(expression) == (None if tags is None else frozenset(java_string_hash(tag) for tag in tags))
+    # the client: a subscription to every message when the expression names no tag
+    subscription = parse_subscription("T", expression, 0)
+    assert subscription.tags == (tags or frozenset())
+    assert subscription.expression == (SUBSCRIBE_ALL if not tags else (expression or "").strip())
 
 
 def test_send_header_reads_both_name_forms_and_refuses_bad_fields() -> None:

@@ -28,7 +28,6 @@ from broker.namesrv import (
 )
 from broker.pull_rates import PullRates
 from broker.remoting import Connection, RemotingServer, RequestContext
-from client.message import decode_batch_body
 from commitlog.message import (
     MessageInput,
     decode_record,
@@ -38,6 +37,7 @@ from commitlog.message import (
     tags_hash_code,
 )
 from commitlog.retries import retry_digest
+from protocol.batch import decode_batch
 from protocol.client import RemotingClient
 from protocol.codes import RequestCode, ResponseCode
 from protocol.command import RemotingCommand, make_response
@@ -318,8 +318,8 @@ async def _send(node: FakeNode, context: RequestContext) -> RemotingCommand | No
     properties = decode_properties(fields.get("properties", "").encode())
     born = int(fields.get("bornTimestamp", "0"))
     if request.code == RequestCode.SEND_BATCH_MESSAGE or fields.get("batch") in ("true", "1"):
-        results = [store.append(topic, queue_id, body, props, flag=flag, born_ms=born)
-                   for flag, body, props in decode_batch_body(request.body)]
+        results = [store.append(topic, queue_id, message.body, message.properties, flag=message.flag, born_ms=born)
+                   for message in decode_batch(request.body)]
         msg_id = ",".join(result[0] for result in results)
         queue_offset = results[0][2]
     else:

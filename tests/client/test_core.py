@@ -27,7 +27,6 @@ from client.errors import (
 from client.message import (
     Message,
     MessageQueue,
-    decode_batch_body,
     decode_messages,
     encode_batch_record,
     message_from_record,
@@ -35,6 +34,7 @@ from client.message import (
 from client.route import borrowed_route, topic_route_from_data
 from client.selector import RoundRobin, java_hash_code, select_by_hash, select_by_sharding_key
 from commitlog.message import SYSFLAG_COMPRESSED, MessageInput, decode_record, encode_host, encode_record
+from protocol.batch import BatchError, BatchMessage, decode_batch
 from protocol.codes import ResponseCode
 from protocol.properties import encode_properties
 from protocol.route_data import PERM_READ, PERM_WRITE, BrokerData, QueueData, TopicRouteData
@@ -112,7 +112,7 @@ def test_message_accepts_key_strings_and_builds_wire_properties() -> None:
     [
         (Message("", b"x"), "blank"),
         (Message("bad topic", b"x"), "characters"),
-        (Message("T" * 128, b"x"), "longer than 127"),
+        (Message("T" * 128, b"x"), "longer than topic max length 127"),
         (Message("T", b""), "empty"),
         (Message("T", b"x" * 11), "over the limit"),
         (Message("T", b"x", tags="a\x01b"), "separators"),
@@ -136,9 +136,9 @@ def test_batch_records_have_java_layout_and_round_trip() -> None:
         + (4).to_bytes(4, "big") + b"body" + len(properties).to_bytes(2, "big") + properties
     )
     body = record + encode_batch_record(b"second", {})
-    assert decode_batch_body(body) == [(7, b"body", {"UNIQ_KEY": "U"}), (0, b"second", {})]
-    with pytest.raises(ValueError):
-        decode_batch_body(body[:-1])
+    assert decode_batch(body) == [BatchMessage(7, b"body", {"UNIQ_KEY": "U"}), BatchMessage(0, b"second", {})]
+    with pytest.raises(BatchError):
+        decode_batch(body[:-1])
 
 
 def stored(body: bytes, properties: dict[str, str], *, physical: int = 0, sys_flag: int = 0) -> bytes:

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pysyncobj import SyncObj, SyncObjConf
 
-from dledger.framing import (
+from dledger.secure_channel import (
     DIGEST_MIN_BYTES,
     FRAME_HEADER,
     HELLO,

@@ -26,7 +26,7 @@ from broker.config import load_node_file
 from broker.consumers import ClientProcessor, ConsumerManager, QueueLocks
 from broker.remoting.server import RequestContext
 from broker.requests import RequestError
-from broker.send import decode_batch
+from broker.send import batch_messages
 from commitlog.config import ConfigError
 from commitlog.message import MessageInput, RecordError, decode_record, encode_host, encode_record
 from protocol.batch import BATCH_HEAD
@@ -85,7 +85,7 @@ def batch_record(body: bytes, properties: bytes, flag: int = 0) -> bytes:
 
 def decode_batch_or_refusal(data: bytes) -> list[Any] | RequestError:
     try:
-        items = decode_batch(data)
+        items = batch_messages(data)
     except RequestError as error:
         assert error.code == ResponseCode.MESSAGE_ILLEGAL and error.remark
         return error

@@ -34,9 +34,10 @@ from commitlog.message import (
     encode_message_id,
     encode_record,
 )
-from protocol.batch import BATCH_HEAD
+from protocol.batch import decode_batch
 from protocol.codes import RequestCode, ResponseCode
 from protocol.command import RemotingCommand, make_response
+from protocol.properties import encode_properties
 
 HOST: Final = "127.0.0.1"
 BROKER_NAME: Final = "recorder"
@@ -95,21 +96,6 @@ def _fields(request: RemotingCommand) -> dict[str, str]:
     return dict(request.ext_fields)
 
 
-def decode_batch_body(body: bytes) -> list[tuple[int, bytes, bytes]]:
-    """(flag, body, properties) of each record of a C++ batch body."""
-    records = []
-    position = 0
-    while position < len(body):
-        size, _magic, _crc, flag, body_length = BATCH_HEAD.unpack_from(body, position)
-        start = position + BATCH_HEAD.size
-        message_body = body[start:start + body_length]
-        (properties_length,) = struct.unpack_from(">h", body, start + body_length)
-        properties_start = start + body_length + 2
-        records.append((flag, message_body, body[properties_start:properties_start + properties_length]))
-        position += size
-    return records
-
-
 def build_processors(broker: MemoryBroker) -> dict[int, Callable[[RequestContext], object]]:
     async def route(context: RequestContext) -> RemotingCommand:
         request = context.request
@@ -140,9 +126,9 @@ def build_processors(broker: MemoryBroker) -> dict[int, Callable[[RequestContext
         sys_flag = int(header.get("sysFlag", "0"))
         if header.get("batch") in ("1", "true"):
             ids, offsets = [], []
-            for flag, body, properties in decode_batch_body(request.body):
-                message_id, offset = broker.store(topic, queue_id, flag, sys_flag, born, body, properties,
-                                                  born_host)
+            for message in decode_batch(request.body):
+                message_id, offset = broker.store(topic, queue_id, message.flag, sys_flag, born, message.body,
+                                                  encode_properties(message.properties), born_host)
                 ids.append(message_id)
                 offsets.append(offset)
             message_id, first_offset = ",".join(ids), offsets[0]
