@@ -53,10 +53,11 @@ import lz4.block
 from isal.isal_zlib import crc32
 
 from commitlog.errors import StoreError
-from commitlog.message import TOPIC_BYTES_MAX, topic_problem
+from commitlog.message import TOPIC_BYTES_MAX
 from commitlog.queue_starts import QueueKey
 from commitlog.store import MessageStore
 from dledger.addresses import resolve_for_bind
+from protocol.topics import check_topic_name
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +258,7 @@ def decode_queue_starts(body: bytes) -> dict[QueueKey, int]:
             topic = body[position + 1 : end].decode()
         except UnicodeDecodeError as exc:
             raise CatchupError("a queue start names a topic that is not UTF-8") from exc
-        problem = topic_problem(topic)
+        problem = check_topic_name(topic)
         if problem is not None:
             raise CatchupError(f"a queue start names a topic the store refuses: {problem}")
         queue_id, start = QUEUE_START.unpack_from(body, end)
