@@ -104,6 +104,12 @@ def recover(state: StoreState) -> None:
     state.index.insert_many(pending_index)
     for queue in state.queues.values():
         queue.prune_below(state.min_offset)
+    if queue_from < durable_end:
+        # a queue that retention emptied has no record left to be rebuilt from: it continues where the
+        # checkpoint says it ended, as on every other replica (never at 0)
+        for topic, queue_id, _, queue_max in checkpoint.queue_offsets:
+            if queue_max > 0 and (topic, queue_id) not in state.queues:
+                state.queue(topic, queue_id).restore_empty_at(queue_max)
     state.next_queue_offsets = {key: queue.max_offset for key, queue in state.queues.items()}
     state.apply_position.write(state.applied_raft_index, end)
     state.dirty_queues = set(state.queues.values())

@@ -155,14 +155,10 @@ def test_consume_queues_rebuilt_past_retention_begin_at_their_first_kept_unit(tm
     reopened.close()
 
 
-EMPTIED_QUEUE_FORGOTTEN_BY_A_REBUILD = (
-    "MessageStore._recover restores a queue that retention emptied from the checkpoint, then throws it away with "
-    "every other queue when one queue is missing or short and the consume queues are rebuilt from the commit log, "
-    "which holds none of its records: its next message is numbered 0 where the other replicas go on")
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=EMPTIED_QUEUE_FORGOTTEN_BY_A_REBUILD)
 def test_a_rebuild_of_the_consume_queues_keeps_a_queue_that_retention_emptied(tmp_path: Path) -> None:
+    """Recovery restored a queue that retention emptied from the checkpoint, then threw it away with every other
+    queue when one queue was missing or short and the consume queues were rebuilt from the commit log, which
+    holds none of its records: its next message was numbered 0 where the other replicas go on."""
     source = store_past_retention(tmp_path / "store")
     assert (source.min_queue_offset(*LONE), source.max_queue_offset(*LONE)) == (1, 1)
     source.close()
