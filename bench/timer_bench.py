@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.broker_bench import percentile
 from cli.cluster import LocalCluster, route_master
-from commitlog.message import decode_record
+from commitlog.record_codec import decode_record
 from protocol.client import RemotingClient
 from protocol.codes import RequestCode, ResponseCode
 

@@ -7,28 +7,41 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from commitlog.dispatch import (
     NOT_INDEXED,
     NOT_QUEUED,
     PackedRun,
+    QueueRuns,
     dispatch_fields,
     dispatch_runs,
     index_hashes,
     packed_runs,
 )
 from commitlog.key_index import IndexColumns, IndexEntry
-from commitlog.message import (
-    FILLER_HEADER_BYTES,
-    TRANSACTION_TYPE_MASK,
-    MessageInput,
-    pack_record,
-    stored_size,
-    validate_input,
-)
+from commitlog.message import MessageInput, validate_input
 from commitlog.outcomes import AppendOutcome, AppendResult, AppendStatus, StoredRecords, new_result
+from commitlog.record_codec import FILLER_HEADER_BYTES, pack_record, stored_size
 from commitlog.state import StoreState
+from commitlog.sys_flags import TRANSACTION_TYPE_MASK
 from protocol.properties import PROPERTIES_BYTES_MAX
+
+
+class PlannedRecord(NamedTuple):
+    """A message of an append, encoded and placed, before anything is written."""
+
+    #: where the record goes in the commit log
+    physical_offset: int
+    #: the encoded record
+    record: bytes
+    #: (topic, queue id)
+    queue_key: tuple[str, int]
+    size: int
+    #: its queue offset (0 when it takes no consume-queue unit)
+    queue_offset: int
+    #: the consume-queue unit's tag code, or None when the record takes no unit
+    tag_code: int | None
 
 
 def allocate(state: StoreState, last_record_offset: int, new_offsets: dict[tuple[str, int], int],
@@ -56,8 +69,7 @@ def append_messages(state: StoreState, raft_index: int, messages: Sequence[Messa
     position = state.commit_log.end_offset
     new_offsets: dict[tuple[str, int], int] = {}
     results: list[AppendResult] = []
-    # plan: one (offset, record, queue key, size, queue offset, tag code or None) per stored message
-    plan: list[tuple[int, bytes, tuple[str, int], int, int, int | None]] = []
+    plan: list[PlannedRecord] = []  # one per stored message, in order
     index_entries: list[IndexEntry] = []
     fillers: list[int] = []
     ok = AppendStatus.OK
@@ -108,14 +120,14 @@ def append_messages(state: StoreState, raft_index: int, messages: Sequence[Messa
         if transaction not in NOT_INDEXED and (keys or uniq_key):
             for hash_value in index_hashes(prefix_crc, keys, uniq_key):
                 index_entries.append((hash_value, record_offset, timestamp))
-        plan.append((record_offset, record, queue_key, size, queue_offset, tag_code))
+        plan.append(PlannedRecord(record_offset, record, queue_key, size, queue_offset, tag_code))
         results.append(new_result((ok, record_offset, queue_offset, size, store_host, None)))
         position = record_offset + size
 
     if plan:
-        allocate(state, plan[-1][0], new_offsets, index_entries)
+        allocate(state, plan[-1].physical_offset, new_offsets, index_entries)
 
-    # write records, one contiguous chunk per segment
+    # write records, one contiguous chunk per segment (the plan unpacked, not read by name: a loop per record)
     for filler_offset in fillers:
         state.commit_log.write_filler(filler_offset)
     chunk: list[bytes] = []
@@ -131,7 +143,7 @@ def append_messages(state: StoreState, raft_index: int, messages: Sequence[Messa
         state.commit_log.write(chunk_start, b"".join(chunk))
 
     # dispatch
-    runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]] = {}
+    runs: QueueRuns = {}
     for offset, _, queue_key, size, queue_offset, tag_code in plan:
         if tag_code is not None:
             run = runs.get(queue_key)

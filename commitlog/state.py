@@ -22,8 +22,9 @@ from commitlog.consume_queue import UNIT_BYTES, ConsumeQueue
 from commitlog.dispatch import topic_prefix_crc
 from commitlog.errors import StoreError
 from commitlog.key_index_files import KeyIndex
-from commitlog.message import TOPIC_PATTERN, cached_tag_code, topic_problem
+from commitlog.message import TOPIC_PATTERN, topic_problem
 from commitlog.recent_keys import RecentKeys
+from commitlog.tag_codes import cached_tag_code
 from protocol.invariant import invariant
 
 CHECKPOINT_NAME: Final = "checkpoint"

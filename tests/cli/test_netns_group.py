@@ -29,7 +29,7 @@ from typing import Final
 import pytest
 
 from cli.cluster import NodeInfo, node_toml
-from commitlog.message import decode_message_id, format_address
+from commitlog.hosts import decode_message_id, format_address
 from tests.support import small_store
 
 REPO: Final = Path(__file__).resolve().parents[2]
