@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from broker.requests import SendHeader
 from broker.send import SendProcessor
-from commitlog.message import encode_host
-from commitlog.store import AppendResult, AppendStatus
+from commitlog.hosts import encode_host
+from commitlog.outcomes import AppendResult, AppendStatus
 from protocol import codec
 from protocol.codes import RequestCode, ResponseCode
 from protocol.command import RemotingCommand, make_request, make_response

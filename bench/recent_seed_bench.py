@@ -21,9 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from commitlog.config import StoreConfig
+from commitlog.hosts import encode_host
 from commitlog.key_index import IndexColumns
 from commitlog.key_index_files import KeyIndex
-from commitlog.message import MessageInput, encode_host
+from commitlog.message import MessageInput
 from commitlog.recent_keys import SEED_SPAN_MS, RecentKeys
 from commitlog.store import MessageStore
 from protocol.properties import encode_properties

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from commitlog.config import StoreConfig
-from commitlog.message import MessageInput, encode_host
+from commitlog.hosts import encode_host
+from commitlog.message import MessageInput
 from commitlog.store import MessageStore
 from protocol.properties import encode_properties
 

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cli.cluster import LocalCluster, route_master
-from commitlog.message import decode_record
+from commitlog.record_codec import decode_record
 from protocol.client import RemotingClient
 from protocol.codes import RequestCode, ResponseCode
 from tests.support.percentiles import percentile

@@ -46,7 +46,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from commitlog.config import StoreConfig
-from commitlog.message import MessageInput, encode_host
+from commitlog.hosts import encode_host
+from commitlog.message import MessageInput
 from commitlog.store import MessageStore
 from protocol.properties import encode_properties
 from spark_analytics.checks import check_byte_equality, check_integrity

@@ -26,7 +26,7 @@ from broker.requests import INT32_MAX, RequestError, boolean, integer, text
 from broker.runtime_stats import QueueFacts, RuntimeStats, StoreFacts, Totals, disk_space
 from broker.subscription_groups import group_config_json, parse_group_config
 from commitlog.errors import StoreError
-from commitlog.message import SYSFLAG_BORNHOST_V6
+from commitlog.sys_flags import SYSFLAG_BORNHOST_V6
 from dledger.command import Command, SubscriptionGroup, TopicConfig
 from protocol.codes import RequestCode, ResponseCode
 from protocol.command import RemotingCommand, make_response

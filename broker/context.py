@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 from broker.config import BrokerConfig
 from broker.requests import RequestError
 from commitlog.message import MessageInput
-from commitlog.store import AppendResult, MessageStore
+from commitlog.outcomes import AppendResult
+from commitlog.store import MessageStore
 from dledger.apply import ApplyResult
 from dledger.command import Command, LeaderStamp, TopicConfig
 from dledger.config import NodeConfig

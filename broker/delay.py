@@ -17,7 +17,8 @@ from typing import Final
 
 from broker.context import BrokerContext
 from broker.requests import RequestError
-from commitlog.message import MessageInput, StoredMessage, decode_record
+from commitlog.message import MessageInput
+from commitlog.record_codec import StoredMessage, decode_record
 from dledger.command import Command, Messages, TimerProgress
 from protocol.properties import (
     PROPERTY_DELAY_TIME_LEVEL,

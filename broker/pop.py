@@ -27,8 +27,8 @@ from typing import Final
 from broker.context import BrokerContext
 from broker.requests import RequestError
 from broker.subscription_groups import check_consume_enabled
-from commitlog.message import StoredMessage, decode_record
-from commitlog.store import GetStatus
+from commitlog.outcomes import GetStatus
+from commitlog.record_codec import StoredMessage, decode_record
 from dledger.command import Command, PopAck, PopChangeInvisible, PopReceive, PopRevive
 from dledger.pop import POP_RECEIVE_BATCH_MAX, PopOutcome, due_entries
 from protocol.codes import ResponseCode

@@ -21,8 +21,9 @@ from broker.pull_rates import PullRates
 from broker.remoting.server import RequestContext
 from broker.requests import PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, PullHeader, RequestError
 from broker.subscription_groups import check_consume_enabled
-from commitlog.message import body_at, java_string_hash
-from commitlog.store import GetResult, GetStatus
+from commitlog.outcomes import GetResult, GetStatus
+from commitlog.record_codec import body_at
+from commitlog.tag_codes import java_string_hash
 from protocol.codes import ResponseCode
 from protocol.command import RemotingCommand, make_response
 from protocol.subscription import expression_tags

@@ -51,7 +51,8 @@ from typing import Any, Final
 from broker.remoting.server import RequestContext
 from commitlog.consume_queue import CQ_UNIT
 from commitlog.key_index import ENTRY
-from commitlog.message import crc32  # ISA-L's CRC-32: zlib's values, several times faster
+from commitlog.record_codec import crc32  # ISA-L's CRC-32: zlib's values, several times faster
+from commitlog.store import MessageStore
 from protocol.codes import ResponseCode
 from protocol.command import RemotingCommand, make_response
 from protocol.signature import signature_content
@@ -317,20 +318,18 @@ def parse_read_response(fields: Mapping[str, str], body: bytes) -> ReadResult:
 
 
 class StoreView:
-    """What the API reads from a member: its store directory, under the store's lock where needed.
-    ``store`` is a :class:`commitlog.store.MessageStore` (typed loosely: the store exposes no public lock
-    and positions yet, and the API needs three of its fields)."""
+    """What the API reads from a member: its store directory, under the store's lock where needed."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: MessageStore) -> None:
         self.store = store
         self.root = Path(store.root)
 
     def positions(self) -> dict[str, int]:
         store = self.store
-        with store._lock:  # the three together, as of one moment
+        with store.lock:  # the three together, as of one moment
             return {
                 "applied_end": int(store.commit_log.end_offset),
-                "durable_end": int(store._flushed_end),
+                "durable_end": int(store.flushed_end),
                 "min_offset": int(store.commit_log.min_offset),
                 "applied_raft_index": int(store.applied_raft_index),
                 "segment_size_bytes": int(store.config.segment_size_bytes),
@@ -381,7 +380,7 @@ class StoreView:
         try:
             if file.kind == KIND_COMMIT_LOG:
                 return _pread(handle, request, self._segment_readable_end(handle, file))
-            with store._lock:  # units and entries are written under it: none is read half written
+            with store.lock:  # units and entries are written under it: none is read half written
                 return _pread(handle, request, min(os.fstat(handle).st_size, self._used_bytes(file)))
         finally:
             os.close(handle)
@@ -406,7 +405,7 @@ class StoreView:
     def _segment_readable_end(self, handle: int, file: FileName) -> int:
         """Where a segment's servable bytes end: its applied bytes (committed, never changed again)."""
         size = os.fstat(handle).st_size
-        with self.store._lock:
+        with self.store.lock:
             applied_end = int(self.store.commit_log.end_offset)
         return max(0, min(size, applied_end - int(file.name)))
 

@@ -42,7 +42,7 @@ from typing import Final
 from broker.context import BrokerContext
 from broker.delay import level_key
 from broker.requests import RequestError
-from commitlog.message import decode_record
+from commitlog.record_codec import decode_record
 from commitlog.store import MessageStore
 from dledger.command import Command, Retention
 from dledger.timers import TIMER_PROGRESS_KEY, timer_due_second

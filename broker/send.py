@@ -18,15 +18,10 @@ from broker.context import BrokerContext
 from broker.remoting.server import Finish, RequestContext
 from broker.requests import RequestError, SendHeader
 from broker.timers import TIMER_IMMEDIATE_MS, TIMER_PROPERTIES, due_time_ms
-from commitlog.message import (
-    TRANSACTION_PREPARED_TYPE,
-    TRANSACTION_ROLLBACK_TYPE,
-    TRANSACTION_TYPE_MASK,
-    MessageInput,
-    encode_host,
-    encode_peer,
-)
-from commitlog.store import AppendResult, AppendStatus
+from commitlog.hosts import encode_host, encode_peer
+from commitlog.message import MessageInput
+from commitlog.outcomes import AppendResult, AppendStatus
+from commitlog.sys_flags import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 from dledger.command import TopicConfig
 from dledger.group_commit import AppendError
 from dledger.timers import schedule

@@ -33,15 +33,10 @@ from broker.context import BrokerContext
 from broker.remoting.server import Connection, RequestContext
 from broker.requests import INT64_MAX, RequestError, integer, text
 from commitlog.errors import StoreError
-from commitlog.message import (
-    TRANSACTION_COMMIT_TYPE,
-    TRANSACTION_TYPE_MASK,
-    MessageInput,
-    StoredMessage,
-    decode_record,
-    encode_peer,
-    encode_record,
-)
+from commitlog.hosts import encode_peer
+from commitlog.message import MessageInput
+from commitlog.record_codec import StoredMessage, decode_record, encode_record
+from commitlog.sys_flags import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK
 from dledger.command import Command, Messages, TimerProgress, TransactionAction, TransactionOp
 from dledger.state import TRANSACTION_PROGRESS_KEY
 from protocol.codes import RequestCode, ResponseCode

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Final
 
 from commitlog.checkpoint import read_checkpoint
-from commitlog.message import RecordError, StoredMessage, decode_record
+from commitlog.record_codec import RecordError, StoredMessage, decode_record
 from protocol.properties import PROPERTY_UNIQ_KEY, decode_properties
 
 FILLER_NAME: Final = "chaos-filler"

@@ -73,7 +73,7 @@ from client import ClientConfig, Message, MQClientError, ProducerConfig, select_
 from client.message import MessageExt
 from client.transaction import AsyncTransactionProducer, LocalTransactionState
 from client.unique_id import month_start_ms
-from commitlog.message import RecordError, decode_record
+from commitlog.record_codec import RecordError, decode_record
 from protocol.codes import RequestCode, ResponseCode
 from protocol.command import RemotingCommand
 from protocol.properties import PROPERTY_UNIQ_KEY, decode_properties

@@ -14,8 +14,11 @@ import click
 from cli.extras import require_extra
 from commitlog.config import ConfigError, StoreConfig
 from commitlog.errors import StoreError
-from commitlog.message import MessageInput, decode_record, encode_host
-from commitlog.store import AppendStatus, MessageStore
+from commitlog.hosts import encode_host
+from commitlog.message import MessageInput
+from commitlog.outcomes import AppendStatus
+from commitlog.record_codec import decode_record
+from commitlog.store import MessageStore
 from protocol.properties import encode_properties
 
 USAGE_ERROR = 2

@@ -38,7 +38,8 @@ from client.running_info import (
     loads_lenient,
     queue_of_key,
 )
-from commitlog.message import RecordError, decode_message_id
+from commitlog.hosts import decode_message_id
+from commitlog.record_codec import RecordError
 from protocol.codes import RequestCode, ResponseCode
 from protocol.route_data import PERM_READ, PERM_WRITE, ClusterInfo, decode_topic_list
 from protocol.topics import AUTO_CREATE_TOPIC, DLQ_PREFIX, RETRY_PREFIX, SYSTEM_TOPICS, retry_topic

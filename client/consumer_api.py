@@ -15,7 +15,8 @@ from typing import Final
 from client.errors import MQBrokerError, MQClientError, broker_error
 from client.instance import ClientInstance, check_response, int_field
 from client.message import MessageExt, MessageQueue, PullResult, PullStatus, decode_messages
-from commitlog.message import RecordError, java_string_hash
+from commitlog.record_codec import RecordError
+from commitlog.tag_codes import java_string_hash
 from protocol.codes import RequestCode, ResponseCode
 from protocol.route_data import MASTER_ID
 from protocol.subscription import SUBSCRIBE_ALL, expression_tags

@@ -2,7 +2,7 @@
 pure encodings around them (Java's ``Message``, ``MessageExt``, ``MessageQueue``, ``SendResult``,
 ``Validators`` and ``MessageDecoder.encodeMessages``, whose layout is :mod:`protocol.batch`'s).
 
-Received records are decoded with :func:`commitlog.message.decode_record`, the store's own codec.
+Received records are decoded with :func:`commitlog.record_codec.decode_record`, the store's own codec.
 """
 
 from __future__ import annotations
@@ -16,14 +16,9 @@ from types import MappingProxyType
 from typing import Final
 
 from client.errors import MessageValidationError
-from commitlog.message import (
-    SYSFLAG_COMPRESSED,
-    RecordError,
-    StoredMessage,
-    decode_record,
-    encode_message_id,
-    format_address,
-)
+from commitlog.hosts import encode_message_id, format_address
+from commitlog.record_codec import RecordError, StoredMessage, decode_record
+from commitlog.sys_flags import SYSFLAG_COMPRESSED
 from protocol.batch import encode_batch_message
 from protocol.properties import (
     KEY_SEPARATOR,
@@ -388,7 +383,7 @@ def message_from_record(stored: StoredMessage, broker_name: str = "") -> Message
 
 def decode_messages(body: bytes, broker_name: str = "") -> list[MessageExt]:
     """The concatenated stored records of a PULL or QUERY_MESSAGE answer. Raises
-    :class:`~commitlog.message.RecordError` on malformed bytes. CRCs are not checked, as Java's client
+    :class:`~commitlog.record_codec.RecordError` on malformed bytes. CRCs are not checked, as Java's client
     does not (the Java store writes a masked CRC)."""
     messages: list[MessageExt] = []
     view = memoryview(body)

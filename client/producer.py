@@ -44,7 +44,7 @@ from client.message import (
 from client.route import TopicRoute
 from client.selector import MessageQueueSelector, RoundRobin
 from client.unique_id import UniqueIdGenerator
-from commitlog.message import SYSFLAG_COMPRESSED, TRANSACTION_PREPARED_TYPE
+from commitlog.sys_flags import SYSFLAG_COMPRESSED, TRANSACTION_PREPARED_TYPE
 from protocol.batch import encode_batch_message
 from protocol.codes import RequestCode, ResponseCode
 from protocol.properties import PROPERTY_TRANSACTION_PREPARED, PROPERTY_WAIT_STORE_MSG_OK

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from client.errors import MessageValidationError
 from client.message import Message, MessageQueue
-from commitlog.message import java_string_hash
+from commitlog.tag_codes import java_string_hash
 
 #: (queues of the topic, the message, the caller's argument) -> the queue to send to
 MessageQueueSelector = Callable[[Sequence[MessageQueue], Message, object], MessageQueue]

@@ -32,7 +32,8 @@ from client.errors import MQClientError
 from client.instance import check_response
 from client.message import Message, MessageExt, SendResult, SendStatus, decode_messages
 from client.producer import AsyncProducer, current_time_ms
-from commitlog.message import RecordError, decode_message_id
+from commitlog.hosts import decode_message_id
+from commitlog.record_codec import RecordError
 from protocol.codes import RequestCode
 from protocol.command import RemotingCommand
 from protocol.properties import (

@@ -9,7 +9,7 @@
  * through its cache and cached_tag_code, topics through its topic cache: only the per-message loop is
  * here (where much of the leader's CPU went when it was Python).
  *
- * Layouts (big-endian, as commitlog.message.RECORD_HEADS):
+ * Layouts (big-endian, as commitlog.record_codec.RECORD_HEADS):
  *   head ">iIIiiqqiq{born}sq{store}siqi" with an 8-byte (IPv4 + port) or 20-byte (IPv6 + port) born host
  *   (per message) and store host (per batch): 88, 100 or 112 bytes, sysFlag 0x10 / 0x20 set for IPv6 hosts,
  *   then body, topic segment (length byte + bytes), properties length ">h", properties;

@@ -12,22 +12,18 @@ from commitlog.dispatch import (
     NOT_INDEXED,
     NOT_QUEUED,
     PackedRun,
+    QueueRuns,
     dispatch_fields,
     dispatch_runs,
     index_hashes,
     packed_runs,
 )
 from commitlog.key_index import IndexColumns, IndexEntry
-from commitlog.message import (
-    FILLER_HEADER_BYTES,
-    TRANSACTION_TYPE_MASK,
-    MessageInput,
-    pack_record,
-    stored_size,
-    validate_input,
-)
+from commitlog.message import MessageInput, validate_input
 from commitlog.outcomes import AppendOutcome, AppendResult, AppendStatus, StoredRecords, new_result
+from commitlog.record_codec import FILLER_HEADER_BYTES, pack_record, stored_size
 from commitlog.state import StoreState
+from commitlog.sys_flags import TRANSACTION_TYPE_MASK
 from protocol.properties import PROPERTIES_BYTES_MAX
 
 
@@ -56,8 +52,11 @@ def append_messages(state: StoreState, raft_index: int, messages: Sequence[Messa
     position = state.commit_log.end_offset
     new_offsets: dict[tuple[str, int], int] = {}
     results: list[AppendResult] = []
-    # plan: one (offset, record, queue key, size, queue offset, tag code or None) per stored message
-    plan: list[tuple[int, bytes, tuple[str, int], int, int, int | None]] = []
+    # the plan, made as each message is placed: the records to write, as (commit-log offset, records back to
+    # back from there), one per contiguous run; each queue's consume-queue units
+    chunks: list[tuple[int, list[bytes]]] = []
+    chunk_end = last_record_offset = -1
+    runs: QueueRuns = {}
     index_entries: list[IndexEntry] = []
     fillers: list[int] = []
     ok = AppendStatus.OK
@@ -103,42 +102,33 @@ def append_messages(state: StoreState, raft_index: int, messages: Sequence[Messa
             continue
         if filler:
             fillers.append(position)
+        if record_offset == chunk_end:
+            chunks[-1][1].append(record)
+        else:
+            chunks.append((record_offset, [record]))
+        chunk_end = record_offset + size
+        last_record_offset = record_offset
         if tag_code is not None:
             new_offsets[queue_key] = queue_offset + 1
+            run = runs.get(queue_key)
+            if run is None:
+                runs[queue_key] = (queue_offset, [(record_offset, size, tag_code)])
+            else:  # queue offsets of one queue are consecutive within an append
+                run[1].append((record_offset, size, tag_code))
         if transaction not in NOT_INDEXED and (keys or uniq_key):
             for hash_value in index_hashes(prefix_crc, keys, uniq_key):
                 index_entries.append((hash_value, record_offset, timestamp))
-        plan.append((record_offset, record, queue_key, size, queue_offset, tag_code))
         results.append(new_result((ok, record_offset, queue_offset, size, store_host, None)))
         position = record_offset + size
 
-    if plan:
-        allocate(state, plan[-1][0], new_offsets, index_entries)
+    if chunks:
+        allocate(state, last_record_offset, new_offsets, index_entries)
 
-    # write records, one contiguous chunk per segment
+    # write the records, one contiguous chunk per segment, then dispatch
     for filler_offset in fillers:
         state.commit_log.write_filler(filler_offset)
-    chunk: list[bytes] = []
-    chunk_start = chunk_end = -1
-    for offset, record, _, size, _, _ in plan:
-        if offset != chunk_end:
-            if chunk:
-                state.commit_log.write(chunk_start, b"".join(chunk))
-            chunk, chunk_start = [], offset
-        chunk.append(record)
-        chunk_end = offset + size
-    if chunk:
+    for chunk_start, chunk in chunks:
         state.commit_log.write(chunk_start, b"".join(chunk))
-
-    # dispatch
-    runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]] = {}
-    for offset, _, queue_key, size, queue_offset, tag_code in plan:
-        if tag_code is not None:
-            run = runs.get(queue_key)
-            if run is None:
-                runs[queue_key] = (queue_offset, [(offset, size, tag_code)])
-            else:  # queue offsets of one queue are consecutive within an append
-                run[1].append((offset, size, tag_code))
     return finish_append(state, raft_index, position, packed_runs(runs), new_offsets, index_entries, results)
 
 

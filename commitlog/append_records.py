@@ -11,10 +11,10 @@ import numpy as np
 
 from commitlog.append import allocate, finish_append
 from commitlog.consume_queue import UNIT_BYTES
-from commitlog.dispatch import packed_runs
+from commitlog.dispatch import QueueRuns, packed_runs
 from commitlog.key_index import IndexColumns, IndexEntry
-from commitlog.message import FILLER_HEADER_BYTES
 from commitlog.outcomes import AppendOutcome, AppendResult, AppendStatus, StoredRecords
+from commitlog.record_codec import FILLER_HEADER_BYTES
 from commitlog.records import (
     HASH_DTYPE,
     OFFSETS,
@@ -118,7 +118,7 @@ def _append_each(state: StoreState, raft_index: int, batch: PreparedRecords, rec
     chunks: list[list[int]] = []
     chunk_end = chunk_source_end = -1
     fillers: list[int] = []
-    runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]] = {}
+    runs: QueueRuns = {}
     index_entries: list[IndexEntry] = []
     key_hashes = hash_list(batch)
     topic_names = batch.topics

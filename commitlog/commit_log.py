@@ -16,7 +16,7 @@ from pathlib import Path
 
 from commitlog.errors import CorruptionError, StoreError
 from commitlog.mapped_file import MappedFile, ensure_directory
-from commitlog.message import (
+from commitlog.record_codec import (
     BLANK_MAGIC,
     FILLER,
     FILLER_HEADER_BYTES,

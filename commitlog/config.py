@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from commitlog.message import TOPIC_BYTES_MAX, encode_address
+from commitlog.hosts import encode_address
+from commitlog.message import TOPIC_BYTES_MAX
 from protocol.properties import PROPERTIES_BYTES_MAX
 
 FlushPolicy = Literal["async", "sync"]

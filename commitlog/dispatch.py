@@ -10,15 +10,10 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Final
 
-from commitlog.consume_queue import CQ_UNIT
+from commitlog.consume_queue import CQ_UNIT, Unit
 from commitlog.key_index import IndexColumns, IndexEntry
-from commitlog.message import (
-    TRANSACTION_PREPARED_TYPE,
-    TRANSACTION_ROLLBACK_TYPE,
-    TRANSACTION_TYPE_MASK,
-    StoredMessage,
-    crc32,
-)
+from commitlog.record_codec import StoredMessage, crc32
+from commitlog.sys_flags import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 
 if TYPE_CHECKING:
     from commitlog.consume_queue import ConsumeQueue
@@ -95,11 +90,13 @@ def dispatch_records(state: StoreState, messages: Iterable[StoredMessage], queue
     return pending_index, written
 
 
+#: an append's units by queue: (topic, queue id) -> (its first queue offset in this append, its units in order)
+QueueRuns = dict[tuple[str, int], tuple[int, list[Unit]]]
 #: (queue, its first offset in this append, the append's units of it packed back to back)
 PackedRun = tuple[tuple[str, int], int, bytes]
 
 
-def packed_runs(runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]]) -> list[PackedRun]:
+def packed_runs(runs: QueueRuns) -> list[PackedRun]:
     """Each queue's (first offset, units) of an append, its units packed as :data:`CQ_UNIT`."""
     return [(queue_key, first_offset, b"".join([CQ_UNIT.pack(*unit) for unit in units]))
             for queue_key, (first_offset, units) in runs.items()]

@@ -29,7 +29,7 @@ from commitlog.errors import DamagedRecordError
 from commitlog.key_index import IndexColumns, IndexEntry, IndexFile, concatenated
 from commitlog.key_index_checks import file_problem
 from commitlog.key_index_files import KeyIndex
-from commitlog.message import StoredMessage
+from commitlog.record_codec import StoredMessage
 from protocol.invariant import invariant
 
 

@@ -15,9 +15,9 @@ from commitlog.dispatch import dispatch_fields, record_index_entries
 from commitlog.errors import DamagedRecordError, StoreError
 from commitlog.index_upkeep import index_trusted, settle_doubts, trust_index
 from commitlog.key_index import IndexFile, key_hash
-from commitlog.message import StoredMessage, crc32
 from commitlog.outcomes import AppendResult, AppendStatus
 from commitlog.recent_keys import RecentKeys
+from commitlog.record_codec import StoredMessage, crc32
 from commitlog.retries import KeyCollision, retry_digest
 from commitlog.state import StoreState
 from protocol.invariant import fail

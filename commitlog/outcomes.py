@@ -12,7 +12,7 @@ from typing import Final, NamedTuple, overload
 import numpy as np
 import numpy.typing as npt
 
-from commitlog.message import encode_message_id
+from commitlog.hosts import encode_message_id
 from protocol.invariant import invariant
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from commitlog.errors import StoreError
-from commitlog.message import HEAD_A, SYSFLAG_BORNHOST_V6, StoredMessage
 from commitlog.outcomes import GetResult, GetStatus
+from commitlog.record_codec import HEAD_A, StoredMessage
 from commitlog.state import StoreState
+from commitlog.sys_flags import SYSFLAG_BORNHOST_V6
 
 
 def get_messages(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from commitlog.dispatch import to_consume_queue
-from commitlog.message import StoredMessage
+from commitlog.record_codec import StoredMessage
 
 #: (topic, queue id)
 QueueKey = tuple[str, int]

@@ -15,6 +15,7 @@ are the same either way (tested).
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Collection, Sequence
 from typing import Final, NamedTuple
@@ -23,22 +24,12 @@ import numpy as np
 import numpy.typing as npt
 
 from commitlog.dispatch import DISPATCH_PROPERTY
-from commitlog.message import (
-    BODY_AT_V4,
-    FILLER_HEADER_BYTES,
-    HOST_V4_BYTES,
-    HOST_V6_BYTES,
-    HOST_V6_EXTRA_BYTES,
-    MESSAGE_MAGIC,
-    TRANSACTION_COMMIT_TYPE,
-    TRANSACTION_PREPARED_TYPE,
-    TRANSACTION_ROLLBACK_TYPE,
-    MessageInput,
-    cached_tag_code,
-    pack_record,
-    stored_size,
-)
-from commitlog.message import crc32 as _crc32
+from commitlog.hosts import HOST_V4_BYTES, HOST_V6_BYTES, HOST_V6_EXTRA_BYTES
+from commitlog.message import MessageInput
+from commitlog.record_codec import BODY_AT_V4, FILLER_HEADER_BYTES, MESSAGE_MAGIC, pack_record, stored_size
+from commitlog.record_codec import crc32 as _crc32
+from commitlog.sys_flags import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
+from commitlog.tag_codes import cached_tag_code
 from protocol.invariant import invariant
 from protocol.properties import PROPERTIES_BYTES_MAX, find_uniq_key
 from protocol.topics import check_topic_name
@@ -75,7 +66,6 @@ _BODY_LENGTH: Final = struct.Struct(">i")
 #: bounds the topic and tag-code caches of a builder
 CACHE_ENTRIES_MAX: Final = 100_000
 
-Meta = tuple[int, int, int, int, int, int, int]
 
 #: prepared (0x4) and rolled-back (0xC) transaction messages are the ones with this sys_flag bit
 _SPECIAL_TRANSACTION_BIT: Final = TRANSACTION_PREPARED_TYPE
@@ -95,7 +85,7 @@ class PreparedRecords(NamedTuple):
     #: record), the same for the whole batch
     store_host: bytes
     topics: tuple[str, ...]
-    #: one packed :data:`META` per record, in order (:func:`meta_list` for tuples, :data:`META_DTYPE` as columns)
+    #: one packed :data:`META` per record, in order (:func:`meta_list` unpacks them, :data:`META_DTYPE` as columns)
     metas: bytes
     #: the key-index hashes of all records, in order, packed as :data:`HASH` (each record's count is in its meta)
     key_hashes: bytes
@@ -108,9 +98,29 @@ class PreparedRecords(NamedTuple):
         return len(self.metas) // META.size
 
 
-def meta_list(batch: PreparedRecords) -> list[Meta]:
-    """The metas of ``batch`` as tuples."""
-    return list(META.iter_unpack(batch.metas))
+class RecordMeta(NamedTuple):
+    """One record's :data:`META`, unpacked."""
+
+    size: int
+    #: index into the batch's topics
+    topic_index: int
+    #: :data:`HAS_UNIQ_KEY`, :data:`BORN_HOST_V6`
+    flags: int
+    queue_id: int
+    tag_code: int
+    reconsume_times: int
+    #: how many of the batch's key-index hashes are this record's
+    key_count: int
+
+
+#: a :class:`RecordMeta` from the tuple :data:`META` unpacks to, without the keyword handling of its
+#: constructor (apply unpacks every record's meta of a small batch)
+_new_meta: Final = functools.partial(tuple.__new__, RecordMeta)
+
+
+def meta_list(batch: PreparedRecords) -> list[RecordMeta]:
+    """The metas of ``batch``, in order."""
+    return list(map(_new_meta, META.iter_unpack(batch.metas)))
 
 
 def hash_list(batch: PreparedRecords) -> list[int]:
@@ -118,7 +128,7 @@ def hash_list(batch: PreparedRecords) -> list[int]:
     return [key_hash for (key_hash,) in HASH.iter_unpack(batch.key_hashes)]
 
 
-def pack_metas(metas: Sequence[Meta]) -> bytes:
+def pack_metas(metas: Sequence[tuple[int, int, int, int, int, int, int]]) -> bytes:
     return b"".join([META.pack(*meta) for meta in metas])
 
 

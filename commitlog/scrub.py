@@ -15,7 +15,7 @@ from commitlog.errors import DamagedRecordError, StoreError
 from commitlog.index_upkeep import check_index_entries, rebuild_index_file
 from commitlog.key_index import ENTRY, image_problem
 from commitlog.key_index_checks import entries_match, file_problem, holds_newest
-from commitlog.message import StoredMessage, decode_record
+from commitlog.record_codec import StoredMessage, decode_record
 from commitlog.scrub_walk import KEY_ENTRY_DTYPE, RECORD_FACTS_DTYPE
 from commitlog.state import CQ_UNIT_DTYPE, StoreState
 

@@ -1,5 +1,5 @@
 """The scrubber's record walk: validate the records of one commit-log segment from an offset, as
-:meth:`CommitLog.scan <commitlog.commit_log.CommitLog.scan>` and :func:`~commitlog.message.decode_record`
+:meth:`CommitLog.scan <commitlog.commit_log.CommitLog.scan>` and :func:`~commitlog.record_codec.decode_record`
 do (framing, lengths, a UTF-8 topic, the body CRC, a record naming its own offset; a filler must run to the
 segment's end), and hand back only what the scrubber's checks of the derived files need, packed: a
 :data:`RECORD_FACTS` per valid record (its consume-queue unit as dispatch writes it, and where it goes) and a
@@ -20,16 +20,16 @@ from typing import Final, NamedTuple
 import numpy as np
 
 from commitlog.dispatch import dispatch_fields, record_index_entries, to_consume_queue
-from commitlog.message import (
+from commitlog.record_codec import (
     BLANK_MAGIC,
     FILLER,
     FILLER_HEADER_BYTES,
     MESSAGE_MAGIC,
     RecordError,
-    cached_tag_code,
     crc32,
     decode_record,
 )
+from commitlog.tag_codes import cached_tag_code
 from protocol.invariant import invariant
 
 try:
@@ -78,7 +78,7 @@ def walk_segment_python(segment: Segment, segment_start: int, local_start: int, 
                         tag_codes: dict[bytes, int]) -> SegmentWalk:
     """The reference walk over ``segment`` (a whole segment's bytes, starting at commit-log offset
     ``segment_start``) from ``local_start`` while the offset is below ``local_stop``. ``tag_codes`` is the
-    store's tag-code cache (:func:`~commitlog.message.cached_tag_code`)."""
+    store's tag-code cache (:func:`~commitlog.tag_codes.cached_tag_code`)."""
     data = memoryview(segment)
     segment_size = len(data)
     facts: list[bytes] = []

@@ -22,8 +22,9 @@ from commitlog.consume_queue import UNIT_BYTES, ConsumeQueue
 from commitlog.dispatch import topic_prefix_crc
 from commitlog.errors import StoreError
 from commitlog.key_index_files import KeyIndex
-from commitlog.message import TOPIC_BYTES_MAX, cached_tag_code
+from commitlog.message import TOPIC_BYTES_MAX
 from commitlog.recent_keys import RecentKeys
+from commitlog.tag_codes import cached_tag_code
 from protocol.invariant import invariant
 from protocol.topics import TOPIC_NAME_MAX_CHARS, TOPIC_PATTERN, check_topic_name
 

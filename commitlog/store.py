@@ -39,30 +39,18 @@ from commitlog.checkpoint import ApplyPositionFile
 from commitlog.commit_log import CommitLog
 from commitlog.config import StoreConfig
 from commitlog.consume_queue import ConsumeQueue
-from commitlog.errors import DamagedRecordError, StoreError
+from commitlog.errors import StoreError
+from commitlog.hosts import decode_message_id
 from commitlog.index_upkeep import trust_index
 from commitlog.key_index_files import KeyIndex
-from commitlog.message import MessageInput, StoredMessage, decode_message_id
-from commitlog.outcomes import AppendOutcome, AppendResult, AppendStatus, GetResult, GetStatus, StoredRecords
+from commitlog.message import MessageInput
+from commitlog.outcomes import AppendOutcome, AppendResult, GetResult
 from commitlog.queue_starts import QueueKey
 from commitlog.recent_keys import SEED_SPAN_MS
+from commitlog.record_codec import StoredMessage
 from commitlog.records import PreparedRecords
 from commitlog.retries import KeyCollision
-from commitlog.state import CHECKPOINT_NAME, StoreState
-
-# the store's API: what apply, the broker and the tools call, and the values and errors they get back
-__all__ = [
-    "CHECKPOINT_NAME",
-    "EXIT_DAMAGED_RECORD",
-    "AppendOutcome",
-    "AppendResult",
-    "AppendStatus",
-    "DamagedRecordError",
-    "GetResult",
-    "GetStatus",
-    "MessageStore",
-    "StoredRecords",
-]
+from commitlog.state import StoreState
 
 #: the exit code of a member stopped by a damaged record it had to read and could not repair (EX_DATAERR)
 EXIT_DAMAGED_RECORD: Final = 65
@@ -137,13 +125,14 @@ class MessageStore:
         return self.state.applied_raft_index
 
     @property
-    def _lock(self) -> threading.RLock:
-        """The store lock, for readers that must see the commit log and the derived files as of one moment
-        (a replica's file comparison)."""
+    def lock(self) -> threading.RLock:
+        """The store lock: apply writes the commit log and the derived files under it, so a reader holding it
+        sees them as of one moment (a replica's file comparison)."""
         return self.state.lock
 
     @property
-    def _flushed_end(self) -> int:
+    def flushed_end(self) -> int:
+        """Where the commit log's durable bytes end: everything below was flushed by the store."""
         return self.state.flushed_end
 
     @property

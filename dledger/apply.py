@@ -36,11 +36,13 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
-from commitlog.errors import DiskFullError
-from commitlog.message import MessageInput, RecordError, StoredMessage, decode_record
+from commitlog.errors import DamagedRecordError, DiskFullError
+from commitlog.message import MessageInput
+from commitlog.outcomes import AppendOutcome, AppendResult
+from commitlog.record_codec import RecordError, StoredMessage, decode_record
 from commitlog.records import PreparedRecords, check_layout
 from commitlog.retries import KeyCollision
-from commitlog.store import AppendOutcome, AppendResult, DamagedRecordError, MessageStore
+from commitlog.store import MessageStore
 from dledger.command import (
     TIMER_RELEASE_KEY,
     AclDocument,

@@ -59,7 +59,8 @@ from typing import Final
 import lz4.block
 
 from commitlog.config import StoreConfig
-from commitlog.message import HOST_V4_BYTES, HOST_V6_BYTES, MessageInput, encode_address, format_address
+from commitlog.hosts import HOST_V4_BYTES, HOST_V6_BYTES, encode_address, format_address
+from commitlog.message import MessageInput
 from commitlog.records import HASH, META, PreparedRecords
 
 COMMAND_VERSION: Final = 1

@@ -20,7 +20,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from commitlog.message import MessageInput, decode_record
+from commitlog.message import MessageInput
+from commitlog.outcomes import AppendResult
+from commitlog.record_codec import decode_record
 from commitlog.records import (
     HAS_UNIQ_KEY,
     HASH_DTYPE,
@@ -32,7 +34,7 @@ from commitlog.records import (
     uniq_key_of,
 )
 from commitlog.retries import KeyCollision, retry_digest
-from commitlog.store import AppendResult, MessageStore
+from commitlog.store import MessageStore
 from protocol.properties import find_uniq_key
 
 #: (topic, UNIQ_KEY, reconsume count, content digest): a send as the store looks it up

@@ -31,8 +31,8 @@ from itertools import chain, repeat
 from typing import Final
 
 from commitlog.message import MessageInput, validate_input
+from commitlog.outcomes import AppendResult
 from commitlog.records import PreparedRecords
-from commitlog.store import AppendResult
 from dledger.apply import ApplyResult
 from dledger.command import (
     COMPRESS_MIN_BYTES,

@@ -22,16 +22,13 @@ from typing import Any, Final, NoReturn
 from isal.isal_zlib import crc32
 
 from commitlog.checkpoint import read_checkpoint
-from commitlog.errors import CorruptionError, StoreError
-from commitlog.message import MessageInput, RecordError
+from commitlog.errors import CorruptionError, DamagedRecordError, StoreError
+from commitlog.message import MessageInput
+from commitlog.outcomes import AppendResult
+from commitlog.record_codec import RecordError
 from commitlog.records import RecordBuilder
-from commitlog.store import (
-    CHECKPOINT_NAME,
-    EXIT_DAMAGED_RECORD,
-    AppendResult,
-    DamagedRecordError,
-    MessageStore,
-)
+from commitlog.state import CHECKPOINT_NAME
+from commitlog.store import EXIT_DAMAGED_RECORD, MessageStore
 from dledger.apply import (
     EXIT_BYTE_CONFIG_MISMATCH,
     ApplyResult,

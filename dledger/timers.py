@@ -22,7 +22,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from commitlog.message import MessageInput, StoredMessage
+from commitlog.message import MessageInput
+from commitlog.record_codec import StoredMessage
 from commitlog.retries import PROPERTY_TIMER_OUT_MS, TIMER_KEY_PREFIX
 from dledger.command import TIMER_RELEASE_STARTS, TimerRelease
 from protocol.properties import (

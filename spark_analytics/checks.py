@@ -22,7 +22,7 @@ from typing import Final
 from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 
-from commitlog.message import TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
+from commitlog.sys_flags import TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 from dledger.apply import UNIQ_KEY_WINDOW_MS
 from spark_analytics.equality import (
     first_difference,

@@ -8,7 +8,7 @@ import hashlib
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
-from commitlog.message import FILLER_HEADER_BYTES, StoredMessage
+from commitlog.record_codec import FILLER_HEADER_BYTES, StoredMessage
 from protocol.properties import PROPERTY_UNIQ_KEY
 from spark_analytics.layout import Replica, map_file
 from spark_analytics.results import RecordLocation

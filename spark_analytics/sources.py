@@ -53,7 +53,9 @@ from pyspark.sql.types import (
 )
 
 from commitlog.consume_queue import CQ_UNIT, UNIT_BYTES
-from commitlog.message import BLANK_MAGIC, MESSAGE_MAGIC, body_crc32, decode_host, tags_hash_code
+from commitlog.hosts import decode_host
+from commitlog.record_codec import BLANK_MAGIC, MESSAGE_MAGIC, body_crc32
+from commitlog.tag_codes import tags_hash_code
 from protocol.properties import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_KEYS,

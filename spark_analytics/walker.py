@@ -23,7 +23,7 @@ import struct
 from collections.abc import Iterator
 from typing import Final, NamedTuple
 
-from commitlog.message import (
+from commitlog.record_codec import (
     BLANK_MAGIC,
     FILLER,
     FILLER_HEADER_BYTES,

@@ -70,7 +70,10 @@ from broker.v2.protocol.service_pb2 import (
     ReceiveMessageResponse,
 )
 from broker.v2.status import StatusError, ok
-from commitlog.message import SYSFLAG_COMPRESSED, StoredMessage, format_address, java_string_hash
+from commitlog.hosts import format_address
+from commitlog.record_codec import StoredMessage
+from commitlog.sys_flags import SYSFLAG_COMPRESSED
+from commitlog.tag_codes import java_string_hash
 from dledger.pop import POP_RECEIVE_BATCH_MAX, decode_handle, encode_handle
 from protocol.properties import (
     PROPERTY_KEYS,

@@ -28,7 +28,8 @@ from typing import Final
 from broker.timers import TIMER_HORIZON_MS
 from broker.v2.protocol.definition_pb2 import Code, Encoding, Message, MessageType, Resource
 from broker.v2.status import StatusError
-from commitlog.message import SYSFLAG_COMPRESSED, TRANSACTION_PREPARED_TYPE, java_string_hash
+from commitlog.sys_flags import SYSFLAG_COMPRESSED, TRANSACTION_PREPARED_TYPE
+from commitlog.tag_codes import java_string_hash
 from protocol.properties import (
     PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
     PROPERTY_KEYS,

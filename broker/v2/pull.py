@@ -63,8 +63,8 @@ from broker.v2.protocol.service_pb2 import (
 )
 from broker.v2.service import CallInfo
 from broker.v2.status import StatusError, ok
-from commitlog.message import RecordError, decode_record
-from commitlog.store import GetResult, GetStatus
+from commitlog.outcomes import GetResult, GetStatus
+from commitlog.record_codec import RecordError, decode_record
 from protocol.properties import PROPERTY_TAGS
 from protocol.route_data import PERM_READ
 

@@ -67,8 +67,9 @@ from broker.v2.protocol.service_pb2 import (
 from broker.v2.status import StatusError, ok
 from broker.v2.telemetry import TelemetrySessions
 from commitlog.errors import StoreError
-from commitlog.message import TRANSACTION_TYPE_MASK, encode_host, encode_peer
-from commitlog.store import AppendStatus
+from commitlog.hosts import encode_host, encode_peer
+from commitlog.outcomes import AppendStatus
+from commitlog.sys_flags import TRANSACTION_TYPE_MASK
 from dledger.config import parse_address
 from dledger.member import GroupMember
 from protocol.codes import RequestCode

@@ -24,7 +24,7 @@ from broker.v2.consumer import v2_stored_message
 from broker.v2.protocol.definition_pb2 import Code, Resource, Settings
 from broker.v2.protocol.service_pb2 import RecoverOrphanedTransactionCommand, TelemetryCommand
 from broker.v2.status import StatusError
-from commitlog.message import StoredMessage
+from commitlog.record_codec import StoredMessage
 from protocol.properties import PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC
 
 #: commands waiting to be written on one Telemetry stream, at most

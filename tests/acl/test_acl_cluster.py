@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from cli.client_commands import send, topic
 from cli.cluster import LocalCluster, route_master
-from commitlog.message import decode_record
+from commitlog.record_codec import decode_record
 from protocol.codes import RequestCode, ResponseCode
 from protocol.command import RemotingCommand
 from tests.acl.helpers import (

@@ -13,7 +13,8 @@ import pytest
 from cli.cluster import LocalCluster, route_master
 from client.loop import EventLoopThread
 from client.running_info import loads_lenient
-from commitlog.message import StoredMessage, decode_message_id
+from commitlog.hosts import decode_message_id
+from commitlog.record_codec import StoredMessage
 from protocol.client import RemotingClient
 from protocol.codes import RequestCode, ResponseCode
 from protocol.command import DEFAULT_LANGUAGE, REMOTING_VERSION, RemotingCommand, make_response

@@ -18,7 +18,10 @@ from broker.send import batch_messages
 from broker.timers import due_time_ms
 from client.consumer_api import parse_subscription
 from commitlog.config import ConfigError
-from commitlog.message import MessageInput, decode_record, encode_host, encode_record, java_string_hash
+from commitlog.hosts import encode_host
+from commitlog.message import MessageInput
+from commitlog.record_codec import decode_record, encode_record
+from commitlog.tag_codes import java_string_hash
 from protocol.codes import ResponseCode
 from protocol.properties import find_uniq_key, parse_properties
 from protocol.subscription import SUBSCRIBE_ALL, expression_tags
@@ -146,7 +149,9 @@ def test_node_file_with_a_broker_table(tmp_path: Path) -> None:
 
 def test_pulls_spot_a_damaged_record() -> None:
     from broker.pull import first_damaged
-    from commitlog.message import MessageInput, encode_host, encode_record
+    from commitlog.hosts import encode_host
+    from commitlog.message import MessageInput
+    from commitlog.record_codec import encode_record
 
     def record(body: bytes, offset: int, born_host: bytes = encode_host("127.0.0.1", 1)) -> bytes:
         message = MessageInput("T", 0, 0, 0, 1, born_host, 2, 0, 0, body, b"TAGS\x01a\x02")
@@ -162,7 +167,9 @@ def test_pulls_spot_a_damaged_record() -> None:
 def test_pulls_spot_a_damaged_record_with_an_ipv6_store_host() -> None:
     """The body starts 12 bytes later with an IPv6 store host (sysFlag 0x20), 24 with both hosts IPv6."""
     from broker.pull import first_damaged
-    from commitlog.message import MessageInput, encode_address, encode_record
+    from commitlog.hosts import encode_address
+    from commitlog.message import MessageInput
+    from commitlog.record_codec import encode_record
 
     store_host = encode_address("[fd00::3]:10911")
     good = [encode_record(MessageInput("T", 0, 0, 0, 1, born_host, 2, 0, 0, b"y" * 50, b"TAGS\x01a\x02"), 0, offset,
@@ -196,7 +203,7 @@ def test_a_clients_born_host_keeps_its_ip_family() -> None:
     IPv4-mapped one (a dual-stack socket's IPv4 client) is stored as IPv4, what is no IP address as
     127.0.0.1:0."""
     from broker.send import _born_host
-    from commitlog.message import encode_peer, format_address
+    from commitlog.hosts import encode_peer, format_address
 
     assert format_address(_born_host("[2001:db8::5]:4242")) == "[2001:db8::5]:4242"
     assert len(_born_host("[2001:db8::5]:4242")) == 20

@@ -19,8 +19,8 @@ import pytest
 
 from broker.requests import RequestError, SendHeader
 from broker.send import SendProcessor
-from commitlog.message import encode_host
-from commitlog.store import AppendResult, AppendStatus
+from commitlog.hosts import encode_host
+from commitlog.outcomes import AppendResult, AppendStatus
 from protocol import codec
 from protocol.codec import (
     EncodeError,

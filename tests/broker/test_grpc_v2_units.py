@@ -43,7 +43,7 @@ from broker.v2.server import parse_peer
 from broker.v2.service import endpoints, route_queues
 from broker.v2.status import StatusError
 from commitlog.config import ConfigError
-from commitlog.message import SYSFLAG_COMPRESSED, TRANSACTION_PREPARED_TYPE
+from commitlog.sys_flags import SYSFLAG_COMPRESSED, TRANSACTION_PREPARED_TYPE
 from protocol.route_data import PERM_READ, PERM_WRITE
 
 NOW_MS = 1_700_000_000_000

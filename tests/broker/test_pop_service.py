@@ -35,8 +35,9 @@ from broker.v2.protocol.service_pb2 import (
     ReceiveMessageResponse,
 )
 from client.message import message_from_record
-from commitlog.message import SYSFLAG_COMPRESSED, MessageInput
+from commitlog.message import MessageInput
 from commitlog.store import MessageStore
+from commitlog.sys_flags import SYSFLAG_COMPRESSED
 from dledger.apply import ApplyResult, StateMachine
 from dledger.command import Command, Messages, SubscriptionGroup, TopicConfig, encode_command
 from dledger.state import ReplicatedState

@@ -18,7 +18,7 @@ from broker.context import BrokerContext
 from broker.offsets import OffsetCommitter
 from broker.pull import PullProcessor, PullWaiters
 from broker.remoting.server import RequestContext
-from commitlog.store import GetResult, GetStatus
+from commitlog.outcomes import GetResult, GetStatus
 from dledger.apply import ApplyResult
 from dledger.command import Command, LeaderStamp, TopicConfig
 from dledger.group_clock import GroupClock

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from cli.cluster import LocalCluster
-from commitlog.message import decode_message_id
+from commitlog.hosts import decode_message_id
 from protocol.codes import RequestCode, ResponseCode
 from tests.broker import wire
 from tests.support.stores import small_store

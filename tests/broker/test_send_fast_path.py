@@ -17,7 +17,7 @@ from broker.remoting.server import RequestContext
 from broker.requests import RequestError
 from broker.send import SendProcessor
 from commitlog.message import MessageInput
-from commitlog.store import AppendResult, AppendStatus
+from commitlog.outcomes import AppendResult, AppendStatus
 from dledger.command import TopicConfig
 from dledger.stages import StageHistograms
 from protocol.codes import RequestCode, ResponseCode

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from cli.cluster import LocalCluster
-from commitlog.message import StoredMessage
+from commitlog.record_codec import StoredMessage
 from protocol.codes import RequestCode, ResponseCode
 from protocol.connection import RemotingError
 from tests.broker import wire

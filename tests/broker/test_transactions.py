@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from cli.cluster import LocalCluster, route_master
-from commitlog.message import decode_message_id
+from commitlog.hosts import decode_message_id
 from protocol.client import RemotingClient
 from protocol.codes import RequestCode, ResponseCode
 from protocol.command import RemotingCommand

@@ -11,13 +11,9 @@ import pytest
 from broker.v2.protocol.definition_pb2 import Code, MessageType, Publishing, Resource, Settings, Subscription
 from broker.v2.status import StatusError
 from broker.v2.telemetry import TELEMETRY_OUTBOX_MAX, TelemetrySessions
-from commitlog.message import (
-    TRANSACTION_PREPARED_TYPE,
-    MessageInput,
-    StoredMessage,
-    decode_record,
-    encode_record,
-)
+from commitlog.message import MessageInput
+from commitlog.record_codec import StoredMessage, decode_record, encode_record
+from commitlog.sys_flags import TRANSACTION_PREPARED_TYPE
 from protocol.topics import TRANS_HALF_TOPIC
 
 STORE_HOST = bytes([127, 0, 0, 1]) + (10911).to_bytes(4, "big")

@@ -8,7 +8,7 @@ import time
 import zlib
 from typing import Any
 
-from commitlog.message import decode_record
+from commitlog.record_codec import decode_record
 from protocol.codes import RequestCode
 
 BATCH_MAGIC = 0xDAA320A7

@@ -19,7 +19,7 @@ from chaos.faults import Faults
 from chaos.history import NoteEvent
 from chaos.monitor import LeaderMonitor
 from chaos.workload import Recorder
-from commitlog.message import RecordError, decode_record
+from commitlog.record_codec import RecordError, decode_record
 from commitlog.store import MessageStore
 from tests.commitlog.helpers import message, small_config
 

@@ -28,7 +28,7 @@ from typing import Final
 import pytest
 
 from cli.cluster import NodeInfo, node_toml
-from commitlog.message import decode_message_id, format_address
+from commitlog.hosts import decode_message_id, format_address
 from tests.support.stores import small_store
 from tests.support.waiting import wait_for
 

@@ -28,15 +28,11 @@ from broker.namesrv import (
 )
 from broker.pull_rates import PullRates
 from broker.remoting import Connection, RemotingServer, RequestContext
-from commitlog.message import (
-    MessageInput,
-    decode_record,
-    encode_host,
-    encode_message_id,
-    encode_record,
-    tags_hash_code,
-)
+from commitlog.hosts import encode_host, encode_message_id
+from commitlog.message import MessageInput
+from commitlog.record_codec import decode_record, encode_record
 from commitlog.retries import retry_digest
+from commitlog.tag_codes import tags_hash_code
 from protocol.batch import decode_batch
 from protocol.client import RemotingClient
 from protocol.codes import RequestCode, ResponseCode

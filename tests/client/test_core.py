@@ -33,7 +33,10 @@ from client.message import (
 )
 from client.route import borrowed_route, topic_route_from_data
 from client.selector import RoundRobin, java_hash_code, select_by_hash, select_by_sharding_key
-from commitlog.message import SYSFLAG_COMPRESSED, MessageInput, decode_record, encode_host, encode_record
+from commitlog.hosts import encode_host
+from commitlog.message import MessageInput
+from commitlog.record_codec import decode_record, encode_record
+from commitlog.sys_flags import SYSFLAG_COMPRESSED
 from protocol.batch import BatchError, BatchMessage, decode_batch
 from protocol.codes import ResponseCode
 from protocol.properties import encode_properties

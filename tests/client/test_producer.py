@@ -16,7 +16,7 @@ from client.producer import AsyncProducer
 from client.selector import select_by_sharding_key
 from client.sync import Producer
 from client.unique_id import is_unique_id
-from commitlog.message import decode_record
+from commitlog.record_codec import decode_record
 from protocol.codes import RequestCode, ResponseCode
 from tests.client.fake_broker import FakeGroup
 from tests.client.helpers import fake_group, fast_client_config, run

@@ -8,7 +8,7 @@ import random
 from client.config import ProducerConfig
 from client.message import Message, MessageExt
 from client.transaction import AsyncTransactionProducer, LocalTransactionState
-from commitlog.message import decode_record
+from commitlog.record_codec import decode_record
 from tests.client.fake_broker import FakeGroup, check_transaction
 from tests.client.helpers import fake_group, fast_client_config, run
 from tests.support.waiting import poll_until, wait_for

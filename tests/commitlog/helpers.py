@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from commitlog.config import StoreConfig
+from commitlog.hosts import encode_host
 from commitlog.mapped_file import ALLOCATING_SUFFIX
-from commitlog.message import MessageInput, encode_host
+from commitlog.message import MessageInput
 from commitlog.retries import retry_digest
 from commitlog.store import MessageStore
 from protocol.properties import decode_properties, encode_properties

@@ -1,10 +1,7 @@
 """Key-index files with bytes gone bad (issue #24): nothing is decided from one before it is checked against
 its checksum, its links and the commit log, and a damaged file is rebuilt from the commit log, byte for byte
 what a healthy replica holds. The scrubber finds damage nothing read yet; a client's query passes over an
-entry that names no record of its key; files of the first format (no checksum) still open.
-
-New names are reached through their modules (``store_module``), so that each test runs and fails on its
-assertions where the checks are missing."""
+entry that names no record of its key; files of the first format (no checksum) still open."""
 
 from __future__ import annotations
 
@@ -16,8 +13,7 @@ import numpy as np
 import pytest
 
 import commitlog.key_index as key_index_module
-import commitlog.store as store_module
-from commitlog.errors import DiskFullError
+from commitlog.errors import DamagedRecordError, DiskFullError
 from commitlog.key_index import index_columns, key_hash
 from commitlog.key_index_checks import file_problem
 from commitlog.key_index_files import KeyIndex
@@ -165,7 +161,7 @@ def test_a_damaged_record_is_still_reported_when_its_index_entry_holds(tmp_path:
     physical = entry_of(store.index, uniq_key(40)).physical
     start = store.commit_log.segment_start(physical)
     write_at(store.commit_log.segments[start].path, physical - start + 88 + 3, b"\xee")  # its body
-    with pytest.raises(store_module.DamagedRecordError) as raised:
+    with pytest.raises(DamagedRecordError) as raised:
         store.find_recent_send(*retry_of(stored_message(40)), 0)
     assert raised.value.physical_offset == physical
     store.close()

@@ -11,22 +11,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commitlog.message import (
+from commitlog.hosts import decode_host, decode_message_id, encode_host, encode_message_id
+from commitlog.message import MessageInput, validate_input
+from commitlog.record_codec import (
     MESSAGE_MAGIC,
-    MessageInput,
     RecordError,
-    decode_host,
-    decode_message_id,
     decode_record,
-    encode_host,
-    encode_message_id,
     encode_record,
-    java_string_hash,
     pack_record,
     record_size,
-    tags_hash_code,
-    validate_input,
 )
+from commitlog.tag_codes import java_string_hash, tags_hash_code
 from protocol.properties import decode_properties, encode_properties
 
 STORE_HOST = encode_host("10.1.2.3", 10911)

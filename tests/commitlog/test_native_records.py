@@ -9,15 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commitlog.message import (
-    SYSFLAG_STOREHOST_V6,
-    TRANSACTION_COMMIT_TYPE,
-    MessageInput,
-    cached_tag_code,
-    crc32,
-    encode_record,
-)
+from commitlog.message import MessageInput
+from commitlog.record_codec import crc32, encode_record
 from commitlog.records import RecordBuilder
+from commitlog.sys_flags import SYSFLAG_STOREHOST_V6, TRANSACTION_COMMIT_TYPE
+from commitlog.tag_codes import cached_tag_code
 from tests.commitlog.helpers import message, small_config
 from tests.commitlog.test_records import STAMP, V6_HOST, varied
 
@@ -148,7 +144,7 @@ def test_plain_batches_agree_and_c_takes_them_unless_a_property_is_named_twice(b
 @given(st.lists(plain_messages, min_size=1, max_size=8), st.sampled_from([STAMP, 0, 2**63 - 1]), store_hosts)
 def test_each_record_the_c_builder_lays_out_is_the_reference_encoding(batch: list[MessageInput], stamp: int,
                                                                      store_host: bytes) -> None:
-    """Record by record, the C builder's bytes are :func:`commitlog.message.encode_record`'s (the one layout
+    """Record by record, the C builder's bytes are :func:`commitlog.record_codec.encode_record`'s (the one layout
     every path stores) with the batch's stamp, queue and physical offsets still zero."""
     native = _native
     assert native is not None

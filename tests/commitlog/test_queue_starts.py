@@ -11,9 +11,10 @@ import pytest
 
 from commitlog.consume_queue import ConsumeQueue
 from commitlog.errors import CorruptionError
-from commitlog.message import TRANSACTION_PREPARED_TYPE, StoredMessage, decode_record
 from commitlog.queue_starts import continuation_problem
+from commitlog.record_codec import StoredMessage, decode_record
 from commitlog.store import MessageStore
+from commitlog.sys_flags import TRANSACTION_PREPARED_TYPE
 from tests.commitlog.helpers import message, small_config, store_past_retention
 
 LONG = ("TopicTest", 0)

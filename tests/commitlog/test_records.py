@@ -7,12 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from commitlog.message import (
-    TRANSACTION_COMMIT_TYPE,
-    TRANSACTION_PREPARED_TYPE,
-    TRANSACTION_ROLLBACK_TYPE,
-    MessageInput,
-)
+from commitlog.message import MessageInput
+from commitlog.outcomes import AppendStatus
 from commitlog.records import (
     META,
     PreparedRecords,
@@ -22,7 +18,8 @@ from commitlog.records import (
     pack_metas,
     uniq_key_of,
 )
-from commitlog.store import AppendStatus, MessageStore
+from commitlog.store import MessageStore
+from commitlog.sys_flags import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
 from tests.commitlog.helpers import data_bytes, message, small_config
 from tests.support.apply_paths import both_apply_paths  # noqa: F401  (a fixture)
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from commitlog.errors import CorruptionError, StoreError
-from commitlog.message import decode_record
-from commitlog.store import GetStatus, MessageStore
+from commitlog.outcomes import GetStatus
+from commitlog.record_codec import decode_record
+from commitlog.store import MessageStore
 from tests.commitlog.helpers import message, small_config, tree_bytes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -186,9 +187,9 @@ def test_clean_reopen_does_not_scan_the_store(tmp_path: Path, monkeypatch: pytes
     directory = tmp_path / "s"
     fill(directory, 50).close()
     scanned: list[int] = []
-    from commitlog import commit_log, message
+    from commitlog import commit_log, record_codec
 
-    original = message.decode_record
+    original = record_codec.decode_record
 
     def counting(*args: object, **kwargs: object) -> object:
         scanned.append(1)

@@ -23,16 +23,8 @@ from commitlog.consume_queue import UNIT_BYTES
 from commitlog.dispatch import record_index_entries
 from commitlog.index_upkeep import check_index_entries
 from commitlog.key_index import ENTRY, IndexEntry
-from commitlog.message import (
-    MESSAGE_MAGIC,
-    TRANSACTION_COMMIT_TYPE,
-    TRANSACTION_PREPARED_TYPE,
-    TRANSACTION_ROLLBACK_TYPE,
-    MessageInput,
-    cached_tag_code,
-    crc32,
-    decode_record,
-)
+from commitlog.message import MessageInput
+from commitlog.record_codec import MESSAGE_MAGIC, crc32, decode_record
 from commitlog.scrub_walk import (
     KEY_ENTRY,
     RECORD_FACTS,
@@ -40,6 +32,8 @@ from commitlog.scrub_walk import (
     walk_segment_python,
 )
 from commitlog.store import MessageStore
+from commitlog.sys_flags import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
+from commitlog.tag_codes import cached_tag_code
 from tests.commitlog.helpers import data_bytes, message, small_config
 from tests.commitlog.key_index_damage import write_at
 from tests.commitlog.test_records import V6_HOST, varied

@@ -14,19 +14,14 @@ import commitlog.flush as flush_module
 from commitlog.config import ConfigError, StoreConfig
 from commitlog.consume_queue import CQ_UNIT
 from commitlog.errors import CorruptionError, DiskFullError, StoreError
+from commitlog.hosts import encode_host
 from commitlog.mapped_file import drop_cached
-from commitlog.message import (
-    BLANK_MAGIC,
-    FILLER,
-    TRANSACTION_COMMIT_TYPE,
-    TRANSACTION_PREPARED_TYPE,
-    TRANSACTION_ROLLBACK_TYPE,
-    MessageInput,
-    decode_record,
-    encode_host,
-    java_string_hash,
-)
-from commitlog.store import AppendStatus, GetStatus, MessageStore
+from commitlog.message import MessageInput
+from commitlog.outcomes import AppendStatus, GetStatus
+from commitlog.record_codec import BLANK_MAGIC, FILLER, decode_record
+from commitlog.store import MessageStore
+from commitlog.sys_flags import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
+from commitlog.tag_codes import java_string_hash
 from protocol.properties import encode_properties
 from tests.commitlog.helpers import data_bytes, message, small_config, tree_bytes
 
@@ -358,7 +353,7 @@ def test_a_directory_cannot_be_opened_twice(tmp_path: Path) -> None:
 
 
 def test_scrub_finds_a_damaged_record_and_a_peer_copy_repairs_it(tmp_path: Path) -> None:
-    from commitlog.message import RecordError
+    from commitlog.record_codec import RecordError
     from commitlog.store import MessageStore
     from tests.commitlog.helpers import message, small_config
 

@@ -14,21 +14,13 @@ import pytest
 
 from commitlog.config import ConfigError, StoreConfig
 from commitlog.errors import StoreError
-from commitlog.message import (
-    SYSFLAG_BORNHOST_V6,
-    SYSFLAG_STOREHOST_V6,
-    MessageInput,
-    body_at,
-    decode_message_id,
-    decode_record,
-    encode_address,
-    encode_message_id,
-    encode_record,
-    format_address,
-    record_size,
-)
+from commitlog.hosts import decode_message_id, encode_address, encode_message_id, format_address
+from commitlog.message import MessageInput
+from commitlog.outcomes import GetStatus
+from commitlog.record_codec import body_at, decode_record, encode_record, record_size
 from commitlog.records import STORE_TIMESTAMP_AT, RecordBuilder, check_layout, meta_list, uniq_key_of
-from commitlog.store import GetStatus, MessageStore
+from commitlog.store import MessageStore
+from commitlog.sys_flags import SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6
 from tests.commitlog.helpers import data_bytes, message, retry_of, small_config
 from tests.support.apply_paths import both_apply_paths  # noqa: F401  (a fixture)
 

@@ -11,8 +11,10 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from commitlog.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, decode_record
-from commitlog.store import AppendStatus, GetStatus, MessageStore
+from commitlog.outcomes import AppendStatus, GetStatus
+from commitlog.record_codec import decode_record
+from commitlog.store import MessageStore
+from commitlog.sys_flags import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
 from tests.commitlog.helpers import message, small_config
 
 QUEUES = 3

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import commitlog.store as store_module
+from commitlog.errors import DamagedRecordError
 from commitlog.store import MessageStore
 from tests.commitlog.helpers import message, retry_of, small_config
 
@@ -40,10 +40,10 @@ def test_a_flipped_body_byte_is_reported_by_both_lookups(store: MessageStore) ->
     second = second_offset(store)
     original = store.read_record(second)
     patch(store, second + BODY_AT, b"\xff")
-    with pytest.raises(store_module.DamagedRecordError) as raised:
+    with pytest.raises(DamagedRecordError) as raised:
         store.find_recent_send(*retry_of(message(2)), 0)
     assert raised.value.physical_offset == second and "CRC" in str(raised.value)
-    with pytest.raises(store_module.DamagedRecordError):
+    with pytest.raises(DamagedRecordError):
         store.query_by_key("TopicTest", "shared", 5, verified=True)
     # the undamaged record is still found; a client's query reads what it can, unverified
     assert store.find_recent_send(*retry_of(message(1)), 0) is not None
@@ -57,7 +57,7 @@ def test_a_flipped_body_byte_is_reported_by_both_lookups(store: MessageStore) ->
 def test_a_record_that_names_another_offset_is_damaged(store: MessageStore) -> None:
     second = second_offset(store)
     patch(store, second + 28, (second + 8).to_bytes(8, "big"))  # its physicalOffset field
-    with pytest.raises(store_module.DamagedRecordError, match="names commit-log offset"):
+    with pytest.raises(DamagedRecordError, match="names commit-log offset"):
         store.find_recent_send(*retry_of(message(2)), 0)
     store.close()
 
@@ -65,7 +65,7 @@ def test_a_record_that_names_another_offset_is_damaged(store: MessageStore) -> N
 def test_a_record_whose_head_is_gone_is_damaged(store: MessageStore) -> None:
     second = second_offset(store)
     patch(store, second + 4, b"\x00\x00\x00\x00")  # its magic
-    with pytest.raises(store_module.DamagedRecordError):
+    with pytest.raises(DamagedRecordError):
         store.query_by_key("TopicTest", "other", 5, verified=True)
     assert store.query_by_key("TopicTest", "other", 5) == []  # a client's query passes over it
     store.close()

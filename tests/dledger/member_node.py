@@ -22,8 +22,9 @@ import threading
 import time
 from pathlib import Path
 
-from commitlog.message import MessageInput, encode_host
-from commitlog.store import AppendResult, AppendStatus
+from commitlog.hosts import encode_host
+from commitlog.message import MessageInput
+from commitlog.outcomes import AppendResult, AppendStatus
 from dledger.config import NodeConfig
 from dledger.future import AppendFuture
 from dledger.group_commit import AppendError

@@ -38,15 +38,12 @@ from broker.send import SendProcessor
 from broker.transactions import committed_message, op_record
 from commitlog.config import StoreConfig
 from commitlog.consume_queue import UNIT_BYTES
-from commitlog.message import (
-    TRANSACTION_PREPARED_TYPE,
-    MessageInput,
-    StoredMessage,
-    decode_record,
-    encode_host,
-)
+from commitlog.hosts import encode_host
+from commitlog.message import MessageInput
+from commitlog.record_codec import StoredMessage, decode_record
 from commitlog.records import RecordBuilder
 from commitlog.store import MessageStore
+from commitlog.sys_flags import TRANSACTION_PREPARED_TYPE
 from dledger.apply import StateMachine
 from dledger.catchup import CatchupServer, fetch
 from dledger.command import (

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from commitlog.message import MessageInput, decode_record
+from commitlog.message import MessageInput
+from commitlog.outcomes import AppendStatus
 from commitlog.recent_keys import SEED_SPAN_MS
+from commitlog.record_codec import decode_record
 from commitlog.records import PreparedRecords, RecordBuilder
-from commitlog.store import AppendStatus, MessageStore
+from commitlog.store import MessageStore
 from dledger.apply import (
     UNIQ_KEY_WINDOW_MS,
     ApplyResult,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from commitlog.config import StoreConfig
-from commitlog.message import encode_host
+from commitlog.hosts import encode_host
 from commitlog.records import RecordBuilder
 from commitlog.store import MessageStore
 from dledger.apply import ByteConfigMismatchError, StateMachine, check_byte_config
@@ -169,7 +169,9 @@ def test_records_with_a_store_host_other_than_the_groups_are_a_noop_on_every_rep
 def test_an_ipv6_store_host_is_compared_canonically_and_carried_by_every_replica(tmp_path: Path) -> None:
     """Members that spell the group's IPv6 store host differently have one configuration; records of an IPv6
     group carry it (sysFlag 0x20) on every replica, and an IPv4 address is another group's."""
-    from commitlog.message import SYSFLAG_STOREHOST_V6, decode_record, encode_address
+    from commitlog.hosts import encode_address
+    from commitlog.record_codec import decode_record
+    from commitlog.sys_flags import SYSFLAG_STOREHOST_V6
 
     config = ByteConfig.of(small_config(Path("/x"), store_host="[FD00:0:0::3]:10911"))
     assert dict(config.settings)["store_host"] == "[fd00::3]:10911"

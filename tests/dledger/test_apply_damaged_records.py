@@ -1,9 +1,6 @@
 """Apply decides nothing from local bytes it has not verified: a damaged stored record that a timer release
 or a retry lookup reads is found before anything is written, and is put back from a peer's copy (or the
-member stops). Two replicas fed the same entries, one with a flipped byte in its store, end byte-identical.
-
-New names are reached through their modules (``store_module.DamagedRecordError``), so that each test runs
-its replicas and fails on its assertions where the checks are missing."""
+member stops). Two replicas fed the same entries, one with a flipped byte in its store, end byte-identical."""
 
 from __future__ import annotations
 
@@ -12,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import commitlog.store as store_module
-from commitlog.errors import StoreError
+from commitlog.errors import DamagedRecordError, StoreError
 from commitlog.message import MessageInput
 from commitlog.records import RecordBuilder
 from commitlog.store import MessageStore
@@ -110,7 +106,7 @@ def test_a_damaged_timer_without_a_repair_stops_apply_before_anything_is_written
     offsets = timer_offsets(damaged.store)
     flip_byte(damaged.store, offsets[0])
     end, before = damaged.store.max_physical_offset, written(tmp_path / "b")
-    with pytest.raises(store_module.DamagedRecordError) as raised:
+    with pytest.raises(DamagedRecordError) as raised:
         damaged.apply(3, release)
     assert f"commit-log offset {offsets[0]}" in str(raised.value)
     assert damaged.applied_index == 2 and damaged.store.max_physical_offset == end
@@ -135,7 +131,7 @@ def test_a_repair_that_fails_stops_apply(tmp_path: Path) -> None:
         raise StoreError("no peer answered")
 
     damaged.repair = unreachable
-    with pytest.raises(store_module.DamagedRecordError, match="no peer answered"):
+    with pytest.raises(DamagedRecordError, match="no peer answered"):
         damaged.apply(3, release)
     assert damaged.applied_index == 2
 
@@ -184,6 +180,6 @@ def test_a_retry_of_a_damaged_message_without_a_repair_stops_apply(tmp_path: Pat
     damaged.apply(1, encode_command(Command((Messages((first,)),))))
     flip_byte(damaged.store, 0)
     end = damaged.store.max_physical_offset
-    with pytest.raises(store_module.DamagedRecordError):
+    with pytest.raises(DamagedRecordError):
         damaged.apply(2, retried(first, as_records, tmp_path))
     assert damaged.applied_index == 1 and damaged.store.max_physical_offset == end

@@ -182,7 +182,7 @@ def test_records_with_an_ipv6_store_host_travel_as_an_operation_of_their_own() -
     is [IPv6]:port sends RECORDS_STORE_HOST_V6, whose head carries the 20 bytes."""
     import struct
 
-    from commitlog.message import encode_address
+    from commitlog.hosts import encode_address
     from commitlog.records import RecordBuilder
     from dledger.command import OpType
     from tests.commitlog.helpers import message

@@ -8,7 +8,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from commitlog.message import MessageInput, encode_host
+from commitlog.hosts import encode_host
+from commitlog.message import MessageInput
 from dledger.apply import ApplyResult
 from dledger.command import encode_messages_command
 from dledger.journal import SegmentedJournal

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import pytest
 
 from commitlog.message import MessageInput
+from commitlog.outcomes import AppendResult, AppendStatus
 from commitlog.retries import KeyCollision
-from commitlog.store import AppendResult, AppendStatus
 from dledger.dedupe import Lookup, find_retries, message_sends
 from tests.commitlog.helpers import message
 

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from commitlog.config import StoreConfig
-from commitlog.message import decode_record
-from commitlog.store import GetStatus, MessageStore
+from commitlog.outcomes import GetStatus
+from commitlog.record_codec import decode_record
+from commitlog.store import MessageStore
 from tests.commitlog.helpers import data_bytes
 from tests.dledger.group import Group, running_group
 from tests.dledger.member_node import QUEUES

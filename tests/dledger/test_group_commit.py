@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from commitlog.message import MessageInput
-from commitlog.store import AppendResult, AppendStatus
+from commitlog.outcomes import AppendResult, AppendStatus
 from dledger.apply import ApplyResult
 from dledger.command import Command, Messages
 from dledger.config import GroupCommitSettings

@@ -21,8 +21,9 @@ import pytest
 import dledger.apply as apply_module
 import dledger.command as command_module
 from commitlog.checkpoint import read_checkpoint, write_checkpoint
-from commitlog.message import MessageInput, encode_host
-from commitlog.store import CHECKPOINT_NAME
+from commitlog.hosts import encode_host
+from commitlog.message import MessageInput
+from commitlog.state import CHECKPOINT_NAME
 from dledger.command import Command, Messages, TimerRelease, decode_command
 from dledger.config import NodeConfig
 from dledger.member import GroupMember

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from commitlog.message import decode_record
+from commitlog.record_codec import decode_record
 from commitlog.store import MessageStore
 from dledger.apply import ApplyResult, StateMachine
 from dledger.command import (

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from broker.transactions import committed_message, op_record
-from commitlog.message import TRANSACTION_PREPARED_TYPE, decode_record
+from commitlog.record_codec import decode_record
 from commitlog.records import PreparedRecords
+from commitlog.sys_flags import TRANSACTION_PREPARED_TYPE
 from dledger.command import (
     Command,
     CommandError,

@@ -28,7 +28,9 @@ from broker.remoting.server import RequestContext
 from broker.requests import RequestError
 from broker.send import batch_messages
 from commitlog.config import ConfigError
-from commitlog.message import MessageInput, RecordError, decode_record, encode_host, encode_record
+from commitlog.hosts import encode_host
+from commitlog.message import MessageInput
+from commitlog.record_codec import RecordError, decode_record, encode_record
 from protocol.batch import BATCH_HEAD
 from protocol.codes import RequestCode, ResponseCode
 from protocol.command import make_request

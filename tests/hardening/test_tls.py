@@ -24,7 +24,7 @@ from cli.client_commands import send
 from cli.cluster import LocalCluster, route_master
 from client import ClientConfig, Message, Producer, ProducerConfig, SendStatus
 from client.errors import MQClientError
-from commitlog.message import decode_record
+from commitlog.record_codec import decode_record
 from protocol.codes import RequestCode, ResponseCode
 from tests.acl.helpers import probed_cluster, pull_fields, request
 from tests.support.stores import small_store

@@ -28,12 +28,9 @@ from pathlib import Path
 from typing import IO, Final
 
 from broker.remoting.server import Connection, RemotingServer, RequestContext
-from commitlog.message import (
-    MessageInput,
-    encode_host,
-    encode_message_id,
-    encode_record,
-)
+from commitlog.hosts import encode_host, encode_message_id
+from commitlog.message import MessageInput
+from commitlog.record_codec import encode_record
 from protocol.batch import decode_batch
 from protocol.codes import RequestCode, ResponseCode
 from protocol.command import RemotingCommand, make_response

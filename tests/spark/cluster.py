@@ -16,14 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from commitlog.consume_queue import UNIT_BYTES
-from commitlog.message import (
-    TRANSACTION_COMMIT_TYPE,
-    TRANSACTION_PREPARED_TYPE,
-    TRANSACTION_ROLLBACK_TYPE,
-    MessageInput,
-    StoredMessage,
-)
+from commitlog.message import MessageInput
+from commitlog.record_codec import StoredMessage
 from commitlog.store import MessageStore
+from commitlog.sys_flags import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
 from dledger.command import ConsumerOffset, SubscriptionGroup, TopicConfig
 from dledger.state import ReplicatedState
 from protocol.topics import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC

@@ -121,7 +121,7 @@ def test_an_origin_message_id_of_an_ipv6_store_host_names_its_offset(spark: Spar
     physical offset is its last 16 either way; anything else is neither an id nor the copy's UNIQ_KEY."""
     from pyspark.sql import functions as F
 
-    from commitlog.message import encode_address, encode_message_id
+    from commitlog.hosts import encode_address, encode_message_id
 
     v6_id = encode_message_id(encode_address("[fd00::3]:10911"), 4096)
     rows = [  # replica, physical offset, topic, queue, queue offset, sys flag, uniq key, reconsumes, retry topic,

@@ -8,7 +8,8 @@ import pyarrow
 from pyspark.sql import SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from commitlog.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, tags_hash_code
+from commitlog.sys_flags import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
+from commitlog.tag_codes import tags_hash_code
 from spark_analytics.index_file import read_index_file
 from spark_analytics.layout import list_replicas
 from spark_analytics.sources import COMMIT_LOG_SCHEMA, SegmentPartition, read_segment_batches

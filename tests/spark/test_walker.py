@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from commitlog.message import BLANK_MAGIC, FILLER, encode_record
+from commitlog.record_codec import BLANK_MAGIC, FILLER, encode_record
 from spark_analytics.equality import first_difference, record_field, vote
 from spark_analytics.walker import walk_segment
 from tests.commitlog.helpers import message
