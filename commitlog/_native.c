@@ -357,7 +357,7 @@ static int read_message(PyObject *message, Record *record, Topics *topics, Hashe
     return 1;
 }
 
-static void write_record(char *at, const Record *record, PyObject *segment, int64_t stamp, const char *store_host,
+static void write_record(char *at, const Record *record, PyObject *segment, int64_t store_timestamp, const char *store_host,
                          Py_ssize_t store_host_length) {
     put_u32(at, record->size);
     put_u32(at + 4, MESSAGE_MAGIC);
@@ -369,7 +369,7 @@ static void write_record(char *at, const Record *record, PyObject *segment, int6
     put_u64(at + 40, (uint64_t)record->born_timestamp);
     memcpy(at + 48, record->born_host, (size_t)record->born_host_length);
     at += 48 + record->born_host_length;
-    put_u64(at, (uint64_t)stamp);
+    put_u64(at, (uint64_t)store_timestamp);
     memcpy(at + 8, store_host, (size_t)store_host_length);
     at += 8 + store_host_length;
     put_u32(at, (uint32_t)record->reconsume_times);
@@ -395,7 +395,7 @@ static void write_meta(char *at, const Record *record) {
 }
 
 PyDoc_STRVAR(build_records_doc,
-"build_records(messages, stamp, store_host, body_max, segment_max, topic_entry, tag_codes, tag_code_of, crc32)\n"
+"build_records(messages, store_timestamp, store_host, body_max, segment_max, topic_entry, tag_codes, tag_code_of, crc32)\n"
 "--\n\n"
 "(topics, metas, key hashes, records) of the batch, as RecordBuilder.build lays them out; NotImplemented\n"
 "when the Python builder must decide.");
@@ -407,7 +407,7 @@ static PyObject *build_records(PyObject *module, PyObject *const *args, Py_ssize
     Hashes hashes = {NULL, 0, 0};
     Record *items = NULL;
     Py_ssize_t count, position, total = 0;
-    int64_t stamp, body_max, segment_max;
+    int64_t store_timestamp, body_max, segment_max;
     PyObject *store_host, *topic_entry, *tag_cache, *tag_code_of, *crc32;
     char *at;
     (void)module;
@@ -423,7 +423,7 @@ static PyObject *build_records(PyObject *module, PyObject *const *args, Py_ssize
     if (!PyBytes_CheckExact(store_host)
         || (PyBytes_GET_SIZE(store_host) != HOST_V4_BYTES && PyBytes_GET_SIZE(store_host) != HOST_V6_BYTES)
         || !PyDict_CheckExact(tag_cache)
-        || exact_int(args[1], INT64_MIN, INT64_MAX, &stamp) != 1
+        || exact_int(args[1], INT64_MIN, INT64_MAX, &store_timestamp) != 1
         || exact_int(args[3], 0, INT64_MAX, &body_max) != 1 || exact_int(args[4], INT64_MIN, INT64_MAX, &segment_max) != 1) {
         if (PyErr_Occurred()) {
             return NULL;
@@ -474,7 +474,7 @@ static PyObject *build_records(PyObject *module, PyObject *const *args, Py_ssize
     at = PyBytes_AS_STRING(records);
     for (position = 0; position < count; position++) {
         const Record *record = &items[position];
-        write_record(at, record, PyList_GET_ITEM(topics.segments, record->topic_index), stamp,
+        write_record(at, record, PyList_GET_ITEM(topics.segments, record->topic_index), store_timestamp,
                      PyBytes_AS_STRING(store_host), PyBytes_GET_SIZE(store_host));
         at += record->size;
         write_meta(PyBytes_AS_STRING(metas) + position * META_BYTES, record);

@@ -43,7 +43,7 @@ def allocate(state: StoreState, last_record_offset: int, new_offsets: dict[tuple
 
 
 def append_messages(state: StoreState, raft_index: int, messages: Sequence[MessageInput],
-                    stamp: int | None) -> AppendOutcome:
+                    store_timestamp: int | None) -> AppendOutcome:
     """Store ``messages`` as the effect of Raft entry ``raft_index``, encoding each record
     (:meth:`commitlog.store.MessageStore.append`). Store lock held."""
     segment_size = state.config.segment_size_bytes
@@ -93,7 +93,7 @@ def append_messages(state: StoreState, raft_index: int, messages: Sequence[Messa
             if queue_offset < 0:
                 queue_offset = state.next_queue_offsets.get(queue_key, 0)
             tag_code = state.tag_code(tags)
-        timestamp = message.store_timestamp if stamp is None else stamp
+        timestamp = message.store_timestamp if store_timestamp is None else store_timestamp
         try:
             record = pack_record(message, topic_segment, size, queue_offset, record_offset, store_host, timestamp)
         except (struct.error, OverflowError):

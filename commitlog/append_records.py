@@ -32,27 +32,27 @@ from commitlog.state import CQ_UNIT_DTYPE, StoreState
 
 
 def append_records(state: StoreState, raft_index: int, batch: PreparedRecords, skip: Collection[int],
-                   stamp: int | None, want_results: bool) -> AppendOutcome:
+                   store_timestamp: int | None, want_results: bool) -> AppendOutcome:
     """Store prepared records as the effect of Raft entry ``raft_index``
     (:meth:`commitlog.store.MessageStore.append_records`). Store lock held."""
     layout = layout_of(batch) if columnwise(batch.record_count) else None
     records = bytearray(batch.records)
-    if stamp is not None and stamp != batch.stamp:
-        restamp(records, layout or layout_of(batch), stamp)
+    if store_timestamp is not None and store_timestamp != batch.store_timestamp:
+        restamp(records, layout or layout_of(batch), store_timestamp)
     else:
-        stamp = batch.stamp
+        store_timestamp = batch.store_timestamp
     topics = [state.topic_entry(topic) for topic in batch.topics]
     segment_size = state.config.segment_size_bytes
     position = state.commit_log.end_offset
     if (layout is not None and not skip and len(set(batch.topics)) == len(topics)
             and not any(isinstance(topic_entry, str) for topic_entry in topics)
             and position + len(records) <= position - position % segment_size + segment_size - FILLER_HEADER_BYTES):
-        return _append_whole(state, raft_index, batch, layout, records, stamp, want_results)
-    return _append_each(state, raft_index, batch, records, topics, skip, stamp, want_results)
+        return _append_whole(state, raft_index, batch, layout, records, store_timestamp, want_results)
+    return _append_each(state, raft_index, batch, records, topics, skip, store_timestamp, want_results)
 
 
 def _append_whole(state: StoreState, raft_index: int, batch: PreparedRecords, layout: Layout, records: bytearray,
-                  stamp: int, want_results: bool) -> AppendOutcome:
+                  store_timestamp: int, want_results: bool) -> AppendOutcome:
     """The usual case, column-wise: every record is stored, back to back in the current segment, and
     their topics are distinct and valid. The same bytes and entries as :func:`_append_each`."""
     metas = layout.metas
@@ -89,7 +89,7 @@ def _append_whole(state: StoreState, raft_index: int, batch: PreparedRecords, la
                    in zip(queue_keys, bases.tolist(), counts.tolist(), strict=True)}
     hashes = np.frombuffer(batch.key_hashes, HASH_DTYPE).astype(np.int64)
     index_entries = IndexColumns(hashes, positions.repeat(metas["keys"]),
-                                 np.full(len(hashes), stamp, dtype=np.int64))
+                                 np.full(len(hashes), store_timestamp, dtype=np.int64))
     end = position + len(records)
     allocate(state, int(positions[-1]), new_offsets, index_entries)
     state.commit_log.write(position, records)  # not bytes(records): that would copy the whole batch once more
@@ -106,7 +106,7 @@ def _append_whole(state: StoreState, raft_index: int, batch: PreparedRecords, la
 
 
 def _append_each(state: StoreState, raft_index: int, batch: PreparedRecords, records: bytearray,
-                 topics: list[tuple[bytes, int] | str], skip: Collection[int], stamp: int,
+                 topics: list[tuple[bytes, int] | str], skip: Collection[int], store_timestamp: int,
                  want_results: bool) -> AppendOutcome:
     """Record by record: skipped and refused records, fillers at a segment's end."""
     segment_size = state.config.segment_size_bytes
@@ -160,9 +160,9 @@ def _append_each(state: StoreState, raft_index: int, batch: PreparedRecords, rec
         chunk_end = position + size
         chunk_source_end = source
         if key_count == 1:
-            index_entries.append((key_hashes[keys_from], position, stamp))
+            index_entries.append((key_hashes[keys_from], position, store_timestamp))
         elif key_count:
-            index_entries.extend([(key_hashes[key_number], position, stamp)
+            index_entries.extend([(key_hashes[key_number], position, store_timestamp)
                                   for key_number in range(keys_from, key_position)])
         if want_results:
             results.append(AppendResult(ok, position, queue_offset, size, store_host))

@@ -106,10 +106,10 @@ def rebuild_file(commit_log: CommitLog, index: KeyIndex, index_file: IndexFile,
     first_count, next_count = 0, (0 if next_begin is not None else None)
     for message in commit_log.scan(start, stop):
         entries = entries_of(message)
-        for hash_value, physical, stamp in entries:
+        for hash_value, physical, store_timestamp in entries:
             hashes.append(hash_value)
             physicals.append(physical)
-            stamps.append(stamp)
+            stamps.append(store_timestamp)
         if message.physical_offset == name_begin:
             first_count = len(entries)
         if message.physical_offset == next_begin:

@@ -74,10 +74,10 @@ class RecentKeys:
         else:
             current = self._current
             oldest = entries[0][2]
-            for key_hash, _, stamp in entries:
+            for key_hash, _, store_timestamp in entries:
                 mixed = (key_hash * _SPREAD) >> 7 & _MASK
                 current[mixed >> 3] |= 1 << (mixed & 7)
-                oldest = min(oldest, stamp)
+                oldest = min(oldest, store_timestamp)
         if self._current_oldest is None or oldest < self._current_oldest:
             self._current_oldest = oldest
         if self.floor is None:

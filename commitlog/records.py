@@ -80,7 +80,7 @@ class PreparedRecords(NamedTuple):
     """Records laid out by the leader, with queue and physical offsets still zero."""
 
     #: the store timestamp every record carries
-    stamp: int
+    store_timestamp: int
     #: the store host every record carries: 8 bytes (IPv4 + port) or 20 (IPv6 + port, sysFlag 0x20 in each
     #: record), the same for the whole batch
     store_host: bytes
@@ -269,10 +269,10 @@ def _check_totals(batch: PreparedRecords, records_end: int, keys: int) -> str | 
     return None
 
 
-def restamp(records: bytearray, layout: Layout, stamp: int) -> None:
+def restamp(records: bytearray, layout: Layout, store_timestamp: int) -> None:
     """Set every record's store timestamp to ``stamp`` (apply raised the batch's stamp to the floor)."""
     at = layout.starts + np.where(layout.metas["flags"] & BORN_HOST_V6, STORE_TIMESTAMP_AT[1], STORE_TIMESTAMP_AT[0])
-    row = np.frombuffer(_I64.pack(stamp), np.uint8)
+    row = np.frombuffer(_I64.pack(store_timestamp), np.uint8)
     scatter(np.frombuffer(records, np.uint8), at, np.broadcast_to(row, (len(at), 8)))
 
 
@@ -300,20 +300,20 @@ class RecordBuilder:
             self._topics[topic] = entry
         return entry
 
-    def build(self, messages: Sequence[MessageInput], stamp: int) -> PreparedRecords | None:
+    def build(self, messages: Sequence[MessageInput], store_timestamp: int) -> PreparedRecords | None:
         """The records of ``messages``, all stamped ``stamp``; None when the batch must go as messages. Laid
         out in C where commitlog._native is built (the same bytes: it hands anything it is not sure of to
         :meth:`build_python`, which decides)."""
         if _native is not None:
-            built = _native.build_records(messages, stamp, self.store_host, self.body_size_max_bytes,
+            built = _native.build_records(messages, store_timestamp, self.store_host, self.body_size_max_bytes,
                                           self.segment_size_bytes - FILLER_HEADER_BYTES, self._topic,
                                           self._tag_codes, cached_tag_code, _crc32)
             if built is not NotImplemented:
                 topics, metas, key_hashes, records = built
-                return PreparedRecords(stamp, self.store_host, topics, metas, key_hashes, records)
-        return self.build_python(messages, stamp)
+                return PreparedRecords(store_timestamp, self.store_host, topics, metas, key_hashes, records)
+        return self.build_python(messages, store_timestamp)
 
-    def build_python(self, messages: Sequence[MessageInput], stamp: int) -> PreparedRecords | None:
+    def build_python(self, messages: Sequence[MessageInput], store_timestamp: int) -> PreparedRecords | None:
         """:meth:`build` in Python: the reference, and what decides whatever the C builder hands over."""
         batch_topics: dict[str, tuple[int, bytes, int]] = {}  # topic -> (index, segment, prefix CRC)
         topics: list[str] = []
@@ -357,7 +357,7 @@ class RecordBuilder:
                 fields = dict(found)
                 if len(fields) != len(found):
                     return None  # a property named twice: the plain path decides which counts
-                parts.append(pack_record(message, topic_segment, size, 0, 0, store_host, stamp))
+                parts.append(pack_record(message, topic_segment, size, 0, 0, store_host, store_timestamp))
                 count = len(key_hashes)
                 uniq_key = fields.get(b"UNIQ_KEY")
                 if uniq_key:
@@ -374,5 +374,5 @@ class RecordBuilder:
                                        len(key_hashes) - count))
         except (struct.error, OverflowError, ValueError):
             return None  # a field that does not fit, or not a message: the plain path says why
-        return PreparedRecords(stamp, store_host, tuple(topics), b"".join(metas), pack_hashes(key_hashes),
+        return PreparedRecords(store_timestamp, store_host, tuple(topics), b"".join(metas), pack_hashes(key_hashes),
                                b"".join(parts))

@@ -168,7 +168,7 @@ class MessageStore:
         return self.append(raft_index, ()).applied
 
     def append_records(self, raft_index: int, batch: PreparedRecords, skip: Collection[int] = (),
-                       stamp: int | None = None, want_results: bool = True) -> AppendOutcome:
+                       store_timestamp: int | None = None, want_results: bool = True) -> AppendOutcome:
         """Store prepared records (:mod:`commitlog.records`, checked with ``check_layout``) as the effect of
         Raft entry ``raft_index``: the same bytes and derived entries :meth:`append` gives for the same
         messages. ``skip`` holds positions not to store (duplicates: they get no result here), ``stamp``
@@ -177,7 +177,7 @@ class MessageStore:
         with self.state.lock:
             if raft_index <= self.state.applied_raft_index:
                 return AppendOutcome(raft_index, False)
-            outcome = append_records_module.append_records(self.state, raft_index, batch, skip, stamp, want_results)
+            outcome = append_records_module.append_records(self.state, raft_index, batch, skip, store_timestamp, want_results)
         self._flush_when_due()
         return outcome
 

@@ -372,7 +372,7 @@ class StateMachine:
 
     def _apply_records(self, raft_index: int, batch: PreparedRecords, want_results: bool) -> ApplyResult:
         """A Records operation (plain messages laid out by the leader: no timers, no transactions)."""
-        store_timestamp = max(batch.stamp, self.state.last_store_timestamp)
+        store_timestamp = max(batch.store_timestamp, self.state.last_store_timestamp)
         results: tuple[Sequence[AppendResult], ...] = ()
         if batch.record_count and raft_index > self.store.applied_raft_index:
             duplicates = self._retries(record_sends(batch, self.store, store_timestamp - UNIQ_KEY_WINDOW_MS),

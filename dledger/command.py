@@ -353,13 +353,13 @@ def _bytes(value: bytes) -> bytes:
 def _encode_messages(operation: Messages, store_timestamp: int | None = None) -> bytes:
     parts = [U32.pack(len(operation.messages))]
     for message in operation.messages:
-        stamp = message.store_timestamp if store_timestamp is None else store_timestamp
+        timestamp = message.store_timestamp if store_timestamp is None else store_timestamp
         parts += (
             _str(message.topic),
             MESSAGE_FIXED_A.pack(message.queue_id, message.flag, message.sys_flag, message.born_timestamp),
             U8.pack(len(message.born_host)),
             message.born_host,
-            MESSAGE_FIXED_B.pack(stamp, message.reconsume_times, message.prepared_transaction_offset),
+            MESSAGE_FIXED_B.pack(timestamp, message.reconsume_times, message.prepared_transaction_offset),
             U32.pack(len(message.body)),
             message.body,
             U32.pack(len(message.properties)),
@@ -446,7 +446,7 @@ def _records_kind(batch: PreparedRecords) -> tuple[OpType, struct.Struct]:
 
 def _records_head(batch: PreparedRecords) -> list[bytes]:
     """A Records operation's payload up to its records."""
-    head = [_records_kind(batch)[1].pack(batch.record_count, batch.stamp, batch.store_host, len(batch.topics))]
+    head = [_records_kind(batch)[1].pack(batch.record_count, batch.store_timestamp, batch.store_host, len(batch.topics))]
     head += (_str(topic) for topic in batch.topics)
     head += (batch.metas, U32.pack(len(batch.key_hashes) // HASH.size), batch.key_hashes)
     return head
@@ -608,7 +608,7 @@ def _decode_messages(reader: _Reader) -> Messages:
 def _decode_records(reader: _Reader, head: struct.Struct) -> PreparedRecords:
     """The metas, hashes and records stay packed slices (apply reads them as columns). Whether they agree
     with each other is for apply to check (``commitlog.records.check_layout``)."""
-    count, stamp, store_host, topic_count = head.unpack(reader.take(head.size))
+    count, store_timestamp, store_host, topic_count = head.unpack(reader.take(head.size))
     topics = tuple(reader.string() for _ in range(topic_count))
     if count * META.size > reader.end - reader.position:
         raise CommandError(f"{count} record metas exceed the payload")
@@ -618,7 +618,7 @@ def _decode_records(reader: _Reader, head: struct.Struct) -> PreparedRecords:
         raise CommandError(f"{hash_count} key hashes exceed the payload")
     hashes = reader.take(hash_count * HASH.size)
     records = reader.take(reader.end - reader.position)
-    return PreparedRecords(stamp, store_host, topics, metas, hashes, records)
+    return PreparedRecords(store_timestamp, store_host, topics, metas, hashes, records)
 
 
 def _decode_operation(op_type: int, reader: _Reader) -> Operation:

@@ -71,8 +71,8 @@ def system_wall_clock_ms() -> int:
 
 def replicated_floor_ms(state: ReplicatedState) -> int:
     """The highest time the replicated state holds: the group's time never goes below it."""
-    stamp = state.leader_stamp
-    return max(state.last_store_timestamp, stamp.timestamp if stamp is not None else 0)
+    leader_stamp = state.leader_stamp
+    return max(state.last_store_timestamp, leader_stamp.timestamp if leader_stamp is not None else 0)
 
 
 def clock_message(wall_clock_ms: int) -> dict[str, object]:

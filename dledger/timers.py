@@ -125,12 +125,12 @@ def release_due(operation: TimerRelease, progress: int | None, last_store_timest
         due.extend(timers_of(each))
     due.sort(key=lambda stored: stored.physical_offset)
     chunk = due[start : start + TIMER_RELEASE_MAX]
-    stamp = max(last_store_timestamp, second * 1000)
+    store_timestamp = max(last_store_timestamp, second * 1000)
     released = []
     for stored in chunk:
         real = release(MessageInput(stored.topic, stored.queue_id, stored.flag, stored.sys_flag,
-                                    stored.born_timestamp, stored.born_host, stamp, stored.reconsume_times,
-                                    stored.prepared_transaction_offset, stored.body, stored.properties), stamp)
+                                    stored.born_timestamp, stored.born_host, store_timestamp, stored.reconsume_times,
+                                    stored.prepared_transaction_offset, stored.body, stored.properties), store_timestamp)
         if real is not None:
             released.append(real)
     return released, (second if start + TIMER_RELEASE_MAX >= len(due) else None)

@@ -73,9 +73,9 @@ class StandInLeader:
         return results[0]
 
     def store_messages(self, queue_id: int, stamps: list[int], topic: str = TOPIC) -> None:
-        for number, stamp in enumerate(stamps):
+        for number, store_timestamp in enumerate(stamps):
             data = encode_messages_command([message(queue_id * 1000 + number, topic=topic, queue_id=queue_id)],
-                                          store_timestamp=stamp)
+                                          store_timestamp=store_timestamp)
             for replica in self.replicas:
                 replica.apply(data)
 

@@ -70,8 +70,8 @@ class Replica:
         self.index += 1
         return self.machine.apply(self.index, data)
 
-    def store_messages(self, messages: list[MessageInput], stamp: int) -> None:
-        self.apply(encode_messages_command(messages, store_timestamp=stamp))
+    def store_messages(self, messages: list[MessageInput], store_timestamp: int) -> None:
+        self.apply(encode_messages_command(messages, store_timestamp=store_timestamp))
 
 
 class StandInMember:
@@ -116,11 +116,11 @@ def refusal(retention: RetentionService) -> str | None:
     return retention.time_refusal_kind
 
 
-def fill_segments(replica: Replica, segments: int, stamp: int, first: int) -> int:
+def fill_segments(replica: Replica, segments: int, store_timestamp: int, first: int) -> int:
     """Store messages stamped ``stamp`` until the commit log has ``segments`` segments; the next number."""
     number = first
     while len(replica.store.commit_log.starts) < segments:
-        replica.store_messages([message(number, body=bytes(16 << 10))], stamp)
+        replica.store_messages([message(number, body=bytes(16 << 10))], store_timestamp)
         number += 1
     return number
 
@@ -263,7 +263,7 @@ def test_a_new_leader_behind_never_stamps_below_its_predecessor(tmp_path: Path) 
     def propose(data: bytes, callback: Callable[[ApplyResult | None, int], None], built: Command) -> None:
         (operation,) = built.operations
         if isinstance(operation, PreparedRecords):
-            stamps.append(operation.stamp)
+            stamps.append(operation.store_timestamp)
         else:
             assert isinstance(operation, Messages)
             stamps.append(operation.messages[0].store_timestamp)

@@ -81,8 +81,8 @@ def test_key_index_lookups_of_a_recent_window_read_only_recent_files(tmp_path: P
     for key in range(12):
         wanted = key_hash("T", f"k{key}")
         for begin in (0, 1_050_000, 1_140_000, 1_200_000, 1_279_300, 1_400_000):
-            expected = [physical for hashed, physical, stamp in reversed(entries)
-                        if hashed == wanted and stamp // 1000 >= begin // 1000][:100]
+            expected = [physical for hashed, physical, store_timestamp in reversed(entries)
+                        if hashed == wanted and store_timestamp // 1000 >= begin // 1000][:100]
             assert index.lookup(wanted, 100, begin) == expected, (key, begin)
     read: set[int] = set()
     original = IndexFile.entry

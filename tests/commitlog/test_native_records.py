@@ -102,11 +102,11 @@ messages = st.builds(
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(messages, min_size=1, max_size=6), st.sampled_from([STAMP, 0, 2**63 - 1]), store_hosts)
-def test_c_and_python_builders_agree(batch: list[MessageInput], stamp: int, store_host: bytes) -> None:
+def test_c_and_python_builders_agree(batch: list[MessageInput], store_timestamp: int, store_host: bytes) -> None:
     c_builder, python_builder = builders(store_host)
-    assert c_builder.build(batch, stamp) == python_builder.build_python(batch, stamp)
+    assert c_builder.build(batch, store_timestamp) == python_builder.build_python(batch, store_timestamp)
     # and again, with both caches warm
-    assert c_builder.build(batch, stamp) == python_builder.build_python(batch, stamp)
+    assert c_builder.build(batch, store_timestamp) == python_builder.build_python(batch, store_timestamp)
 
 
 plain_messages = st.builds(
@@ -142,17 +142,17 @@ def test_plain_batches_agree_and_c_takes_them_unless_a_property_is_named_twice(b
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(plain_messages, min_size=1, max_size=8), st.sampled_from([STAMP, 0, 2**63 - 1]), store_hosts)
-def test_each_record_the_c_builder_lays_out_is_the_reference_encoding(batch: list[MessageInput], stamp: int,
+def test_each_record_the_c_builder_lays_out_is_the_reference_encoding(batch: list[MessageInput], store_timestamp: int,
                                                                      store_host: bytes) -> None:
     """Record by record, the C builder's bytes are :func:`commitlog.record_codec.encode_record`'s (the one layout
     every path stores) with the batch's stamp, queue and physical offsets still zero."""
     native = _native
     assert native is not None
     c_builder, _ = builders(store_host)
-    built = native.build_records(batch, stamp, c_builder.store_host, c_builder.body_size_max_bytes,
+    built = native.build_records(batch, store_timestamp, c_builder.store_host, c_builder.body_size_max_bytes,
                                  c_builder.segment_size_bytes - 8, c_builder._topic,
                                  c_builder._tag_codes, cached_tag_code, crc32)
     if built is NotImplemented:
         return  # a property named twice: the Python builder decides (the tests above)
-    expected = b"".join(encode_record(each._replace(store_timestamp=stamp), 0, 0, store_host) for each in batch)
+    expected = b"".join(encode_record(each._replace(store_timestamp=store_timestamp), 0, 0, store_host) for each in batch)
     assert built[3] == expected

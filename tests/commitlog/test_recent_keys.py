@@ -17,12 +17,12 @@ def test_no_false_negatives_across_rotations_against_a_model() -> None:
     rng = random.Random(11)
     recent = RecentKeys()
     stored: list[tuple[int, int]] = []  # (hash, stamp) in log order
-    stamp = 1_000_000
+    store_timestamp = 1_000_000
     negatives = asked = 0
     for _ in range(3000):
-        stamp += rng.choice((0, 0, 1, 7, 250))  # never decreasing, often equal
-        batch = [(rng.getrandbits(32), 0, stamp) for _ in range(rng.randint(1, 5))]
-        since = stamp - rng.choice((0, 1, 120, 600, 2000))
+        store_timestamp += rng.choice((0, 0, 1, 7, 250))  # never decreasing, often equal
+        batch = [(rng.getrandbits(32), 0, store_timestamp) for _ in range(rng.randint(1, 5))]
+        since = store_timestamp - rng.choice((0, 1, 120, 600, 2000))
         if recent.authoritative(since):
             for key_hash, key_stamp in stored[-600:]:
                 if key_stamp >= since:

@@ -27,8 +27,8 @@ def uniq_hash(number: int) -> int:
     return key_hash(TOPIC, uniq_key(number).decode())
 
 
-def store_at(store: MessageStore, raft_index: int, number: int, stamp: int) -> None:
-    store.append(raft_index, [message(number)._replace(store_timestamp=stamp)])
+def store_at(store: MessageStore, raft_index: int, number: int, store_timestamp: int) -> None:
+    store.append(raft_index, [message(number)._replace(store_timestamp=store_timestamp)])
 
 
 def test_a_reopened_store_answers_no_exactly_for_the_last_window(tmp_path: Path) -> None:
@@ -85,8 +85,8 @@ def test_the_boundary_second_is_taken_whole(tmp_path: Path) -> None:
     stamps = {1: 7_000, 2: 7_999, 3: 8_000, 4: 8_100, 5: 8_200, 6: 8_999, 7: 9_500, 8: 10_700}
     config = small_config(tmp_path)
     store = MessageStore(config)
-    for raft_index, (number, stamp) in enumerate(stamps.items(), start=1):
-        store_at(store, raft_index, number, stamp)
+    for raft_index, (number, store_timestamp) in enumerate(stamps.items(), start=1):
+        store_at(store, raft_index, number, store_timestamp)
     store.close()
     store = MessageStore(config, recent_keys_seed_span_ms=span_ms)
     try:
@@ -110,14 +110,14 @@ def test_a_file_beginning_in_the_boundary_second_does_not_hide_the_file_before(t
               10: 9_000, 11: 9_500, 12: 10_000, 13: 10_700}
     config = small_config(tmp_path, index_entry_capacity=16)
     store = MessageStore(config)
-    for raft_index, (number, stamp) in enumerate(stamps.items(), start=1):
-        store_at(store, raft_index, number, stamp)
+    for raft_index, (number, store_timestamp) in enumerate(stamps.items(), start=1):
+        store_at(store, raft_index, number, store_timestamp)
     assert [f.begin_timestamp for f in store.index.files] == [5_000, 8_300]
     store.close()
     store = MessageStore(config, recent_keys_seed_span_ms=span_ms)
     try:
         hashes = np.array([uniq_hash(n) for n in stamps], dtype=np.uint32)
-        assert store.recently_stored_mask(hashes, 8_000).tolist() == [stamp >= 8_000 for stamp in stamps.values()]
+        assert store.recently_stored_mask(hashes, 8_000).tolist() == [store_timestamp >= 8_000 for store_timestamp in stamps.values()]
         assert store.find_recent_send(*retry_of(message(7)), 8_000) is not None
     finally:
         store.close()
@@ -152,19 +152,19 @@ def test_answers_after_reopen_equal_a_brute_force_model(tmp_path: Path) -> None:
     rng = random.Random(20240611)
     config = small_config(tmp_path, index_entry_capacity=64)
     records: list[tuple[int, int, int]] = []  # (UNIQ_KEY number, stamp, physical offset) in log order
-    stamp = 5_000_000_000
+    store_timestamp = 5_000_000_000
     raft_index = 0
 
     def append_some(store: MessageStore, count: int) -> None:
-        nonlocal stamp, raft_index
+        nonlocal store_timestamp, raft_index
         for _ in range(count):
-            stamp += rng.choice((0, 0, 1, 13, 400, 999, 1_000, 1_001, 7_000, 60_000))
+            store_timestamp += rng.choice((0, 0, 1, 13, 400, 999, 1_000, 1_001, 7_000, 60_000))
             # a number sent before (a retry, or a reused key) now and then
             numbers = [rng.randrange(len(records)) if records and rng.random() < 0.2 else 10_000 + len(records) + n
                        for n in range(rng.randint(1, 4))]
             raft_index += 1
-            outcome = store.append(raft_index, [message(n) for n in numbers], stamp)
-            records.extend((n, stamp, result.physical_offset) for n, result in zip(numbers, outcome.results, strict=True))
+            outcome = store.append(raft_index, [message(n) for n in numbers], store_timestamp)
+            records.extend((n, store_timestamp, result.physical_offset) for n, result in zip(numbers, outcome.results, strict=True))
 
     def check(store: MessageStore, times: int, exact_from: int | None = None) -> None:
         """find_recent_sends against the model for random times; from ``exact_from`` on, never-sent keys

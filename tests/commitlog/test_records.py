@@ -59,10 +59,10 @@ def test_stored_records_are_byte_identical_to_stored_messages(tmp_path: Path) ->
     build = builder(tmp_path)
     for index in range(1, 31):
         batch = varied(12, start=index * 12)
-        stamp = STAMP + index
-        records = build.build(batch, stamp)
+        store_timestamp = STAMP + index
+        records = build.build(batch, store_timestamp)
         assert records is not None and check_layout(records) is None
-        expected = plain.append(index, batch, stamp)
+        expected = plain.append(index, batch, store_timestamp)
         got = prepared.append_records(index, records)
         assert got.results == expected.results
     assert prepared.commit_log.end_offset > 3 * prepared.config.segment_size_bytes  # fillers were written
@@ -81,13 +81,13 @@ def test_skipped_positions_and_a_raised_stamp_match_the_messages_path(tmp_path: 
     skip = {0, 7, 19}
     raised = STAMP + 5_000
     expected = plain.append(1, [m for n, m in enumerate(batch) if n not in skip], raised)
-    got = prepared.append_records(1, records, skip=skip, stamp=raised)
+    got = prepared.append_records(1, records, skip=skip, store_timestamp=raised)
     assert got.results == expected.results and len(got.results) == 17
     assert prepared.read_message(got.results[0].physical_offset).store_timestamp == raised
     assert prepared.append_records(1, records).applied is False  # idempotent by Raft index
     # a follower asks for no results: the same files
     quiet = MessageStore(small_config(tmp_path / "quiet"))
-    assert quiet.append_records(1, records, skip=skip, stamp=raised, want_results=False).results == ()
+    assert quiet.append_records(1, records, skip=skip, store_timestamp=raised, want_results=False).results == ()
     for store in (plain, prepared, quiet):
         store.flush()
         store.close()
@@ -155,7 +155,7 @@ def test_a_topic_the_store_refuses_is_rejected_per_record(tmp_path: Path) -> Non
     store = MessageStore(small_config(tmp_path / "s"))
     records = builder(tmp_path).build([message(1), message(2, topic="Other")], STAMP)
     assert records is not None
-    broken = PreparedRecords(records.stamp, records.store_host, ("TopicTest", "bad topic"), records.metas,
+    broken = PreparedRecords(records.store_timestamp, records.store_host, ("TopicTest", "bad topic"), records.metas,
                              records.key_hashes, records.records)
     outcome = store.append_records(1, broken)
     assert [r.status for r in outcome.results] == [AppendStatus.OK, AppendStatus.REJECTED]

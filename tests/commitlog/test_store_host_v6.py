@@ -211,7 +211,7 @@ def test_prepared_ipv6_store_host_records_are_read_back_by_their_meta(tmp_path: 
     store = MessageStore(config)
     plain = MessageStore(v6_config(tmp_path / "plain"))
     raised = STAMP + 5_000
-    got = store.append_records(1, records, skip={2}, stamp=raised)
+    got = store.append_records(1, records, skip={2}, store_timestamp=raised)
     assert got.results == plain.append(1, batch[:2], raised).results
     assert [store.read_message(result.physical_offset).store_timestamp for result in got.results] == [raised] * 2
     for each in (store, plain):

@@ -496,13 +496,13 @@ class Simulation:
     def propose_sends(self, messages: list[MessageInput], what: str) -> None:
         """As the group committer proposes sends: one stamp for all, as prepared records when they can be,
         else as messages."""
-        stamp = self.now_ms
+        store_timestamp = self.now_ms
         self.sent.extend(messages)
-        records = self.builder.build(messages, stamp) if self.random.random() < 0.6 else None
+        records = self.builder.build(messages, store_timestamp) if self.random.random() < 0.6 else None
         if records is not None:
             self.propose(encode_records_command(records), f"{what} as records")
         else:
-            self.propose(encode_messages_command(messages, stamp), f"{what} as messages")
+            self.propose(encode_messages_command(messages, store_timestamp), f"{what} as messages")
 
     def _send(self) -> None:
         self.propose_sends([self.message()], "a send")

@@ -166,10 +166,10 @@ def test_state_snapshot_round_trip_and_damage() -> None:
 def test_the_leaders_own_batches_apply_exactly_like_decoded_ones(tmp_path: Path) -> None:
     leader, follower = machine(tmp_path / "leader"), machine(tmp_path / "follower")
     stamps = [1_700_000_000_500, 1_700_000_000_400, 1_700_000_000_900]  # the second is below the floor
-    for index, stamp in enumerate(stamps, start=1):
+    for index, store_timestamp in enumerate(stamps, start=1):
         batch = [message(index * 100 + j, queue_id=j % 2, keys=f"k{index}") for j in range(10)]
-        data = encode_messages_command(batch, store_timestamp=stamp)
-        mine = leader.apply(index, data, stamped_messages_command(batch, stamp))
+        data = encode_messages_command(batch, store_timestamp=store_timestamp)
+        mine = leader.apply(index, data, stamped_messages_command(batch, store_timestamp))
         theirs = follower.apply(index, data)
         assert [r[:3] for r in mine.message_results[0]] == [r[:3] for r in theirs.message_results[0]]
     assert leader.state.last_store_timestamp == follower.state.last_store_timestamp == stamps[2]
@@ -197,8 +197,8 @@ def test_messages_that_cannot_be_stored_are_refused_at_submit() -> None:
         committer.stop()
 
 
-def stamped(number: int, stamp: int, queue_id: int = 0, reconsume_times: int = 0) -> MessageInput:
-    return message(number)._replace(store_timestamp=stamp, queue_id=queue_id, reconsume_times=reconsume_times)
+def stamped(number: int, store_timestamp: int, queue_id: int = 0, reconsume_times: int = 0) -> MessageInput:
+    return message(number)._replace(store_timestamp=store_timestamp, queue_id=queue_id, reconsume_times=reconsume_times)
 
 
 def test_retried_sends_are_stored_once(tmp_path: Path) -> None:
@@ -382,16 +382,16 @@ def test_records_apply_like_messages_on_leader_and_followers(tmp_path: Path, sto
     replicas = {name: machine(tmp_path / name, store_host) for name in ("messages", "follower", "leader")}
     build = record_builder(tmp_path, store_host)
     stamps = [1_700_000_000_500, 1_700_000_000_400, 1_700_000_000_900, 1_700_000_000_900]
-    for index, stamp in enumerate(stamps, start=1):
+    for index, store_timestamp in enumerate(stamps, start=1):
         batch = [message(index * 100 + j, queue_id=j % 3, keys=f"k{index} x{j}") for j in range(10)]
         batch[5] = batch[5]._replace(born_host=V6_BORN_HOST)
         batch[4] = batch[1]  # a retry inside the command
         if index == 4:
             batch[7] = message(101)  # a retry of a message stored by the first command
-        records = build.build(batch, stamp)
+        records = build.build(batch, store_timestamp)
         assert records is not None
         data = encode_records_command(records)
-        plain = replicas["messages"].apply(index, encode_messages_command(batch, store_timestamp=stamp))
+        plain = replicas["messages"].apply(index, encode_messages_command(batch, store_timestamp=store_timestamp))
         theirs = replicas["follower"].apply(index, data, want_results=False)
         mine = replicas["leader"].apply(index, data, Command((records,)))
         assert mine.message_results == plain.message_results
@@ -425,10 +425,10 @@ def test_records_deduplicate_by_key_not_by_hash(tmp_path: Path, store_host: str)
     batches = [[one, two, one, two], [two, message(3), one]]
     outcomes = []
     for index, batch in enumerate(batches, start=1):
-        stamp = 1_700_000_000_000 + index
-        records = build.build(batch, stamp)
+        store_timestamp = 1_700_000_000_000 + index
+        records = build.build(batch, store_timestamp)
         assert records is not None
-        outcomes.append((replicas[0].apply(index, encode_messages_command(batch, store_timestamp=stamp)),
+        outcomes.append((replicas[0].apply(index, encode_messages_command(batch, store_timestamp=store_timestamp)),
                          replicas[1].apply(index, encode_records_command(records), Command((records,)))))
     for plain, prepared in outcomes:
         assert plain.message_results == prepared.message_results
@@ -452,10 +452,10 @@ def test_a_repeated_uniq_key_with_other_content_is_a_new_message(tmp_path: Path)
     replicas = {name: machine(tmp_path / name) for name in ("messages", "follower", "leader")}
     results = []
     for index, batch in enumerate(batches, start=1):
-        stamp = 1_700_000_000_000 + index * 1000
-        records = build.build(batch, stamp)
+        store_timestamp = 1_700_000_000_000 + index * 1000
+        records = build.build(batch, store_timestamp)
         assert records is not None
-        results.append(replicas["messages"].apply(index, encode_messages_command(batch, store_timestamp=stamp)))
+        results.append(replicas["messages"].apply(index, encode_messages_command(batch, store_timestamp=store_timestamp)))
         replicas["follower"].apply(index, encode_records_command(records))
         assert replicas["leader"].apply(index, encode_records_command(records), Command((records,))) == results[-1]
     (stored_a,), (of_b, of_a, again_b, of_c, _) = results[0].message_results[0], results[1].message_results[0]

@@ -195,8 +195,8 @@ def test_records_with_an_ipv6_store_host_travel_as_an_operation_of_their_own() -
         encoded = encode_records_command(records, compress=False)
         assert encoded == encode_command(Command((records,)), compress=False)
         assert encoded[6] == op_type == (OpType.RECORDS if len(store_host) == 8 else OpType.RECORDS_STORE_HOST_V6)
-        count, stamp = struct.unpack_from(">Iq", encoded, 11)
-        assert (count, stamp) == (5, 1_700_000_000_000) and encoded[23 : 23 + len(store_host)] == store_host
+        count, store_timestamp = struct.unpack_from(">Iq", encoded, 11)
+        assert (count, store_timestamp) == (5, 1_700_000_000_000) and encoded[23 : 23 + len(store_host)] == store_host
         assert decode_command(encoded) == Command((records,))
         assert decode_command(encode_records_command(records)) == Command((records,))  # compressed too
         for cut in range(0, 40):

@@ -162,9 +162,9 @@ def test_a_follower_repairs_a_damaged_timer_from_a_peer_before_releasing_it(tmp_
     with running_members(write_configs(tmp_path)) as members:
         leader = leader_of(members)
         leader.append([plain(1)]).result(timeout=30)
-        stamp = leader.state.last_store_timestamp
-        due_ms = stamp + 3000
-        stored = leader.propose(Command((Messages((schedule(plain(2)._replace(store_timestamp=stamp), due_ms),)),)))
+        store_timestamp = leader.state.last_store_timestamp
+        due_ms = store_timestamp + 3000
+        stored = leader.propose(Command((Messages((schedule(plain(2)._replace(store_timestamp=store_timestamp), due_ms),)),)))
         timer_offset = stored.message_results[0][0].physical_offset
         end = leader.store.max_physical_offset
         wait_for(lambda: all(member.store.max_physical_offset == end for member in members),

@@ -108,7 +108,7 @@ def stamped_one_later(replica: Replica, raft_index: int, data: bytes) -> bytes:
             operation = Messages(tuple(message._replace(store_timestamp=message.store_timestamp + 1)
                                        for message in operation.messages))
         elif isinstance(operation, PreparedRecords):
-            operation = operation._replace(stamp=operation.stamp + 1)
+            operation = operation._replace(store_timestamp=operation.store_timestamp + 1)
         operations.append(operation)
     return encode_command(Command(tuple(operations)))
 

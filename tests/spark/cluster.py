@@ -98,7 +98,7 @@ class FeatureDefects:
 
 def append_features(store: MessageStore, raft_index: int, defects: FeatureDefects) -> int:
     """Append what the broker writes for transactions, delays and retries; returns the last Raft index."""
-    stamp = FEATURE_STAMP
+    store_timestamp = FEATURE_STAMP
     halves = [message(number, topic=TRANS_HALF_TOPIC, queue_id=0, REAL_TOPIC="Orders", REAL_QID="1",
                       TRAN_MSG="true", PGROUP="pg") for number in HALVES]
     delayed = [message(DELAYED_LEVEL_1, topic=SCHEDULE_TOPIC, queue_id=0, REAL_TOPIC="TopicTest", REAL_QID="2",
@@ -107,7 +107,7 @@ def append_features(store: MessageStore, raft_index: int, defects: FeatureDefect
                        DELAY="3")]
     original = message(RETRIED, topic="TopicTest", queue_id=1)
     raft_index += 1
-    results = store.append(raft_index, [*halves, *delayed, original], stamp).results
+    results = store.append(raft_index, [*halves, *delayed, original], store_timestamp).results
     half_offset, original_id = results[0].physical_offset, results[-1].msg_id
 
     commit = message(HALVES[0], topic="Orders", queue_id=1, sys_flag=TRANSACTION_COMMIT_TYPE, REAL_TOPIC="Orders",
@@ -125,17 +125,17 @@ def append_features(store: MessageStore, raft_index: int, defects: FeatureDefect
     dead = message(RETRIED, topic=DLQ_TOPIC, queue_id=0, RETRY_TOPIC="TopicTest",
                    ORIGIN_MESSAGE_ID=results[0].msg_id if defects.wrong_origin else original_id
                    )._replace(reconsume_times=2)
-    later: list[tuple[int, list[MessageInput]]] = [(stamp + 10, second), (stamp + 1_000, [delivered_1])]
+    later: list[tuple[int, list[MessageInput]]] = [(store_timestamp + 10, second), (store_timestamp + 1_000, [delivered_1])]
     if defects.delivered_early:
-        later.append((stamp + 4_000, [delivered_3]))
-    later.append((stamp + 10_010, [*(() if defects.delivered_early else (delivered_3,)), retried,
+        later.append((store_timestamp + 4_000, [delivered_3]))
+    later.append((store_timestamp + 10_010, [*(() if defects.delivered_early else (delivered_3,)), retried,
                                    *((delivered_1,) if defects.delivered_twice else ())]))
-    later.append((stamp + 10_020, [dead]))
+    later.append((store_timestamp + 10_020, [dead]))
     if defects.committed_again:
         rolled_back = message(HALVES[1], topic="Orders", queue_id=1, sys_flag=TRANSACTION_COMMIT_TYPE,
                               REAL_TOPIC="Orders", REAL_QID="1", TRAN_MSG="true", PGROUP="pg")._replace(
             prepared_transaction_offset=results[1].physical_offset)
-        later.append((stamp + 10_030, [commit, rolled_back]))
+        later.append((store_timestamp + 10_030, [commit, rolled_back]))
     for batch_stamp_ms, batch in later:
         raft_index += 1
         store.append(raft_index, batch, batch_stamp_ms)

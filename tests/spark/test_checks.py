@@ -215,12 +215,12 @@ def test_a_copy_stored_after_the_dedup_window_is_not_a_duplicate(spark: SparkSes
     visible = [m for m in written[0] + written[-1] if m.sys_flag & 0xC not in (0x4, 0xC)]
     late, close = visible[0], visible[-1]
     collision = close._replace(body=close.body + b" and more")
-    stamp = batch_stamp(0) + UNIQ_KEY_WINDOW_MS + 100
-    assert stamp - batch_stamp(len(written) - 1) <= UNIQ_KEY_WINDOW_MS  # the close copy is inside the window
+    store_timestamp = batch_stamp(0) + UNIQ_KEY_WINDOW_MS + 100
+    assert store_timestamp - batch_stamp(len(written) - 1) <= UNIQ_KEY_WINDOW_MS  # the close copy is inside the window
     for node in NODES:
         store = MessageStore(small_config(node_store(cluster, node)))
         try:
-            store.append(store.applied_raft_index + 1, [late, collision, close], stamp)
+            store.append(store.applied_raft_index + 1, [late, collision, close], store_timestamp)
         finally:
             store.close()
 
@@ -230,7 +230,7 @@ def test_a_copy_stored_after_the_dedup_window_is_not_a_duplicate(spark: SparkSes
     original = next(r for r in records_of(node_store(cluster, "n0"))
                     if r.properties == close.properties and r.store_timestamp == batch_stamp(len(written) - 1))
     assert f"already stored at physical offset {original.physical_offset}" in example.detail
-    assert f"{stamp - batch_stamp(len(written) - 1)} ms earlier" in example.detail
+    assert f"{store_timestamp - batch_stamp(len(written) - 1)} ms earlier" in example.detail
 
 
 def test_retry_content_ignores_what_each_attempt_changes_and_nothing_else(spark: SparkSession) -> None:
