@@ -3,7 +3,7 @@ that their lines carry the same keys computed the same way."""
 
 from __future__ import annotations
 
-from tests.support.percentiles import percentile
+from client.figures import percentile
 
 
 def produce_figures(latencies_seconds: list[float], errors: int, seconds: float,

@@ -37,11 +37,11 @@ from bench.sdk_sends import timed_sends
 from cli.cluster import LocalCluster
 from client.admin import AsyncAdmin
 from client.config import ClientConfig, ConsumerConfig, ProducerConfig
+from client.figures import percentile
 from client.message import Message
 from client.producer import AsyncProducer
 from client.pull_consumer import AsyncPullConsumer
 from tests.interop import sdk5  # the SDK's venv (made from tests/interop/sdk5-requirements.txt)
-from tests.support.percentiles import percentile
 
 TOPIC_5X: Final = "GrpcBench5"
 TOPIC_4X: Final = "GrpcBench4"

@@ -41,9 +41,9 @@ from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.transport import TCPTransport
 
 from cli.cluster import free_ports
+from client.figures import percentile
 from dledger.transport import transport_class
 from dledger.tuning import tuned_conf
-from tests.support.percentiles import percentile
 from tests.support.process_group import MemberProcess, running_processes
 from tests.support.waiting import wait_for
 

@@ -32,9 +32,9 @@ from types import TracebackType
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.store_bench import make_messages
+from client.figures import percentile
 from commitlog.config import StoreConfig
 from commitlog.store import MessageStore
-from tests.support.percentiles import percentile
 
 MIB = 1 << 20
 BATCH = 128

@@ -19,10 +19,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cli.cluster import LocalCluster, route_master
+from client.figures import percentile
 from commitlog.record_codec import decode_record
 from protocol.client import RemotingClient
 from protocol.codes import RequestCode, ResponseCode
-from tests.support.percentiles import percentile
 
 TOPIC = "TimerBench"
 BODY = b"t" * 256

@@ -1,4 +1,4 @@
-"""The shared test support: the waits every test uses and the percentile every benchmark prints."""
+"""The shared test support: the waits every test uses."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.percentiles import percentile
 from tests.support.waiting import poll_until, wait_for
 
 
@@ -37,28 +36,3 @@ def test_poll_until_lets_the_loop_run_what_it_waits_for_and_fails_at_the_deadlin
             await poll_until(lambda: False, "never", timeout_seconds=0.05)
 
     asyncio.run(scenario())
-
-
-@pytest.mark.parametrize(
-    ("values", "fraction", "expected"),
-    [
-        ([], 0.5, 0.0),
-        ([3.0], 0.99, 3.0),
-        ([4.0, 1.0, 3.0, 2.0], 0.5, 3.0),  # the upper median of an even count
-        ([4.0, 1.0, 3.0, 2.0], 1.0, 4.0),
-        ([float(value) for value in range(100)], 0.99, 99.0),
-        ([float(value) for value in range(1000)], 0.99, 990.0),
-    ],
-)
-def test_percentile_is_the_value_at_count_times_fraction_of_the_sorted_values(
-    values: list[float], fraction: float, expected: float
-) -> None:
-    assert percentile(values, fraction) == expected
-
-
-def test_percentile_matches_the_integer_rank_for_every_count_a_run_measures() -> None:
-    # the float product never rounds across an integer: the ranks are those of exact integer arithmetic
-    for count in range(1, 5000):
-        values = [float(value) for value in range(count)]
-        assert percentile(values, 0.5) == count // 2
-        assert percentile(values, 0.99) == min(count - 1, count * 99 // 100)

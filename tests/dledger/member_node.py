@@ -22,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 
+from client.figures import percentile
 from commitlog.hosts import encode_host
 from commitlog.message import MessageInput
 from commitlog.outcomes import AppendResult, AppendStatus
@@ -30,7 +31,6 @@ from dledger.future import AppendFuture
 from dledger.group_commit import AppendError
 from dledger.member import GroupMember
 from dledger.tuning import tune_process_gc
-from tests.support.percentiles import percentile
 
 QUEUES = 4
 IN_FLIGHT_MAX = int(os.environ.get("RAFTMQ_TEST_IN_FLIGHT", "256"))
