@@ -136,6 +136,11 @@ class MessageStore:
         return self.state.flushed_end
 
     @property
+    def min_physical_offset(self) -> int:
+        """Where the commit log begins: retention deleted what lay below."""
+        return self.state.min_offset
+
+    @property
     def max_physical_offset(self) -> int:
         return self.state.commit_log.end_offset
 
@@ -171,7 +176,7 @@ class MessageStore:
                        store_timestamp: int | None = None, want_results: bool = True) -> AppendOutcome:
         """Store prepared records (:mod:`commitlog.records`, checked with ``check_layout``) as the effect of
         Raft entry ``raft_index``: the same bytes and derived entries :meth:`append` gives for the same
-        messages. ``skip`` holds positions not to store (duplicates: they get no result here), ``stamp``
+        messages. ``skip`` holds positions not to store (duplicates: they get no result here), ``store_timestamp``
         a store timestamp that replaces the batch's (raised to the floor). Without ``want_results`` (a
         follower: nobody waits for them) the outcome carries no per-message results."""
         with self.state.lock:

@@ -290,13 +290,19 @@ def fetch_queue_starts(peer: tuple[str, int], secret: bytes,
 
 
 def fetch(peers: Sequence[tuple[str, int]], secret: bytes, store: MessageStore, to_offset: int,
-          raft_index: int) -> None:
+          raft_index: int, snapshot_min: int) -> None:
     """Make ``store`` hold the commit log up to ``to_offset`` (the snapshot's end) and mark ``raft_index``
-    applied, copying from the first peer that can serve. Raises :class:`CatchupError` when none can."""
+    applied, copying from the first peer that can serve. Raises :class:`CatchupError` when none can.
+
+    ``snapshot_min``: where the snapshot's commit log began. The copy never begins past it: the entries after
+    the snapshot are replayed over the store, and the members that applied them held everything from there (a
+    retried send's first copy that the dedupe finds, a transaction's half message, a popped message). A peer
+    whose retention passed it since is refused before anything changes here; a newer snapshot (every member
+    compacts its log after a retention) is installed instead."""
     errors = []
     for peer in peers:
         try:
-            starts = _fetch_from(peer, secret, store, to_offset)
+            starts = _fetch_from(peer, secret, store, to_offset, snapshot_min)
             store.finish_ingest(raft_index, starts)
             return
         except (OSError, ConnectionError, CatchupError, StoreError, struct.error, lz4.block.LZ4BlockError) as exc:
@@ -379,17 +385,19 @@ def _chunks(connection: socket.socket) -> Iterator[bytes]:
         yield bytes(lz4.block.decompress(compressed))
 
 
-def _fetch_from(peer: tuple[str, int], secret: bytes, store: MessageStore,
-                to_offset: int) -> dict[QueueKey, int] | None:
+def _fetch_from(peer: tuple[str, int], secret: bytes, store: MessageStore, to_offset: int,
+                snapshot_min: int) -> dict[QueueKey, int] | None:
     """Copy ``[own end, to_offset)`` from ``peer`` (after a reset to its retention point when it no longer
-    holds our end). Returns where the queues continue when the copy begins on an empty commit log past
-    offset 0 (after a reset, now or before a restart), else None."""
+    holds our end, unless that point is past ``snapshot_min``). Returns where the queues continue when the
+    copy begins on an empty commit log past offset 0 (after a reset, now or before a restart), else None."""
     for _ in range(2):  # the second round after a reset below the peer's retention point
         from_offset = store.max_physical_offset
         starts = None
         if 0 < from_offset == store.commit_log.min_offset:
+            _refuse_past_snapshot(from_offset, snapshot_min, "this store, reset before,")
             status, low, end, starts = fetch_queue_starts(peer, secret, from_offset)
             if status == STATUS_BELOW_RETENTION and low > from_offset:
+                _refuse_past_snapshot(low, snapshot_min, "the peer's retention point")
                 store.reset_to(low)
                 continue
             if status != STATUS_OK:
@@ -397,6 +405,7 @@ def _fetch_from(peer: tuple[str, int], secret: bytes, store: MessageStore,
                                    f"{from_offset}")
         with _request(peer, secret, from_offset, to_offset) as (connection, status, low, end):
             if status == STATUS_BELOW_RETENTION:
+                _refuse_past_snapshot(low, snapshot_min, "the peer's retention point")
                 store.reset_to(low)
                 continue
             if status != STATUS_OK:
@@ -409,3 +418,9 @@ def _fetch_from(peer: tuple[str, int], secret: bytes, store: MessageStore,
                 raise CatchupError(f"the copy stopped at {position}, expected {to_offset}")
             return starts
     raise CatchupError("the peer's retention point moved twice during the copy")
+
+
+def _refuse_past_snapshot(begin: int, snapshot_min: int, what: str) -> None:
+    if begin > snapshot_min:
+        raise CatchupError(f"{what} ({begin}) is past where the snapshot's commit log began ({snapshot_min}): the "
+                           "entries after the snapshot need the records in between; a newer snapshot is needed")

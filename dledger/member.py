@@ -253,9 +253,16 @@ class GroupMember:
         if self._uncompacted_bytes >= self.config.raft.log_compaction_bytes:
             self._uncompacted_bytes = 0
             self.raft.forceLogCompaction()  # taken up by pysyncobj on its next tick (this thread)
+        retained_from = self.store.min_physical_offset
         if built is not None:  # nothing to decode: not even a copy of the entry without its prefix
-            return self.apply(raft_index, b"", built)
-        return self.apply(raft_index, command[len(RAW_COMMAND_PREFIX):])
+            result = self.apply(raft_index, b"", built)
+        else:
+            result = self.apply(raft_index, command[len(RAW_COMMAND_PREFIX):])
+        if self.store.min_physical_offset != retained_from:
+            # a snapshot from before a retention cannot be installed (dledger.catchup.fetch refuses it: the
+            # entries after it need records retention deleted): a member that needs one gets this newer one
+            self.raft.forceLogCompaction()
+        return result
 
     def apply(self, raft_index: int, data: bytes, built: Command | None = None) -> ApplyResult:
         """:meth:`StateMachine.apply`, total: a programmer error stops the process (a stalled or diverged
@@ -337,7 +344,8 @@ class GroupMember:
                 peers = [parse_address(peer.catchup_address, "catchup_address") for peer in self.config.peers]
                 log.info("catching up to index %d (commit log end %d) from peers", snapshot.index,
                          snapshot.commit_log_end)
-                fetch(peers, self.config.secret, self.store, snapshot.commit_log_end, snapshot.index)
+                fetch(peers, self.config.secret, self.store, snapshot.commit_log_end, snapshot.index,
+                      snapshot.commit_log_min)
             if self.state.applied_index < snapshot.index:
                 installed = ReplicatedState.decode(snapshot.state)
                 with self._state_lock:

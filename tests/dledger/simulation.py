@@ -384,7 +384,8 @@ class Simulation:
         if store.applied_raft_index < snapshot.index:
             server = CatchupServer(("127.0.0.1", 0), CATCHUP_SECRET, self.leader.running()[0])
             try:
-                fetch([server.address], CATCHUP_SECRET, store, snapshot.commit_log_end, snapshot.index)
+                fetch([server.address], CATCHUP_SECRET, store, snapshot.commit_log_end, snapshot.index,
+                      snapshot.commit_log_min)
             finally:
                 server.listener.shutdown(socket.SHUT_RDWR)  # wakes its accept at once: close waits for a timeout
                 server.close()

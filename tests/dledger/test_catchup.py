@@ -151,7 +151,8 @@ class LyingServer(CatchupServer):
 
 def test_a_copy_past_retention_takes_the_queue_starts_from_the_peer(source: MessageStore, server: CatchupServer,
                                                                     target: MessageStore) -> None:
-    fetch([server.address], SECRET, target, source.max_physical_offset, source.applied_raft_index)
+    fetch([server.address], SECRET, target, source.max_physical_offset, source.applied_raft_index,
+          source.min_physical_offset)
     for key in (LONG, LONE):
         assert (target.min_queue_offset(*key), target.max_queue_offset(*key)) == (
             source.min_queue_offset(*key), source.max_queue_offset(*key))
@@ -161,7 +162,8 @@ def test_a_copy_past_retention_takes_the_queue_starts_from_the_peer(source: Mess
 def test_a_malformed_answer_leaves_nothing_in_the_store(source: MessageStore, target: MessageStore,
                                                         tmp_path: Path) -> None:
     with serving(source, LyingServer) as lying, pytest.raises(CatchupError, match="refuses"):
-        fetch([lying.address], SECRET, target, source.max_physical_offset, source.applied_raft_index)
+        fetch([lying.address], SECRET, target, source.max_physical_offset, source.applied_raft_index,
+          source.min_physical_offset)
     assert target.applied_raft_index == 0 and target.queue_ids() == []
     assert target.max_physical_offset == source.commit_log.min_offset  # reset to the peer's retention point
     assert not (tmp_path / "target" / "outside").exists()
@@ -173,9 +175,23 @@ def test_a_store_reset_to_a_retention_point_the_peer_moved_past_resets_again(sou
     """A replica reset to an earlier retention point (a copy that stopped, then a restart) asks for the queue
     starts there: the peer answers "below retention" with its own point, and the copy starts again from it."""
     target.reset_to(source.commit_log.min_offset - source.config.segment_size_bytes)
-    fetch([server.address], SECRET, target, source.max_physical_offset, source.applied_raft_index)
+    fetch([server.address], SECRET, target, source.max_physical_offset, source.applied_raft_index,
+          source.min_physical_offset)
     assert target.commit_log.min_offset == source.commit_log.min_offset
     assert target.max_queue_offset(*LONE) == 1
+
+
+def test_a_copy_that_would_begin_past_the_snapshots_commit_log_is_refused_before_anything_changes(
+        source: MessageStore, server: CatchupServer, target: MessageStore) -> None:
+    """A snapshot taken before the peer's last retention: the entries after it need the records retention
+    deleted, so the copy is refused, the store is not reset, and a newer snapshot is asked for."""
+    target.append(1, [message(0)])
+    end, applied = target.max_physical_offset, target.applied_raft_index
+    older_snapshot_min = source.min_physical_offset - source.config.segment_size_bytes
+    with pytest.raises(CatchupError, match="a newer snapshot is needed"):
+        fetch([server.address], SECRET, target, source.max_physical_offset, source.applied_raft_index,
+              older_snapshot_min)
+    assert (target.max_physical_offset, target.applied_raft_index, target.min_physical_offset) == (end, applied, 0)
 
 
 class MemberBeforeQueueStarts(CatchupServer):
@@ -190,5 +206,6 @@ def test_a_member_from_before_queue_starts_cannot_serve_a_copy_past_retention(so
                                                                              target: MessageStore) -> None:
     with (serving(source, MemberBeforeQueueStarts) as older,
           pytest.raises(CatchupError, match="cannot tell where the queues continue")):
-        fetch([older.address], SECRET, target, source.max_physical_offset, source.applied_raft_index)
+        fetch([older.address], SECRET, target, source.max_physical_offset, source.applied_raft_index,
+          source.min_physical_offset)
     assert target.applied_raft_index == 0 and target.queue_ids() == []

@@ -20,6 +20,7 @@ from broker.transactions import committed_message, op_record
 from commitlog.record_codec import decode_record
 from commitlog.records import PreparedRecords
 from commitlog.sys_flags import TRANSACTION_PREPARED_TYPE
+from dledger.catchup import CatchupError
 from dledger.command import (
     Command,
     CommandError,
@@ -271,18 +272,12 @@ def test_a_replica_restarted_past_retention_continues_a_queue_first_written_afte
         simulation.close()
 
 
-SNAPSHOT_OLDER_THAN_RETENTION = (
-    "a replica that installs a snapshot taken before the last retention copies the commit log from the retention "
-    "point, then replays the entries between the snapshot and the retention over a store without the records below "
-    "that point, which the others held when they applied them: a retried send whose first copy lies below it is "
-    "stored again on that replica alone (the UNIQ_KEY dedupe finds nothing there)")
-
-
-@pytest.mark.xfail(strict=True, raises=Divergence, reason=SNAPSHOT_OLDER_THAN_RETENTION)
-def test_a_replica_restarted_from_a_snapshot_older_than_the_retention_dedupes_as_the_others(
-        directory: Path) -> None:
-    """The seeded runs have the leader compact after a retention before a wiped replica restarts, and leave this
-    case here: nothing in a member keeps its retention from passing its last snapshot."""
+def test_a_snapshot_from_before_a_retention_is_refused_and_a_newer_one_installed(directory: Path) -> None:
+    """A replica that installed a snapshot taken before the last retention copied the commit log from the
+    retention point, then replayed the entries between the snapshot and the retention over a store without the
+    records below it, which the others held when they applied them: a retried send whose first copy lay below
+    it was stored again on that replica alone. Now the copy is refused before anything changes, and the newer
+    snapshot (every member compacts its log after a retention) installs as any other."""
     simulation = Simulation(0, directory, steps=0)
     try:
         first = simulation.message(queue=("TopicB", 3))
@@ -299,6 +294,10 @@ def test_a_replica_restarted_from_a_snapshot_older_than_the_retention_dedupes_as
         for replica in simulation.replicas:
             simulation.apply_up_to(replica, len(simulation.log))
         wiped = simulation.replicas[2]
+        wiped.kill()
+        with pytest.raises(CatchupError, match="a newer snapshot is needed"):
+            simulation.restart_from_snapshot(wiped)
+        simulation.capture_snapshot(simulation.leader)
         wiped.kill()
         simulation.restart_from_snapshot(wiped)
         simulation.check()
