@@ -177,8 +177,9 @@ class GroupCommitter:
         self._waiting: deque[_Request] = deque()
         self._waiting_bytes = 0
         self._waiting_messages = 0
-        # Futures are resolved on this thread, not on pysyncobj's tick thread: callers' callbacks must not
-        # delay Raft (heartbeats, elections, the next entries).
+        # Futures of an entry of more than ``complete_inline_requests_max`` sends are resolved on this thread,
+        # not on pysyncobj's tick thread, so that so many callbacks do not delay Raft (heartbeats, elections,
+        # the next entries); smaller entries are completed where they were applied (_on_applied).
         self._completions: queue.SimpleQueue[tuple[list[_Request], ApplyResult | None, int, float] | None] = (
             queue.SimpleQueue())
         self._completer = threading.Thread(target=self._complete_loop, name="group-commit-complete", daemon=True)
@@ -196,7 +197,8 @@ class GroupCommitter:
         #: entries proposed by their messages: index i counts entries of (2 ** (i - 1), 2 ** i] messages
         #: (batcher thread only; broker.metrics reads it)
         self.entry_messages_counts = [0] * ENTRY_MESSAGES_BUCKETS
-        #: messages and request bytes acknowledged as stored (completion thread only; broker.metrics)
+        #: messages and request bytes acknowledged as stored (changed under ``_stored_lock``; broker.metrics)
+        self._stored_lock = threading.Lock()
         self.stored_messages = 0
         self.stored_bytes = 0
         self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
@@ -211,7 +213,9 @@ class GroupCommitter:
                callback: Callable[[AppendFuture[tuple[AppendResult, ...]]], object] | None = None,
                ) -> AppendFuture[tuple[AppendResult, ...]]:
         """Queue ``messages`` for the next entry. ``callback``, if given, is the future's first done-callback,
-        set before any other thread can see the future (``add_done_callback`` takes a lock for that)."""
+        set before any other thread can see the future (``add_done_callback`` takes a lock for that). Callbacks
+        may run on pysyncobj's tick thread (``complete_inline_requests_max``): they must return at once and
+        never wait for another append."""
         is_leader, leader = self.leader()
         if not is_leader:
             raise NotLeaderError(leader)
@@ -372,12 +376,22 @@ class GroupCommitter:
                 self._fail(batch, OutcomeUnknownError(f"no apply within {timeout_seconds:.1f} s"))
 
     def _on_applied(self, batch_id: int, result: ApplyResult | None, reason: int) -> None:
-        """pysyncobj's callback, on its tick thread: hand over and return."""
+        """pysyncobj's callback, on its tick thread: the entry's sends are completed here, or handed to the
+        completion thread when there are more than ``complete_inline_requests_max`` of them."""
         with self._condition:
             entry = self._in_flight.pop(batch_id, None)
             self._condition.notify_all()
-        if entry is not None:  # None: already failed by a timeout
-            self._completions.put((entry[1], result, reason, self.monotonic()))
+        if entry is None:  # already failed by a timeout
+            return
+        batch = entry[1]
+        if len(batch) > self.settings.complete_inline_requests_max:
+            self._completions.put((batch, result, reason, self.monotonic()))
+            return
+        self.stages.record("complete", 0.0)
+        self._complete(batch, result, reason)
+        del batch, entry
+        # the callbacks woke the event loop to answer: let it have the GIL before this thread goes on
+        time.sleep(0)
 
     def _complete_loop(self) -> None:
         while True:
@@ -411,8 +425,10 @@ class GroupCommitter:
                     values.append(tuple(results[position : position + count]))
                     position += count
             set_results(batch, values)
-            self.stored_messages += len(results)
-            self.stored_bytes += sum(map(_SIZE, batch))  # C-level: no Python step per send
+            stored_bytes = sum(map(_SIZE, batch))  # C-level: no Python step per send
+            with self._stored_lock:  # entries are completed on the tick thread and on the completion thread
+                self.stored_messages += len(results)
+                self.stored_bytes += stored_bytes
         elif reason in (FAIL_QUEUE_FULL, FAIL_NOT_LEADER, FAIL_MISSING_LEADER, FAIL_REQUEST_DENIED):
             self._fail(batch, NotLeaderError(None) if reason != FAIL_QUEUE_FULL else BusyError("Raft queue full"))
         else:

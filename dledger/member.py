@@ -518,7 +518,8 @@ class GroupMember:
                callback: Callable[[AppendFuture[tuple[AppendResult, ...]]], object] | None = None,
                ) -> AppendFuture[tuple[AppendResult, ...]]:
         """Replicate ``messages`` (one send or one atomic batch) through group commit; ``callback``, if
-        given, runs when the future is done (as ``add_done_callback``, without its lock)."""
+        given, runs when the future is done (as ``add_done_callback``, without its lock), possibly on the Raft
+        tick thread: it must return at once (``GroupCommitter.submit``)."""
         return self.committer.submit(messages, callback)
 
     def propose(self, command: Command, timeout_seconds: float = 10.0) -> ApplyResult:

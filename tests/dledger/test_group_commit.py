@@ -167,3 +167,45 @@ def test_a_callback_given_with_the_send_runs_once_with_its_results_and_never_for
     assert seen == [(0,), (1, 2), (3,)]
     assert later == [futures[0]]
     assert len(recorder.entries) == 1
+
+
+class ApplyingThread:
+    """A propose whose entries are applied on a thread of their own, as pysyncobj's tick thread applies them."""
+
+    def __init__(self) -> None:
+        self.recorder = Recorder()
+        self.thread: threading.Thread | None = None
+
+    def propose(self, data: bytes, callback: Callable[[ApplyResult | None, int], None], built: Command) -> None:
+        self.thread = threading.Thread(target=self.recorder.propose, args=(data, callback, built), name="applying")
+        self.thread.start()
+
+
+@pytest.mark.parametrize(("inline_max", "sends", "completed_on"), [
+    (512, 3, "applying"),  # the default: every entry is completed where it was applied
+    (3, 3, "applying"),
+    (2, 3, "group-commit-complete"),  # more sends than the bound: handed to the completion thread
+    (0, 1, "group-commit-complete"),  # 0: always handed over
+])
+def test_an_entry_of_few_sends_is_completed_on_the_thread_that_applied_it(inline_max: int, sends: int,
+                                                                           completed_on: str) -> None:
+    applying = ApplyingThread()
+    settings = GroupCommitSettings(complete_inline_requests_max=inline_max)
+    assert GroupCommitSettings().complete_inline_requests_max == GroupCommitSettings().batch_messages_max
+    committer = GroupCommitter(settings, applying.propose, lambda: (True, None), entry_bytes_max=1 << 20)
+    threads: list[str] = []
+    try:
+        committer.pause()  # all of them wait, so that one entry answers them
+        futures = [committer.submit([message(n)], lambda _: threads.append(threading.current_thread().name))
+                   for n in range(sends)]
+        committer.resume()
+        offsets = [[result.physical_offset for result in future.result(timeout=30)] for future in futures]
+    finally:
+        committer.stop()  # joins the completion thread: whatever it was given is done
+    assert applying.thread is not None
+    applying.thread.join(timeout=30)  # whatever was completed where it was applied is done too
+    assert offsets == [[n] for n in range(sends)]
+    assert threads == [completed_on] * sends
+    assert len(applying.recorder.entries) == 1
+    assert (committer.stored_messages, committer.stored_bytes) == (sends, request_bytes(
+        [m for entry in applying.recorder.entries for m in entry]))
