@@ -1,9 +1,15 @@
 """The human summary ``broker_bench.py`` prints after its JSON lines: each raftmq figure next to NATS
 JetStream's from the same run, as a ratio (raftmq / NATS: 1.0x or more is the target for throughput; for
-CPU per message, less is cheaper). Pure: records in, text out."""
+CPU per message, less is cheaper). Pure: records in, text out.
+
+With several rounds (records carrying ``round``, ``broker_bench.py --rounds N``), each figure is the median
+of its rounds, and each ratio the median of the ratios of the same round (the two systems measured minutes
+apart, not a whole run apart: the drift of a shared machine cancels), followed by the lowest and highest of
+them: ``0.52x (0.49-0.55)``."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
@@ -27,6 +33,65 @@ def ratio(numerator: object, denominator: object) -> str:
     return f"{numerator / denominator:.2f}x"
 
 
+def _same_figure(record: Record) -> tuple[object, ...]:
+    """What makes two records the same figure of different rounds."""
+    return (record.get("mode"), record.get("in_flight"), system_label(record), record.get("client"),
+            record.get("cpp_mode"))
+
+
+def _median(values: Sequence[object]) -> object:
+    numbers = [value for value in values if isinstance(value, int | float)]
+    return statistics.median(numbers) if numbers else None
+
+
+def merge_rounds(records: Sequence[Record]) -> list[dict[str, Any]]:
+    """One record per figure: the median of each number over its rounds (CPU per process too), with every
+    round's record kept under ``by_round`` (round -> record) for the paired ratios. Order: first appearance."""
+    groups: dict[tuple[object, ...], list[Record]] = {}
+    for record in records:
+        groups.setdefault(_same_figure(record), []).append(record)
+    merged: list[dict[str, Any]] = []
+    for group in groups.values():
+        figure: dict[str, Any] = dict(group[0])
+        for key in ("msgs_per_s", "MB_per_s", "p50_ms", "p99_ms"):
+            figure[key] = _median([member.get(key) for member in group])
+        cpus = [member["cpu_us_per_msg"] for member in group if isinstance(member.get("cpu_us_per_msg"), dict)]
+        if cpus:
+            figure["cpu_us_per_msg"] = {column: _median([cpu.get(column) for cpu in cpus])
+                                        for column in dict.fromkeys(column for cpu in cpus for column in cpu)}
+        figure["by_round"] = {member.get("round", 0): member for member in group}
+        merged.append(figure)
+    return merged
+
+
+def paired_ratio(record: Record, other: Record | None, read: Any) -> str:
+    """``read(record) / read(other)``: of single records, or over rounds (``merge_rounds``) the median of the
+    same-round ratios and their range."""
+    if other is None:
+        return "-"
+    mine, theirs = record.get("by_round", {}), other.get("by_round", {})
+    shared = [round_ for round_ in mine if round_ in theirs]
+    if len(shared) < 2:
+        return ratio(read(record), read(other))
+    ratios = []
+    for round_ in shared:
+        numerator, denominator = read(mine[round_]), read(theirs[round_])
+        if isinstance(numerator, int | float) and isinstance(denominator, int | float) and denominator > 0:
+            ratios.append(numerator / denominator)
+    if not ratios:
+        return "-"
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def _msgs_per_s(record: Record) -> object:
+    return record.get("msgs_per_s")
+
+
+def _cpu_total(record: Record) -> object:
+    cpu = record.get("cpu_us_per_msg")
+    return cpu.get("total") if isinstance(cpu, dict) else None
+
+
 def _number(value: object, digits: int = 0) -> str:
     if not isinstance(value, int | float):
         return "-"
@@ -42,11 +107,16 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
 
 
 def render(records: Sequence[Record], notes: Sequence[str] = ()) -> str:
+    rounds = len({record.get("round", 0) for record in records})
+    records = merge_rounds(records)
     python = [record for record in records if record.get("client", "python") != "cpp"]
     produce = [record for record in python if record.get("mode") == "produce"]
     consume = [record for record in python if record.get("mode") == "consume"]
     nats_labels = list(dict.fromkeys(system_label(record) for record in records if record.get("system") == "nats"))
     lines: list[str] = list(notes)
+    if rounds > 1:
+        lines.append(f"{rounds} rounds, each system once a round (every other round in reverse order): figures are "
+                     "medians over the rounds; ratios the median of the same-round ratios (lowest-highest)")
     if lines:
         lines.append("")
 
@@ -57,11 +127,8 @@ def render(records: Sequence[Record], notes: Sequence[str] = ()) -> str:
     def versus(record: Record, key: str) -> list[str]:
         if record.get("system") == "nats":
             return ["" for _ in nats_labels]
-        cells = []
-        for label in nats_labels:
-            other = reference(str(record.get("mode")), record.get("in_flight"), label)
-            cells.append(ratio(record.get(key), None if other is None else other.get(key)))
-        return cells
+        return [paired_ratio(record, reference(str(record.get("mode")), record.get("in_flight"), label),
+                             lambda figure: figure.get(key)) for label in nats_labels]
 
     in_flights = list(dict.fromkeys(record.get("in_flight") for record in produce))
     lines.append("produce: acknowledged 1 KB sends from one client process "
@@ -83,12 +150,8 @@ def render(records: Sequence[Record], notes: Sequence[str] = ()) -> str:
         def cpu_versus(record: Record) -> list[str]:
             if record.get("system") == "nats":
                 return ["" for _ in nats_labels]
-            cells = []
-            for label in nats_labels:
-                other = reference(str(record.get("mode")), record.get("in_flight"), label)
-                cells.append(ratio(record["cpu_us_per_msg"].get("total"),
-                                   None if other is None else other.get("cpu_us_per_msg", {}).get("total")))
-            return cells
+            return [paired_ratio(record, reference(str(record.get("mode")), record.get("in_flight"), label), _cpu_total)
+                    for label in nats_labels]
 
         lines += _table(["setting", "system", *CPU_COLUMNS, *(f"vs {label}" for label in nats_labels)],
                         ([f"in-flight {record.get('in_flight')}" if record.get("mode") == "produce" else "consume",
@@ -109,7 +172,7 @@ def render(records: Sequence[Record], notes: Sequence[str] = ()) -> str:
                          _number(None if ours is None else ours.get("msgs_per_s")),
                          _number(None if ours is None else ours.get("p50_ms"), 2),
                          _number(None if ours is None else ours.get("p99_ms"), 2),
-                         ratio(record.get("msgs_per_s"), None if ours is None else ours.get("msgs_per_s"))])
+                         paired_ratio(record, ours, _msgs_per_s)])
         lines += _table(["C++ mode", "in-flight", "msgs/s", "p50 ms", "p99 ms", "client us/msg", "total us/msg",
                          "ours msgs/s", "ours p50", "ours p99", "C++ / ours"], rows)
     return "\n".join(lines)

@@ -24,17 +24,23 @@ installed, unless ``--no-nats``; stderr says why when it is skipped. The same bo
 settings; once with JetStream's default sync (no fsync per write) and, where the installed server takes
 ``sync_interval: always``, once fsyncing every write (``nats_sync_setting``).
 
+``--rounds N`` measures every system N times, taking turns (every other round in reverse order; each record
+carries its ``round``): on a shared machine whose speed drifts over minutes, a ratio of two systems measured
+in the same round holds where figures of different runs do not (the stock C++ client: first round only).
+
 After the JSON lines (each a line starting with ``{``) comes a table for people: each ratio raftmq / NATS,
-p50 and p99 of both, CPU per message and the C++ client's figures (``bench/bench_table.py``).
+p50 and p99 of both, CPU per message and the C++ client's figures (``bench/bench_table.py``; with rounds,
+medians and the median same-round ratio with its range).
 
 Usage: ``python bench/broker_bench.py [--count 20000] [--inflight 1,32,256] [--journal-flush both]
-[--variant linger0:group_commit.linger_ms=0] [--no-nats] [--no-cpp] [--client-loop asyncio]``
+[--variant linger0:group_commit.linger_ms=0] [--rounds 3] [--no-nats] [--no-cpp] [--client-loop asyncio]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib.util
 import json
 import os
@@ -43,7 +49,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -214,6 +220,8 @@ class Bench:
         self.arguments = arguments
         self.scratch = scratch
         self.records: list[dict[str, object]] = []
+        #: the round being measured (``--rounds``): every record carries it
+        self.round = 0
         self.notes: list[str] = []
         self.failures: list[str] = []
         in_flights = [int(value) for value in arguments.inflight.split(",")]
@@ -221,6 +229,7 @@ class Bench:
                           else arguments.count) for in_flight in in_flights]
 
     def emit(self, record: dict[str, object]) -> None:
+        record = {**record, "round": self.round}
         print(json.dumps(record), flush=True)
         self.records.append(record)
 
@@ -324,10 +333,15 @@ def main() -> None:
                         help="also produce with our producer SDK, whose concurrent sends are coalesced (default: on)")
     parser.add_argument("--cpp", action=argparse.BooleanOptionalAction, default=True,
                         help="measure the stock C++ client against the first group (default: on)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure every system this many times, taking turns (every other round in reverse "
+                             "order); the table gives medians and same-round ratios (default: 1)")
     parser.add_argument("--client-loop", choices=CLIENT_LOOPS,
                         default="uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio",
                         help="the event loop of the Python clients, ours and nats-py (default: uvloop when there)")
     arguments = parser.parse_args()
+    if arguments.rounds < 1:
+        parser.error("--rounds must be at least 1")
     missing_nats = None if arguments.nats is False else nats_unavailable()
     if arguments.nats and missing_nats:
         parser.error(f"--nats: {missing_nats}")
@@ -346,10 +360,19 @@ def main() -> None:
         elif importlib.util.find_spec("rocketmq") is None:
             bench.skip("the C++ client", "PyPI rocketmq is not installed (pip install -e '.[dev]')")
         with_cpp = arguments.cpp and importlib.util.find_spec("rocketmq") is not None
-        for index, (label, changes) in enumerate(groups):
-            bench.measure_raftmq(label, changes, with_cpp=with_cpp and index == 0)
-        if arguments.nats is not False and missing_nats is None:
-            bench.measure_nats()
+        with_nats = arguments.nats is not False and missing_nats is None
+        # each round measures every system once, so that two systems are measured minutes apart, not a whole
+        # run apart; reversing every other round cancels a drift of the machine's speed over the run
+        turns: list[Callable[[], None]] = [
+            functools.partial(bench.measure_raftmq, label, changes, with_cpp=with_cpp and index == 0)
+            for index, (label, changes) in enumerate(groups)]
+        if with_nats:
+            turns.append(bench.measure_nats)
+        for round_ in range(arguments.rounds):
+            bench.round = round_
+            for turn in turns if round_ % 2 == 0 else reversed(turns):
+                turn()
+            turns[0] = functools.partial(bench.measure_raftmq, *groups[0], with_cpp=False)  # C++: one round
     print()
     print(bench_table.render(bench.records, bench.notes + bench.failures), flush=True)
     if bench.failures:
