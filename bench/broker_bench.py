@@ -234,10 +234,14 @@ class Bench:
         self.records.append(record)
 
     def skip(self, what: str, reason: str) -> None:
-        print(f"broker_bench: {what} skipped: {reason}", file=sys.stderr, flush=True)
-        self.notes.append(f"{what} skipped: {reason}")
+        note = f"{what} skipped: {reason}"
+        if note not in self.notes:  # once, however many rounds
+            print(f"broker_bench: {note}", file=sys.stderr, flush=True)
+            self.notes.append(note)
 
     def fail(self, what: str, error: BaseException) -> None:
+        if self.arguments.rounds > 1:
+            what = f"{what} in round {self.round + 1}"
         print(f"broker_bench: {what} failed: {error}", file=sys.stderr, flush=True)
         self.failures.append(f"{what} failed: {error}")
 
@@ -294,14 +298,18 @@ class Bench:
             syncs.append(("always", "always", "fsync per write (sync_interval: always)"))
         else:
             self.skip(f"NATS with sync_interval: always (nats-server {version})", always)
-        self.notes.append(f"NATS: nats-server {version}, R3 file stream; default sync: {syncs[0][2]}; "
-                          f"in-flight N = nats-py publish_async with a window of N")
+        note = (f"NATS: nats-server {version}, R3 file stream; default sync: {syncs[0][2]}; "
+                f"in-flight N = nats-py publish_async with a window of N")
+        if note not in self.notes:
+            self.notes.append(note)
         for setting, sync_interval, described in syncs:
             label = {"bench": "broker", "system": "nats", "client": "nats-py", "nats_server": version,
                      "nats_sync_setting": setting, "nats_sync": described,
                      "client_loop": self.arguments.client_loop}
             try:
-                with nats_bench.NatsCluster(binary, self.scratch / f"nats-{setting}", sync_interval) as cluster:
+                # a fresh cluster each round: a store left by the last one names peers that are gone
+                with nats_bench.NatsCluster(binary, self.scratch / f"nats-{setting}-{self.round}",
+                                            sync_interval) as cluster:
                     figures = run(nats_bench.measure(cluster, BODY, self.settings, os.getpid()),
                                   self.arguments.client_loop)
             except nats_bench.FAILURES as error:
