@@ -389,9 +389,6 @@ class GroupCommitter:
             return
         self.stages.record("complete", 0.0)
         self._complete(batch, result, reason)
-        del batch, entry
-        # the callbacks woke the event loop to answer: let it have the GIL before this thread goes on
-        time.sleep(0)
 
     def _complete_loop(self) -> None:
         while True:
