@@ -24,6 +24,9 @@ installed, unless ``--no-nats``; stderr says why when it is skipped. The same bo
 settings; once with JetStream's default sync (no fsync per write) and, where the installed server takes
 ``sync_interval: always``, once fsyncing every write (``nats_sync_setting``).
 
+Before the first group starts, any other process busy on the machine is named (stderr and the table's
+notes): it would be measured too.
+
 ``--rounds N`` measures every system N times, taking turns (every other round in reverse order; each record
 carries its ``round``): on a shared machine whose speed drifts over minutes, a ratio of two systems measured
 in the same round holds where figures of different runs do not (the stock C++ client: first round only).
@@ -239,6 +242,10 @@ class Bench:
             print(f"broker_bench: {note}", file=sys.stderr, flush=True)
             self.notes.append(note)
 
+    def warn(self, note: str) -> None:
+        print(f"broker_bench: {note}", file=sys.stderr, flush=True)
+        self.notes.append(note)
+
     def fail(self, what: str, error: BaseException) -> None:
         if self.arguments.rounds > 1:
             what = f"{what} in round {self.round + 1}"
@@ -359,6 +366,9 @@ def main() -> None:
     groups += [({"journal_flush": "durable", "variant": name}, changes) for name, changes in arguments.variant]
     with tempfile.TemporaryDirectory(prefix="raftmq-bench-reference-") as scratch:
         bench = Bench(arguments, Path(scratch))
+        for share, pid, command in cpu_meter.busy_neighbours():
+            bench.warn(f"another process used {share:.0%} of a core before the run (pid {pid}: {command}): "
+                       "it is measured too; stop it for figures worth comparing")
         if arguments.nats is False:
             bench.skip("NATS", "--no-nats")
         elif missing_nats:

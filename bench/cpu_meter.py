@@ -10,7 +10,8 @@ one tick, 10 ms, over the whole measurement.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -55,3 +56,38 @@ def microseconds_per_message(before: Mapping[str, int | None], after: Mapping[st
         total += (end - start) * 1e6 / CLOCK_TICKS_PER_SECOND / messages
     figures[TOTAL] = round(total, 1) if messages > 0 else None
     return figures
+
+
+def _command(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:120] or "?"
+
+
+def _all_ticks() -> dict[int, int]:
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            value = cpu_ticks(int(entry.name))
+            if value is not None:
+                ticks[int(entry.name)] = value
+    return ticks
+
+
+def busy_neighbours(seconds: float = 1.0, share_min: float = 0.05,
+                    sleep: Callable[[float], None] = time.sleep) -> list[tuple[float, int, str]]:
+    """Processes other than this one that used at least ``share_min`` of a core over the next ``seconds``:
+    (share of a core, pid, command line), busiest first. A benchmark run next to them measures them too:
+    a forgotten cluster idles at a few percent of a core per member."""
+    before = _all_ticks()
+    sleep(seconds)
+    after = _all_ticks()
+    own = os.getpid()
+    busy = []
+    for pid, ticks in after.items():
+        share = (ticks - before.get(pid, ticks)) / CLOCK_TICKS_PER_SECOND / seconds
+        if pid != own and share >= share_min:
+            busy.append((share, pid, _command(pid)))
+    return sorted(busy, reverse=True)
