@@ -82,6 +82,11 @@ class RaftSettings:
     #: the longest the Raft thread sleeps with nothing to do (its timers: heartbeats, elections). Work wakes
     #: it at once whatever this is: a proposal, a peer's message, a finished flush
     tick_period_ms: int = 5
+    #: the leader's heartbeat period once the group is quiet (every follower holds the whole log and nothing
+    #: committed for a while): heartbeats every ``append_entries_period_ms`` were half of an idle member's
+    #: CPU (3.4-4.0% of a core with this, 6.3-8.8% without). At most a fifth of ``election_timeout_min_ms``
+    #: is used, and never less than ``append_entries_period_ms`` (which paces all but a quiet group)
+    idle_heartbeat_period_ms: int = 100
     #: compact the Raft log after this many entries, or this many bytes of entries, or this long (pysyncobj
     #: keeps every entry in memory until then: the bytes bound what large entries of random payloads cost).
     #: A compaction flushes the store (fdatasync), now off the Raft thread (dledger.snapshot); when it ran on
@@ -96,11 +101,18 @@ class RaftSettings:
     #: "Flush policy", says what each survives.
     journal_flush: str = "durable"
 
+    @property
+    def quiet_heartbeat_period_ms(self) -> int:
+        """The heartbeat period of a quiet group: ``idle_heartbeat_period_ms`` within its bounds."""
+        return max(self.append_entries_period_ms,
+                   min(self.idle_heartbeat_period_ms, self.election_timeout_min_ms // 5))
+
     def validate(self) -> None:
         _check_range(self, "election_timeout_min_ms", 50, 60_000)
         _check_range(self, "election_timeout_max_ms", self.election_timeout_min_ms + 1, 120_000)
         _check_range(self, "append_entries_period_ms", 2, min(10, self.election_timeout_min_ms // 3 - 1))
         _check_range(self, "tick_period_ms", 1, self.append_entries_period_ms)
+        _check_range(self, "idle_heartbeat_period_ms", 1, 60_000)
         _check_range(self, "log_compaction_entries", 2, 10_000_000)
         _check_range(self, "log_compaction_bytes", 1 << 20, 1 << 34)
         _check_range(self, "log_compaction_seconds", 1, 86_400)

@@ -237,6 +237,8 @@ class GroupMember:
         self.raft = RaftNode(self, config.raft_address, peers, conf,
                               transport_class(config.secret, group_clock=self.group_clock),
                               durable_journal=raft.journal_flush == "durable", stages=self.stages)
+        self.raft.quiet_heartbeat_seconds = raft.quiet_heartbeat_period_ms / 1000
+        self.raft.quiet_after_seconds = 10 * raft.append_entries_period_ms / 1000
         self.raft.addOnTickCallback(self._on_tick)
         self._stop_scrubber = threading.Event()
         self._next_digest_warning = 0.0  # (the scrubber's: when it may say again that a peer did not answer)

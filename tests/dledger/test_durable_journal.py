@@ -357,5 +357,6 @@ def test_the_pinned_pysyncobj_still_has_what_the_hooks_override() -> None:
     (the behaviour tests above would fail too, this says why)."""
     for name in ("_onTick", "_SyncObj__onBecomeLeader", "_checkCommandsToApply", "_SyncObj__sendNextNodeIdx",
                  "_SyncObj__onMessageReceived", "_SyncObj__applyLogEntries", "_SyncObj__getEntries", "_doDestroy",
-                 "_SyncObj__setState", "_SyncObj__generateRaftTimeout", "_SyncObj__getCurrentLogIndex"):
+                 "_SyncObj__setState", "_SyncObj__generateRaftTimeout", "_SyncObj__getCurrentLogIndex",
+                 "_SyncObj__sendAppendEntries"):
         assert callable(getattr(SyncObj, name, None)), name
