@@ -41,6 +41,8 @@ from dledger.addresses import AddressError, split_host_port
 
 SECRET_LENGTH_MIN = 16
 JOURNAL_FLUSH_POLICIES = ("durable", "page_cache")
+#: the threads that may propose group commit's entries (GroupCommitSettings.proposer)
+PROPOSERS = ("tick", "thread")
 SettingsT = TypeVar("SettingsT", "RaftSettings", "GroupCommitSettings")
 
 
@@ -149,6 +151,12 @@ class GroupCommitSettings:
     #: handoff:group_commit.complete_inline_requests_max=0``). The default covers every entry of
     #: ``batch_messages_max``; 0 hands every entry over
     complete_inline_requests_max: int = 512
+    #: which thread takes waiting sends, encodes them and proposes the entry: ``"tick"``, pysyncobj's tick
+    #: thread itself, on each tick right before it appends and sends what was proposed; or ``"thread"``, a
+    #: batcher thread of its own, which hands each entry to the tick thread (a wake-up through a pipe). On
+    #: the tick thread an entry leaves in the tick that freed its in-flight slot, with no thread hand-off
+    #: (``bench/broker_bench.py --rounds 3 --variant batcher:group_commit.proposer=thread``)
+    proposer: str = "tick"
 
     def validate(self) -> None:
         _check_range(self, "batch_messages_max", 1, 65_536)
@@ -158,6 +166,9 @@ class GroupCommitSettings:
         _check_range(self, "pending_bytes_max", self.batch_bytes_max, 1 << 34)
         _check_range(self, "apply_timeout_ms", 10, 3_600_000)
         _check_range(self, "complete_inline_requests_max", 0, 65_536)
+        if self.proposer not in PROPOSERS:
+            raise ConfigError(f"GroupCommitSettings.proposer must be one of {', '.join(PROPOSERS)}, "
+                              f"got {self.proposer!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,10 @@
 """Group commit on the leader: concurrent appends packed into one Raft command.
 
-Callers submit a list of messages (one send, or one batch send, which stays atomic) and get a future. A
-batcher thread takes waiting requests up to ``batch_messages_max`` messages and ``batch_bytes_max`` bytes
-as soon as fewer than ``in_flight_entries_max`` entries are in flight (batches form from what arrives while
+Callers submit a list of messages (one send, or one batch send, which stays atomic) and get a future. The
+proposing thread (pysyncobj's tick thread, on each tick: :meth:`GroupCommitter.take_ready`; or, with
+``proposer = "thread"``, a batcher thread of the committer's own) takes waiting requests up to
+``batch_messages_max`` messages and ``batch_bytes_max`` bytes as soon as fewer than ``in_flight_entries_max``
+entries are in flight (batches form from what arrives while
 entries are in flight, not by waiting; ``linger_ms``, 0 by default, adds a wait for a fuller batch), stamps
 them with one store timestamp (``wall_clock_ms``: a member passes its group clock, so the stamp is what a
 majority of the members' clocks say, not the leader's own clock; never lower than any earlier stamp,
@@ -60,6 +62,8 @@ COMPRESS_RETRY_ENTRIES_MAX = 256
 #: buckets of :attr:`GroupCommitter.entry_messages_counts`: entries of 1, 2, 3-4, ... messages, the last one
 #: everything above 2 ** 14
 ENTRY_MESSAGES_BUCKETS: Final = 16
+#: how often the tick thread looks for entries that did not apply within ``apply_timeout_ms`` (take_ready)
+EXPIRY_CHECK_SECONDS: Final = 0.1
 
 # pysyncobj's FAIL_REASON values
 FAIL_SUCCESS = 0
@@ -114,7 +118,7 @@ def request_bytes(messages: Sequence[MessageInput]) -> int:
 class _Request(AppendFuture[tuple[AppendResult, ...]]):
     """One caller's messages, and the future the caller holds: one object per send, not two.
 
-    The batcher drops ``messages`` once it has gathered a batch's messages (:func:`_drop_messages`): they are
+    The proposing thread drops ``messages`` once it has gathered a batch's messages (:func:`_drop_messages`): they are
     then freed on its thread, right after the record build read them, instead of on the completion thread
     an entry's round trip later, when they are cold in cache (on this 2-core host that freeing was a large
     share of the completion thread). ``count`` keeps their number."""
@@ -159,8 +163,13 @@ class GroupCommitter:
         prepare: Prepare | None = None,
         command_prefix: bytes = b"",
         stages: StageHistograms | None = None,
+        wake: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
+        #: given, the thread that owns ``propose`` (pysyncobj's tick thread) takes batches itself, calling
+        #: :meth:`take_ready` on each tick, and ``wake`` cuts its wait short when a submit finds work for it to
+        #: do; none, a batcher thread of the committer's own takes them (``_run``)
+        self._wake = wake
         #: what ``propose`` gets in front of each command (the bytes the member stores commands after)
         self.command_prefix = command_prefix
         self.prepare = prepare
@@ -187,22 +196,25 @@ class GroupCommitter:
         self._in_flight: dict[int, tuple[float, list[_Request]]] = {}
         self._next_batch_id = 0
         self._last_store_timestamp_ms = 0
-        self._compress_skips = 0  # entries left to send without trying lz4 (batcher thread only)
-        self._compress_pause = COMPRESS_RETRY_ENTRIES  # the skips after the next futile attempt (batcher only)
+        self._compress_skips = 0  # entries left to send without trying lz4 (the proposing thread only)
+        self._compress_pause = COMPRESS_RETRY_ENTRIES  # the skips after the next futile attempt (ditto)
         self._stopped = False
         self._paused = False
         #: entries and messages proposed so far (status and benchmarks)
         self.proposed_entries = 0
         self.proposed_messages = 0
         #: entries proposed by their messages: index i counts entries of (2 ** (i - 1), 2 ** i] messages
-        #: (batcher thread only; broker.metrics reads it)
+        #: (the proposing thread only; broker.metrics reads it)
         self.entry_messages_counts = [0] * ENTRY_MESSAGES_BUCKETS
         #: messages and request bytes acknowledged as stored (changed under ``_stored_lock``; broker.metrics)
         self._stored_lock = threading.Lock()
         self.stored_messages = 0
         self.stored_bytes = 0
-        self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
-        self._thread.start()
+        self._next_expiry_check = 0.0  # (take_ready only)
+        self._thread: threading.Thread | None = None
+        if wake is None:
+            self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
+            self._thread.start()
 
     def raise_stamp_floor(self, stamp_ms: int) -> None:
         """Never stamp below ``stamp_ms`` (the last store timestamp applied, on becoming leader)."""
@@ -244,16 +256,23 @@ class GroupCommitter:
             self._waiting.append(request)
             self._waiting_bytes = waiting_bytes + size
             self._waiting_messages = waiting_messages + request.count
-            # Wake the batcher only when it may act: work appeared, or a lingering batch just became full
-            # (as _batch_is_full, inlined). Waking it on every submit cut its linger short and sent entries of
-            # a few messages each; and while it waits for an in-flight slot, every submit woke it for nothing
-            # (a thread wake-up per send, paid by the leader).
+            # Wake the proposing thread only when it may act: work appeared, or a lingering batch just became
+            # full (as _batch_is_full, inlined). Waking it on every submit cut its linger short and sent entries
+            # of a few messages each; and while it waits for an in-flight slot, every submit woke it for nothing
+            # (a thread wake-up per send, paid by the leader). The tick thread takes again by itself on the
+            # tick that applies an entry, and frees its slot, so a wake-up is only for a free slot.
             messages_max = settings.batch_messages_max
             bytes_max = settings.batch_bytes_max
-            if was_empty or (waiting_messages < messages_max and waiting_bytes < bytes_max
-                             and (waiting_messages + request.count >= messages_max
-                                  or waiting_bytes + size >= bytes_max)):
-                self._condition.notify_all()
+            act = was_empty or (waiting_messages < messages_max and waiting_bytes < bytes_max
+                                and (waiting_messages + request.count >= messages_max
+                                     or waiting_bytes + size >= bytes_max))
+            if self._wake is None:
+                if act:
+                    self._condition.notify_all()
+                return request
+            act = act and not self._paused and len(self._in_flight) < settings.in_flight_entries_max
+        if act:
+            self._wake()
         return request
 
     def _take_batch(self) -> list[_Request]:
@@ -295,6 +314,7 @@ class GroupCommitter:
                 or self._waiting_bytes >= self.settings.batch_bytes_max)
 
     def _run(self) -> None:
+        """The batcher thread (no ``wake``): waits for work and a free in-flight slot, then proposes."""
         linger_seconds = self.settings.linger_ms / 1000
         timeout_seconds = self.settings.apply_timeout_ms / 1000
         while True:
@@ -313,44 +333,86 @@ class GroupCommitter:
                         if remaining <= 0:
                             break
                         self._condition.wait(timeout=remaining)
-                batch = self._take_batch()
-                if not batch:
-                    continue
-                taken = self.monotonic()
-                store_timestamp = max(self.wall_clock_ms(), self._last_store_timestamp_ms)
-                self._last_store_timestamp_ms = store_timestamp
-                batch_id = self._next_batch_id
-                self._next_batch_id += 1
-                self._in_flight[batch_id] = (taken, batch)
-            requests = len(batch)  # the mean wait, weighted by sends: C-level sum, no Python step per send
-            self.stages.record("batch_wait", taken - sum(map(_SUBMITTED, batch)) / requests, requests)
-            messages = list(chain.from_iterable(map(_MESSAGES, batch)))  # C-level: no Python step per send
-            _drop_messages(batch)
-            self.proposed_entries += 1
-            self.proposed_messages += len(messages)
-            self.entry_messages_counts[min((len(messages) - 1).bit_length(), ENTRY_MESSAGES_BUCKETS - 1)] += 1
-            try:
-                records = self.prepare(messages, store_timestamp) if self.prepare is not None else None
-                proposal: Batch = (messages, store_timestamp) if records is None else records
+                taken = self._take_locked()
+            if taken is not None:
+                self._propose_batch(*taken)
+
+    def take_ready(self, leading: bool = True) -> None:
+        """On the thread that owns ``propose`` (pysyncobj's tick thread, right before it appends what was
+        proposed and sends it: each tick, after apply freed the slots of applied entries): fail entries that
+        did not apply in time, whatever the role; and, ``leading``, propose what waits, entry after entry,
+        while in-flight slots are free.
+
+        No thread hand-off, no wake-up of another thread, and no GIL hand-over between taking a batch and
+        sending it. ``linger_ms`` is kept from the oldest waiting send, to within one tick (``[raft]
+        tick_period_ms``): the tick thread looks again on its next tick."""
+        if not self._waiting and not self._in_flight:
+            return
+        now = self.monotonic()
+        if now >= self._next_expiry_check:
+            self._next_expiry_check = now + EXPIRY_CHECK_SECONDS
+            with self._condition:
+                self._expire(self.settings.apply_timeout_ms / 1000)
+        if not leading:
+            return
+        linger_seconds = self.settings.linger_ms / 1000
+        in_flight_max = self.settings.in_flight_entries_max
+        while True:
+            with self._lock:
+                if self._stopped or self._paused or not self._waiting or len(self._in_flight) >= in_flight_max:
+                    return
+                if (linger_seconds and not self._batch_is_full()
+                        and now - self._waiting[0].submitted < linger_seconds):
+                    return
+                taken = self._take_locked()
+            if taken is not None:
+                self._propose_batch(*taken)
+
+    def _take_locked(self) -> tuple[list[_Request], int, float, int] | None:
+        """With the lock held, a free in-flight slot and something waiting: the next batch, counted in flight
+        with its id, when it was taken and its store timestamp."""
+        batch = self._take_batch()
+        if not batch:
+            return None
+        taken = self.monotonic()
+        store_timestamp = max(self.wall_clock_ms(), self._last_store_timestamp_ms)
+        self._last_store_timestamp_ms = store_timestamp
+        batch_id = self._next_batch_id
+        self._next_batch_id += 1
+        self._in_flight[batch_id] = (taken, batch)
+        return batch, batch_id, taken, store_timestamp
+
+    def _propose_batch(self, batch: list[_Request], batch_id: int, taken: float, store_timestamp: int) -> None:
+        """Encode a batch taken by :meth:`_take_locked` and propose it (without the lock)."""
+        requests = len(batch)  # the mean wait, weighted by sends: C-level sum, no Python step per send
+        self.stages.record("batch_wait", taken - sum(map(_SUBMITTED, batch)) / requests, requests)
+        messages = list(chain.from_iterable(map(_MESSAGES, batch)))  # C-level: no Python step per send
+        _drop_messages(batch)
+        self.proposed_entries += 1
+        self.proposed_messages += len(messages)
+        self.entry_messages_counts[min((len(messages) - 1).bit_length(), ENTRY_MESSAGES_BUCKETS - 1)] += 1
+        try:
+            records = self.prepare(messages, store_timestamp) if self.prepare is not None else None
+            proposal: Batch = (messages, store_timestamp) if records is None else records
+            data = self._encode(proposal)
+            if records is not None and len(data) > self.entry_bytes_max:
+                # record heads and key hashes outgrew the size the batch was taken by: as messages
+                proposal = (messages, store_timestamp)
                 data = self._encode(proposal)
-                if records is not None and len(data) > self.entry_bytes_max:
-                    # record heads and key hashes outgrew the size the batch was taken by: as messages
-                    proposal = (messages, store_timestamp)
-                    data = self._encode(proposal)
-            except (struct.error, ValueError, OverflowError) as exc:  # submit validated: a programmer error
-                log.error("could not encode a batch, failing it: %s", exc)
-                with self._condition:
-                    self._in_flight.pop(batch_id, None)
-                self._fail(batch, InvalidMessageError(f"cannot encode: {exc}"))
-                continue
-            if isinstance(proposal, PreparedRecords):
-                # the records carry what apply needs: the messages go now, on this thread (see _Request)
-                del messages
-                built = Command((proposal,))
-            else:
-                built = stamped_messages_command(*proposal)
-            self.stages.record("encode", self.monotonic() - taken)
-            self.propose(data, functools.partial(self._on_applied, batch_id), built)
+        except (struct.error, ValueError, OverflowError) as exc:  # submit validated: a programmer error
+            log.error("could not encode a batch, failing it: %s", exc)
+            with self._condition:
+                self._in_flight.pop(batch_id, None)
+            self._fail(batch, InvalidMessageError(f"cannot encode: {exc}"))
+            return
+        if isinstance(proposal, PreparedRecords):
+            # the records carry what apply needs: the messages go now, on this thread (see _Request)
+            del messages
+            built = Command((proposal,))
+        else:
+            built = stamped_messages_command(*proposal)
+        self.stages.record("encode", self.monotonic() - taken)
+        self.propose(data, functools.partial(self._on_applied, batch_id), built)
 
     def _encode(self, proposal: Batch) -> bytes:
         compress = not self._compress_skips
@@ -378,9 +440,10 @@ class GroupCommitter:
     def _on_applied(self, batch_id: int, result: ApplyResult | None, reason: int) -> None:
         """pysyncobj's callback, on its tick thread: the entry's sends are completed here, or handed to the
         completion thread when there are more than ``complete_inline_requests_max`` of them."""
-        with self._condition:
+        with self._lock:
             entry = self._in_flight.pop(batch_id, None)
-            self._condition.notify_all()
+            if self._thread is not None:
+                self._condition.notify_all()  # a free slot for the batcher thread
         if entry is None:  # already failed by a timeout
             return
         batch = entry[1]
@@ -446,6 +509,8 @@ class GroupCommitter:
         with self._condition:
             self._paused = False
             self._condition.notify_all()
+        if self._wake is not None:
+            self._wake()
 
     def step_down(self) -> None:
         """Fail what waits (not proposed: NotLeaderError) when leadership is lost; in-flight entries get
@@ -467,5 +532,6 @@ class GroupCommitter:
         self._fail(waiting, NotLeaderError(None))
         self._fail(in_flight, OutcomeUnknownError("member stopped"))
         self._completions.put(None)
-        self._thread.join(timeout=5)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
         self._completer.join(timeout=5)

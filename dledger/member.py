@@ -223,7 +223,8 @@ class GroupMember:
         self.stages = StageHistograms()
         self.committer = GroupCommitter(config.group_commit, self._propose_built, self._leadership, self.entry_bytes_max,
                                         store_config.body_size_max_bytes, wall_clock_ms=self.group_clock.now_ms,
-                                        prepare=builder.build, command_prefix=RAW_COMMAND_PREFIX, stages=self.stages)
+                                        prepare=builder.build, command_prefix=RAW_COMMAND_PREFIX, stages=self.stages,
+                                        wake=self._wake_proposer if config.group_commit.proposer == "tick" else None)
         self._transfer: tuple[str, float] | None = None  # (target address or "" for any, deadline)
         self._next_transfer_attempt = 0.0
         self._next_preference_check = 0.0
@@ -237,6 +238,8 @@ class GroupMember:
         self.raft = RaftNode(self, config.raft_address, peers, conf,
                               transport_class(config.secret, group_clock=self.group_clock),
                               durable_journal=raft.journal_flush == "durable", stages=self.stages)
+        if config.group_commit.proposer == "tick":
+            self.raft.take_proposals = self.committer.take_ready
         self.raft.quiet_heartbeat_seconds = raft.quiet_heartbeat_period_ms / 1000
         self.raft.quiet_after_seconds = 10 * raft.append_entries_period_ms / 1000
         self.raft.addOnTickCallback(self._on_tick)
@@ -504,13 +507,19 @@ class GroupMember:
     def _propose(self, data: bytes, callback: Callable[[ApplyResult | None, int], None]) -> None:
         self.raft.propose_raw(RAW_COMMAND_PREFIX + data, callback)
 
+    def _wake_proposer(self) -> None:
+        """Group commit has work for the tick thread, which takes it (``proposer = "tick"``)."""
+        raft = getattr(self, "raft", None)  # None while __init__ builds it: its first tick takes anyway
+        if raft is not None:
+            raft._wake_tick_thread()
+
     def _propose_built(self, command: bytes, callback: Callable[[ApplyResult | None, int], None],
                        built: Command) -> None:
         """Propose ``command`` (RAW_COMMAND_PREFIX and our command's bytes: group commit encodes them so, in
         one piece, as adding the prefix here copied every entry once more), which decodes to ``built``:
         remembered, so that apply takes ``built`` instead of decoding the entry."""
         if len(command) >= OUT_OF_BAND_MIN_BYTES:
-            # hashed here, off the Raft thread, which then finds the digest for each follower it sends to
+            # hashed here, once (BLAKE3 lets go of the GIL), and found for each follower it is sent to
             ENTRY_DIGESTS.remember(command)
         with self._built.proposing:
             self._built.remember(command, built)

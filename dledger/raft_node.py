@@ -169,7 +169,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
         for the poll timeout, up to ``autoTickPeriod``)."""
         self._proposed_at.append(time.monotonic())
         self._applyCommand(command, callback)
-        self._wake_tick_thread()
+        if not self._taking:
+            self._wake_tick_thread()
 
     def _wake_tick_thread(self) -> None:
         """Cut the tick thread's poll short (any thread): one byte in a pipe, unless one is already on its
@@ -247,6 +248,12 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
     #: thread-safe), and whether a wake-up is on its way
     _proposal_notifier: PipeNotifier | None = None
     _wake_pending = False
+    #: called on the tick thread each tick, right before pysyncobj appends and sends what was proposed, with
+    #: whether this member leads: a leader's may propose (group commit takes its batches here, and fails
+    #: entries that did not apply in time, whatever the role: GroupCommitter.take_ready)
+    take_proposals: Callable[[bool], None] | None = None
+    #: take_proposals is running: what it proposes is appended and sent by this very tick (no wake-up)
+    _taking = False
     #: the log index this member must hold again before it votes (fix 8), or None
     _refetch_index: int | None = None
     #: why (fix 8), for the member's status
@@ -632,7 +639,17 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
         pysyncobj advances a follower's next index as it sends (pipelining), so this sends only the new
         entries, not what is in flight; group commit already made them large, so it is about one message
         per entry and follower. It cut the commit latency at low load, median and tail alike, and left
-        throughput as it was. Sending an append_entries early is always safe in Raft."""
+        throughput as it was. Sending an append_entries early is always safe in Raft.
+
+        First a leader's ``take_proposals`` proposes what waits for it (group commit's batches), so an entry
+        taken here leaves in this very tick."""
+        take = self.take_proposals
+        if take is not None:
+            self._taking = True
+            try:
+                take(self._SyncObj__raftState == RAFT_STATE_LEADER)
+            finally:
+                self._taking = False
         before = self._SyncObj__getCurrentLogIndex()
         SyncObj._checkCommandsToApply(self)
         after = self._SyncObj__getCurrentLogIndex()
