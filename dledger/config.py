@@ -89,6 +89,12 @@ class RaftSettings:
     #: CPU (3.4-4.0% of a core with this, 6.3-8.8% without). At most a fifth of ``election_timeout_min_ms``
     #: is used, and never less than ``append_entries_period_ms`` (which paces all but a quiet group)
     idle_heartbeat_period_ms: int = 100
+    #: the longest the Raft thread sleeps once this member is quiet (a leader whose heartbeats slowed down; a
+    #: follower that received no entry and saw no commit for 10 append-entries periods) instead of
+    #: ``tick_period_ms``: 200 ticks a second were most of what an idle member still spent. Never past a
+    #: follower's election deadline or a leader's next heartbeat; at most a tenth of
+    #: ``election_timeout_min_ms``, and never less than ``tick_period_ms``. Work still wakes it at once
+    idle_tick_period_ms: int = 50
     #: compact the Raft log after this many entries, or this many bytes of entries, or this long (pysyncobj
     #: keeps every entry in memory until then: the bytes bound what large entries of random payloads cost).
     #: A compaction flushes the store (fdatasync), now off the Raft thread (dledger.snapshot); when it ran on
@@ -109,12 +115,18 @@ class RaftSettings:
         return max(self.append_entries_period_ms,
                    min(self.idle_heartbeat_period_ms, self.election_timeout_min_ms // 5))
 
+    @property
+    def quiet_tick_period_ms(self) -> int:
+        """The longest sleep of a quiet member's Raft thread: ``idle_tick_period_ms`` within its bounds."""
+        return max(self.tick_period_ms, min(self.idle_tick_period_ms, self.election_timeout_min_ms // 10))
+
     def validate(self) -> None:
         _check_range(self, "election_timeout_min_ms", 50, 60_000)
         _check_range(self, "election_timeout_max_ms", self.election_timeout_min_ms + 1, 120_000)
         _check_range(self, "append_entries_period_ms", 2, min(10, self.election_timeout_min_ms // 3 - 1))
         _check_range(self, "tick_period_ms", 1, self.append_entries_period_ms)
         _check_range(self, "idle_heartbeat_period_ms", 1, 60_000)
+        _check_range(self, "idle_tick_period_ms", 1, 60_000)
         _check_range(self, "log_compaction_entries", 2, 10_000_000)
         _check_range(self, "log_compaction_bytes", 1 << 20, 1 << 34)
         _check_range(self, "log_compaction_seconds", 1, 86_400)
@@ -154,7 +166,8 @@ class GroupCommitSettings:
     #: which thread takes waiting sends, encodes them and proposes the entry: ``"tick"``, pysyncobj's tick
     #: thread itself, on each tick right before it appends and sends what was proposed; or ``"thread"``, a
     #: batcher thread of its own, which hands each entry to the tick thread (a wake-up through a pipe). On
-    #: the tick thread an entry leaves in the tick that freed its in-flight slot, with no thread hand-off
+    #: the tick thread an entry leaves in the tick that freed its in-flight slot, with no thread hand-off:
+    #: more one-frame sends at in-flight 1 and 256 for less leader CPU, about as many at 32
     #: (``bench/broker_bench.py --rounds 3 --variant batcher:group_commit.proposer=thread``)
     proposer: str = "tick"
 

@@ -241,6 +241,7 @@ class GroupMember:
         if config.group_commit.proposer == "tick":
             self.raft.take_proposals = self.committer.take_ready
         self.raft.quiet_heartbeat_seconds = raft.quiet_heartbeat_period_ms / 1000
+        self.raft.quiet_tick_seconds = raft.quiet_tick_period_ms / 1000
         self.raft.quiet_after_seconds = 10 * raft.append_entries_period_ms / 1000
         self.raft.addOnTickCallback(self._on_tick)
         self._stop_scrubber = threading.Event()

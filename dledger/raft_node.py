@@ -273,8 +273,17 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
     #: ``appendEntriesPeriod``), and how long after the last new entry or commit the group counts as quiet
     quiet_heartbeat_seconds = 0.0
     quiet_after_seconds = 0.05
+    #: the longest the tick thread sleeps once this member is quiet (seconds; 0: always the tick period)
+    quiet_tick_seconds = 0.0
+    #: the last heartbeat round found the group quiet (a leader's: its next round is put off)
+    _heartbeats_quiet = False
+    #: a follower's entries received and commit index at its last tick, and when either last moved
+    _follower_seen: tuple[int, int] = (-1, -1)
+    _follower_active_at = 0.0
     #: rounds of append_entries the leader sent (heartbeats included: status, tests)
     append_entries_rounds = 0
+    #: ticks run (status, tests: a quiet member's tick thread sleeps longer)
+    ticks = 0
     #: when the leader last sent new entries or saw its commit index move (pysyncobj's clock), and that index
     _active_at = 0.0
     _commit_seen = 0
@@ -503,6 +512,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
         # fix 6: pysyncobj's commit step comes first in its tick and ends where it applies (our override of
         # its apply clears this): the leader counts itself only for entries on its disk
         self._counting_commit = self._SyncObj__raftState == RAFT_STATE_LEADER and self._durable_index() is not None
+        self.ticks += 1
+        if self.quiet_tick_seconds > timeToWait:
+            timeToWait = self._sleep_seconds(timeToWait)
         try:
             SyncObj._onTick(self, timeToWait)
         except DiskFullError as exc:  # a leader appending proposals (or its no-op): the rest of this tick is skipped
@@ -674,9 +686,37 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
     def _SyncObj__sendAppendEntries(self) -> None:
         SyncObj._SyncObj__sendAppendEntries(self)
         self.append_entries_rounds += 1
-        if self.quiet_heartbeat_seconds and self._quiet():
+        self._heartbeats_quiet = bool(self.quiet_heartbeat_seconds) and self._quiet()
+        if self._heartbeats_quiet:
             setattr(self, "_SyncObj__newAppendEntriesTime",  # noqa: B010  (pysyncobj's field)
                     pysyncobj_monotonic() + self.quiet_heartbeat_seconds)
+
+    def _sleep_seconds(self, period: float) -> float:
+        """How long this tick may sleep in its poll: ``period`` (the tick period), or up to
+        ``quiet_tick_seconds`` once this member is quiet: a leader whose last heartbeat round found the group
+        quiet sleeps until its next round is due; a follower that received no entry and saw no commit for
+        ``quiet_after_seconds``, with no reply waiting for its disk and nothing held back, sleeps until its
+        election deadline at the latest. Anything that arrives (a proposal, a peer's message, a finished
+        flush) still wakes the poll at once: only the timers wait, and none past its deadline."""
+        state = self._SyncObj__raftState
+        now = pysyncobj_monotonic()
+        if state == RAFT_STATE_LEADER:
+            if not self._heartbeats_quiet:
+                return period
+            until: float = getattr(self, "_SyncObj__newAppendEntriesTime") - now  # noqa: B009  (pysyncobj's)
+        elif state == RAFT_STATE_FOLLOWER:
+            seen = (self.entries_received, self.raftCommitIndex)
+            if seen != self._follower_seen:
+                self._follower_seen = seen
+                self._follower_active_at = now
+                return period
+            if (now - self._follower_active_at < self.quiet_after_seconds or self._pending_replies
+                    or self._refetch_index is not None or self._disk_full_until > now):
+                return period
+            until = getattr(self, "_SyncObj__raftElectionDeadline") - now  # noqa: B009  (pysyncobj's field)
+        else:
+            return period
+        return max(period, min(self.quiet_tick_seconds, until))
 
     def _quiet(self) -> bool:
         now = pysyncobj_monotonic()

@@ -193,6 +193,7 @@ def main() -> None:
                      "entries_received": member.raft.entries_received,
                      "entries_already_held": member.raft.entries_already_held,
                      "append_entries_rounds": member.raft.append_entries_rounds,
+                     "ticks": member.raft.ticks,
                      "journal_syncs": member.journal_syncs}
         elif command == ["load", "on"]:
             load.enabled.set()
