@@ -54,7 +54,7 @@ def test_the_raft_thread_of_a_quiet_member_sleeps_longer_and_an_election_still_c
     with running_group(tmp_path, store=SMALL_STORE, env=env) as group:
         leader = group.wait_leader()
         # quiet: each member ticks at most for its heartbeats (10 a second) and every 50 ms, not every 5 ms
-        # (a status request wakes the member it asks too: at most a few hundred over the span)
+        # (status requests are answered by the member process's own thread: they do not wake its Raft thread)
         for node in group.nodes:
             def sleeping_longer(node: Node = node) -> bool:
                 return rounds_per_second(node, 0.5, "ticks") <= 60
@@ -62,9 +62,9 @@ def test_the_raft_thread_of_a_quiet_member_sleeps_longer_and_an_election_still_c
             wait_for(sleeping_longer, f"{node.node_id}'s tick thread sleeping longer", timeout_seconds=30)
         group.load(True)
         wait_for(lambda: leader.request("status")["acked"] >= 500, "500 acknowledged appends", timeout_seconds=60)
-        busy = rounds_per_second(leader, 0.5, "ticks")
         group.load(False)
-        group.wait_converged(timeout_seconds=60)
+        statuses = group.wait_converged(timeout_seconds=60)  # the followers woke for every entry and commit
+        assert len({status["raft_applied"] for status in statuses.values()}) == 1
         # a quiet group loses its leader: a follower sleeps no later than its election deadline
         term = int(leader.request("status")["term"])
         wait_for(lambda: rounds_per_second(leader, 0.5, "ticks") <= 60, "quiet again", timeout_seconds=30)
@@ -76,6 +76,5 @@ def test_the_raft_thread_of_a_quiet_member_sleeps_longer_and_an_election_still_c
                               "a new leader", timeout_seconds=30)
         elected_after = time.monotonic() - started
         assert int(new_leader.request("status")["term"]) > term
-    assert busy > 100, busy  # under load the tick thread runs for every event, as before
     # elections begin 1-2 s after the last heartbeat: well within this bound, quiet or not
     assert elected_after < 10, elected_after
