@@ -9,6 +9,7 @@ with its real topic and queue in REAL_TOPIC / REAL_QID, and delivered later by t
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import Callable
@@ -88,6 +89,12 @@ class SendProcessor:
         #: sends of the queued way between their start and their hand-over to the group committer; while
         #: there are any, :meth:`fast` declines, so sends are proposed in the order they arrived
         self._queued_before_append = 0
+        #: the last queued send's turn, done once it was handed over (or refused): the next one hands over
+        #: after it. A queued send may wait (for its topic to be created through Raft) while a later one
+        #: need not: the creation applies, and so the topic exists here, before the send that created it
+        #: resumes, and a send taken up in between found the topic and was handed over first (one queue's
+        #: messages stored out of the order they were sent)
+        self._last_turn: asyncio.Future[None] | None = None
 
     async def __call__(self, context: RequestContext) -> RemotingCommand | None:
         request = context.request
@@ -104,6 +111,9 @@ class SendProcessor:
         if context.received:
             stages.record("remoting", started - context.received)
         self._queued_before_append += 1
+        previous = self._last_turn
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._last_turn = turn
         try:
             header = SendHeader.parse(request.ext_fields, request.code == RequestCode.SEND_MESSAGE_V2)
             broker.require_leader()
@@ -117,9 +127,17 @@ class SendProcessor:
                 topic, queue_id = await self._retry_or_dead_letter(header, topic, queue_id)
             messages = self._messages(context, header, topic, queue_id, batch, transaction_type)
             stages.record("prepare", time.monotonic() - started)
+            if previous is not None and not previous.done():
+                await previous  # the send before this one has not been handed over yet
             waiter = broker.append_started(messages)
         finally:
             self._queued_before_append -= 1
+            if previous is not None and not previous.done():  # refused before its turn: the turn still waits
+                previous.add_done_callback(functools.partial(_take_turn, turn))
+            else:
+                turn.set_result(None)
+                if self._last_turn is turn:
+                    self._last_turn = None
         results = await broker.appended(waiter)
         return self._response(request, results, queue_id, _transaction_id(header, transaction_type))
 
@@ -306,6 +324,11 @@ def _response_fields(results: tuple[AppendResult, ...], queue_id: int, transacti
     if transaction_id:
         fields["transactionId"] = transaction_id
     return fields
+
+
+def _take_turn(turn: asyncio.Future[None], _previous: asyncio.Future[None]) -> None:
+    """A refused queued send's turn ends when the one before it ended."""
+    turn.set_result(None)
 
 
 def _transaction_id(header: SendHeader, transaction_type: int) -> str | None:

@@ -143,7 +143,7 @@ class GroupCommitSettings:
     #: more messages); 1,024 did no better than 512
     batch_messages_max: int = 512
     batch_bytes_max: int = 1 << 20
-    #: how long the batcher waits for a batch to fill once work is there; 0 (no wait, Nagle-free): an entry
+    #: how long a batch waits to fill once work is there (to within a tick when the tick thread proposes); 0 (no wait, Nagle-free): an entry
     #: leaves as soon as an in-flight slot is free, and batches form from what arrived while the slots were
     #: taken. Any linger adds its whole length to a lone send's latency, and it bought no throughput with
     #: many sends in flight (bench/broker_bench.py --variant)

@@ -4,10 +4,10 @@ The stages, in the order a send passes them (``raftmq bench produce --stages`` p
 
 * ``remoting``: the frame was read, until a worker of the event loop took it up;
 * ``prepare``: header parsing and message building, until the group committer has it;
-* ``batch_wait``: in the committer's queue, until the batcher took it into an entry (recorded once per
-  entry, weighted by its messages, as the mean over them: an approximation that costs no Python step per
-  send);
-* ``encode``: the batcher lays the entry out and proposes it;
+* ``batch_wait``: in the committer's queue, until the proposing thread (the tick thread, or the batcher)
+  took it into an entry (recorded once per entry, weighted by its messages, as the mean over them: an
+  approximation that costs no Python step per send);
+* ``encode``: the proposing thread lays the entry out and proposes it;
 * ``propose_wait``: proposed, until pysyncobj's tick thread appended it to the log and sent it;
 * ``replication``: sent, until a majority holds it on disk (the commit index covers it);
 * ``leader_fsync``: one fdatasync of the leader's journal (per flush, overlapping ``replication``);
@@ -53,7 +53,7 @@ def bucket_of(seconds: float) -> int:
 
 class StageHistograms:
     """One counts list per stage. Recorded from several threads without a lock: each stage is recorded by
-    one thread (the loop, the batcher, the tick thread, the completion thread), and a count lost to a race
+    one thread (the loop, the tick thread, the batcher, the completion thread), and a count lost to a race
     with a reader only makes the reader's figure a message older."""
 
     def __init__(self) -> None:

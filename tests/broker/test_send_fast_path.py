@@ -152,6 +152,45 @@ def test_the_fast_path_declines_while_a_queued_send_is_before_its_append() -> No
     run(scenario())
 
 
+class CreatingBroker(FakeBroker):
+    """A topic not in the state yet is being created: ``topic_for_send`` waits for ``topics_ready``; a topic
+    in the state is taken at once."""
+
+    async def topic_for_send(self, topic: str, default_queue_nums: int) -> TopicConfig:
+        if topic not in self.state.topics:
+            await self.topics_ready.wait()
+        return self.state.topics[topic]
+
+
+def test_a_queued_send_that_finds_its_topic_created_waits_for_the_send_that_created_it() -> None:
+    """The creation applies (the topic exists here) before the send that proposed it resumes; a send taken
+    up in between must not be handed over first."""
+    async def scenario() -> None:
+        broker = CreatingBroker()
+        processor = processor_for(broker)
+        broker.topics_ready.clear()
+        first = asyncio.create_task(processor(context(send_request("New", b"first", opaque=1))))
+        while processor._queued_before_append == 0:
+            await asyncio.sleep(0)
+        broker.state.topics["New"] = TopicConfig("New", 2, 2, PERM_READ | PERM_WRITE)  # the creation applied
+        second = asyncio.create_task(processor(context(send_request("New", b"second", opaque=2))))
+        refused = await processor(context(send_request("New", b"x", queue_id=9, opaque=3)))
+        assert refused is not None and refused.code == ResponseCode.SYSTEM_ERROR  # refused without waiting
+        for _ in range(10):  # as far as the second send gets on its own
+            await asyncio.sleep(0)
+        assert broker.handed_over == []
+        broker.topics_ready.set()  # the first send resumes
+        answers = await asyncio.gather(first, second)
+        assert [answer.code if answer is not None else None for answer in answers] == [ResponseCode.SUCCESS] * 2
+        assert broker.handed_over == [b"first", b"second"]
+        assert processor._last_turn is None
+        third = await processor(context(send_request("New", b"third", opaque=4)))  # nothing to wait for now
+        assert third is not None and third.code == ResponseCode.SUCCESS
+        assert broker.handed_over == [b"first", b"second", b"third"]
+
+    run(scenario())
+
+
 def test_the_fast_path_leaves_what_needs_waiting_to_the_queue() -> None:
     broker = FakeBroker()
     processor = processor_for(broker)
