@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test test-at demo lint typecheck unit bench bench-packages chaos chaos-nats chaos-grpc clean system-packages grpc-v2 audit-cluster
 
-$(STAMP): pyproject.toml setup.py commitlog/_native.c
+$(STAMP): pyproject.toml setup.py commitlog/_native.c protocol/_native.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,spark,chaos]'
 	touch $(STAMP)

@@ -3,9 +3,10 @@
 Prints one JSON line per frame shape: ``encode_us`` (``encode_frame``), ``decode_us`` (a
 ``FrameDecoder`` fed the whole frame, then ``next_frame``), and for SEND_MESSAGE_V2 requests
 ``parse_us`` (``SendHeader.parse``); ``response_us`` is the send processor's response building
-(``SendProcessor._response``, one stored message). ``json_path`` says which JSON library did the work:
-``orjson`` (the fast path) or ``stdlib`` (the reference, or a codec without the fast path);
-``--stdlib`` turns the fast path off in this process, for the ratio on one machine.
+(``SendProcessor._response``, one stored message). ``json_path`` says which reader did the work:
+``native`` (the C header reader, protocol/_native.c, with orjson for what it leaves), ``orjson`` (the fast
+path where the C reader is not built) or ``stdlib`` (the reference, or a codec without either);
+``--no-native`` and ``--stdlib`` turn them off in this process, for the ratio on one machine.
 
 Each figure is the best of ``--repeat`` rounds of ``--count`` calls (the least disturbed by other
 processes on a shared machine). Shapes:
@@ -15,7 +16,7 @@ processes on a shared machine). Shapes:
 * ``cpp_send_request``: SEND_MESSAGE as the C++ client writes it (long names, numbers among the values);
 * ``heartbeat_request``: a header without extFields and a JSON body.
 
-Usage: ``python bench/codec_bench.py [--count 20000] [--repeat 7] [--stdlib]``
+Usage: ``python bench/codec_bench.py [--count 20000] [--repeat 7] [--no-native | --stdlib]``
 """
 
 from __future__ import annotations
@@ -79,7 +80,10 @@ def decoder_of(frame: bytes) -> Callable[[], RemotingCommand | None]:
 
 
 def measure(count: int, repeat: int) -> list[dict[str, object]]:
-    json_path = "orjson" if getattr(codec, "_fast_loads", None) is not None else "stdlib"
+    if codec._native_header is not None:
+        json_path = "native"  # protocol/_native.c, then orjson for what it leaves
+    else:
+        json_path = "orjson" if codec._fast_loads is not None else "stdlib"
     request = make_request(RequestCode.SEND_MESSAGE_V2, 12345, send_v2_fields(12345), BODY, language="JAVA")
     results = (AppendResult(AppendStatus.OK, 1 << 30, 4567, 1200, STORE_HOST),)
     response = SendProcessor._response(request, results, 1)
@@ -110,9 +114,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=20_000, help="calls per round")
     parser.add_argument("--repeat", type=int, default=7, help="rounds; the best one counts")
-    parser.add_argument("--stdlib", action="store_true", help="turn the orjson fast path off (the reference)")
+    parser.add_argument("--stdlib", action="store_true",
+                        help="turn the C header reader and the orjson fast path off (the reference)")
+    parser.add_argument("--no-native", action="store_true", help="turn the C header reader off (orjson reads)")
     arguments = parser.parse_args()
-    if arguments.stdlib and hasattr(codec, "_fast_loads"):
+    if arguments.stdlib or arguments.no_native:
+        codec._native_header = None
+    if arguments.stdlib:
         codec._fast_loads = None
         codec._fast_dumps = None
     for figure in measure(arguments.count, arguments.repeat):

@@ -103,6 +103,14 @@ else:
     _fast_dumps = orjson.dumps
     _FastEncodeError = orjson.JSONEncodeError
 
+#: the JSON header reader in C (protocol/_native.c): the first reader asked, where it is built
+_native_header: Callable[[bytes | bytearray, int, int, int, int, int, str],
+                         tuple[int, str, int, int, int, str | None, dict[str, str]] | None] | None
+try:
+    from protocol._native import decode_json_header as _native_header
+except ImportError:  # not built (setup.py: optional): orjson, then the reference, read every header
+    _native_header = None
+
 
 # --------------------------------------------------------------------------------------------- errors
 
@@ -673,9 +681,14 @@ def _decode_frame_content(
         and header_end <= end
         and header_length <= limits.header_size_max_bytes
         and end - header_end <= limits.body_size_max_bytes
-        and _fast_loads is not None
+        and (_native_header is not None or _fast_loads is not None)
     ):
-        fields = _decode_json_header_fast(buffer[header_start:header_end], limits)
+        fields = None
+        if _native_header is not None:
+            fields = _native_header(buffer, header_start, header_end, limits.remark_max_bytes,
+                                    limits.ext_fields_count_max, limits.ext_field_value_max_bytes, _LANGUAGE_MISSING)
+        if fields is None:
+            fields = _decode_json_header_fast(buffer[header_start:header_end], limits)
         if fields is not None:
             if header_end == end:
                 body = b""

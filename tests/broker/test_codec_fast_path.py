@@ -83,6 +83,7 @@ def takes_fast_path(frame: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> bool:
 @pytest.fixture
 def stdlib_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(codec, "_fast_loads", None)
+    monkeypatch.setattr(codec, "_native_header", None)
     monkeypatch.setattr(codec, "_fast_dumps", None)
     yield
 

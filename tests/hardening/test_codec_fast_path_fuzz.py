@@ -39,13 +39,26 @@ FUZZ_LIMITS = CodecLimits(frame_size_max_bytes=8192, header_size_max_bytes=4096,
 
 @contextmanager
 def reference_only() -> Iterator[None]:
-    """The codec as it is without orjson (a fixture would last the whole Hypothesis test)."""
-    saved = codec._fast_loads, codec._fast_dumps
-    codec._fast_loads = codec._fast_dumps = None
+    """The codec as it is without orjson and the C header reader (a fixture would last the whole Hypothesis
+    test)."""
+    saved = codec._fast_loads, codec._fast_dumps, codec._native_header
+    codec._fast_loads = codec._fast_dumps = codec._native_header = None
     try:
         yield
     finally:
-        codec._fast_loads, codec._fast_dumps = saved
+        codec._fast_loads, codec._fast_dumps, codec._native_header = saved
+
+
+@contextmanager
+def without_native() -> Iterator[None]:
+    """The codec as it is where protocol._native is not built: orjson reads every header the reference
+    does not."""
+    saved = codec._native_header
+    codec._native_header = None
+    try:
+        yield
+    finally:
+        codec._native_header = saved
 
 
 def outcomes(data: bytes, limits: CodecLimits, chunk_size: int) -> list[object]:
@@ -72,10 +85,13 @@ def outcomes(data: bytes, limits: CodecLimits, chunk_size: int) -> list[object]:
 
 
 def assert_same_decoding(data: bytes, limits: CodecLimits = DEFAULT_LIMITS, chunk_size: int = 1 << 20) -> None:
-    fast = outcomes(data, limits, chunk_size)
+    fast = outcomes(data, limits, chunk_size)  # the C reader first, where it is built, then orjson
     with reference_only():
         reference = outcomes(data, limits, chunk_size)
     assert fast == reference
+    if codec._native_header is not None:
+        with without_native():
+            assert outcomes(data, limits, chunk_size) == reference
 
 
 def frame(header: bytes, body: bytes = b"") -> bytes:
