@@ -8,13 +8,20 @@ naming the field.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
 from typing import Final
 
 from protocol.codes import ResponseCode
 from protocol.invariant import invariant
+
+#: protocol/_native.c's read_send_header, where it is built
+_native_send_header: Callable[[type[SendHeader], tuple[str | None, ...]], SendHeader | None] | None
+try:
+    from protocol._native import read_send_header as _native_send_header
+except ImportError:  # not built (setup.py: optional): SendHeader.parse reads every header in Python
+    _native_send_header = None
 
 INT32_MIN: Final = -(2**31)
 INT32_MAX: Final = 2**31 - 1
@@ -144,8 +151,13 @@ class SendHeader:
             else:
                 # Both names of a field may be there: the renamed copy keeps the later one.
                 fields = {V2_NAMES.get(key, key): value for key, value in fields.items()}
+        values = tuple(map(fields.get, names))
+        if _native_send_header is not None:
+            header: SendHeader | None = _native_send_header(cls, values)
+            if header is not None:
+                return header  # the common case, read in C; anything else is read (or refused) below
         (producer_group, topic, default_topic, default_topic_queue_nums, queue_id, sys_flag, born_timestamp,
-         flag, properties, reconsume_times, max_reconsume_times, batch) = map(fields.get, names)
+         flag, properties, reconsume_times, max_reconsume_times, batch) = values
         return cls(
             producer_group=_text_value(producer_group, "producerGroup"),
             topic=_text_value(topic, "topic"),

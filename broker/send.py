@@ -53,6 +53,14 @@ from protocol.topics import (
 )
 
 SEND_CODES: Final = (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
+_TIMER_KEYS: Final = tuple(sorted(TIMER_PROPERTIES))
+
+#: protocol/_native.c's plain_properties, where it is built
+_native_plain_properties: Callable[[str, str, str, str, tuple[str, ...], int], bytes | None] | None
+try:
+    from protocol._native import plain_properties as _native_plain_properties
+except ImportError:  # not built (setup.py: optional): build_message makes every message
+    _native_plain_properties = None
 
 
 def _properties_bytes(properties: dict[str, str]) -> bytes:
@@ -224,6 +232,14 @@ class SendProcessor:
                                        "a batch message cannot have a delay level or a delivery time")
             return [self.build_message(topic, queue_id, item.flag, sys_flag, header.born_timestamp, born_host,
                                        item.body, item.properties, reconsume_times) for item in items]
+        if not transaction_type and _native_plain_properties is not None:
+            # the common case in C: no delay level, no delivery time, properties that write back as they came
+            encoded = _native_plain_properties(header.properties, PROPERTY_CLUSTER, self.broker.config.cluster_name,
+                                               PROPERTY_DELAY_TIME_LEVEL, _TIMER_KEYS, PROPERTIES_BYTES_MAX)
+            body = request.body
+            if encoded is not None and len(body) <= self.broker.store.config.body_size_max_bytes:
+                return [MessageInput(topic, queue_id, header.flag, sys_flag, header.born_timestamp, born_host, 0,
+                                     reconsume_times, 0, body, encoded)]
         properties = parse_properties(header.properties)
         return [self.build_message(topic, queue_id, header.flag, sys_flag, header.born_timestamp, born_host,
                                    request.body, properties, reconsume_times, transaction_type,

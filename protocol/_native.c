@@ -11,6 +11,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -593,8 +594,306 @@ static PyObject *decode_json_header(PyObject *module, PyObject *const *args, Py_
     return result;
 }
 
+/* ------------------------------------------------------------------------------------ the send header */
+
+/* broker.requests.SendHeader's fields, in its order; built into its slots directly (what its __init__ does
+ * through each slot's setter, a twelfth of the cost each) */
+#define SEND_FIELDS 12
+static const char *const send_field_names[SEND_FIELDS] = {
+    "producer_group", "topic", "default_topic", "default_topic_queue_nums", "queue_id", "sys_flag",
+    "born_timestamp", "flag", "properties", "reconsume_times", "max_reconsume_times", "batch",
+};
+static PyTypeObject *send_header_type = NULL;
+static Py_ssize_t send_field_offsets[SEND_FIELDS];
+
+/* The slot offsets of ``type``'s fields (once per type): 0, or -1 with TypeError when they are not plain
+ * object slots. */
+static int learn_send_header(PyTypeObject *type) {
+    if (type == send_header_type) {
+        return 0;
+    }
+    for (int i = 0; i < SEND_FIELDS; i++) {
+        PyObject *descriptor = PyObject_GetAttrString((PyObject *)type, send_field_names[i]);
+        if (descriptor == NULL) {
+            return -1;
+        }
+        int plain = Py_IS_TYPE(descriptor, &PyMemberDescr_Type)
+                    && ((PyMemberDescrObject *)descriptor)->d_member->type == T_OBJECT_EX;
+        if (plain) {
+            send_field_offsets[i] = ((PyMemberDescrObject *)descriptor)->d_member->offset;
+        }
+        Py_DECREF(descriptor);
+        if (!plain) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", type->tp_name, send_field_names[i]);
+            return -1;
+        }
+    }
+    Py_XSETREF(send_header_type, (PyTypeObject *)Py_NewRef(type));
+    return 0;
+}
+
+/* A decimal integer as Java's Integer.parseInt and Python's int() both read it (an optional '-', then at most
+ * 18 ASCII digits), within low..high: a new int, or NULL without an error for anything else. */
+static PyObject *strict_integer(PyObject *text, int64_t low, int64_t high) {
+    if (!PyUnicode_IS_ASCII(text)) {
+        return NULL;
+    }
+    Py_ssize_t length = PyUnicode_GET_LENGTH(text);
+    const char *at = (const char *)PyUnicode_DATA(text);
+    const char *end = at + length;
+    int negative = 0;
+    if (at < end && *at == '-') {
+        negative = 1;
+        at++;
+    }
+    if (at == end || end - at > 18) {
+        return NULL;
+    }
+    int64_t number = 0;
+    for (; at < end; at++) {
+        if (*at < '0' || *at > '9') {
+            return NULL;
+        }
+        number = number * 10 + (*at - '0');
+    }
+    if (negative) {
+        number = -number;
+    }
+    if (number < low || number > high) {
+        return NULL;
+    }
+    return PyLong_FromLongLong((long long)number);
+}
+
+static int is_text(PyObject *value) {
+    return value != Py_None && PyUnicode_CheckExact(value);
+}
+
+/* one field: its value, or ``fallback`` (a new reference) when it is absent or empty */
+static PyObject *integer_field(PyObject *value, long long fallback, int64_t low, int64_t high) {
+    if (value == Py_None || (PyUnicode_CheckExact(value) && PyUnicode_GET_LENGTH(value) == 0)) {
+        return PyLong_FromLongLong(fallback);
+    }
+    return PyUnicode_CheckExact(value) ? strict_integer(value, low, high) : NULL;
+}
+
+PyDoc_STRVAR(read_send_header_doc,
+"read_send_header(type, values)\n"
+"--\n"
+"\n"
+"broker.requests.SendHeader.parse's common case: a ``type`` (SendHeader) instance from ``values``, the 12\n"
+"fields as sent (str, or None when absent) in its order, or None for anything the Python parse must decide\n"
+"(a missing required field, an integer written other than -?[0-9]+ or out of range, a batch flag other\n"
+"than true/false/1/0): it then raises the error that names the field, or reads what only it reads.");
+
+static PyObject *read_send_header(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyType_Check(args[0]) || !PyTuple_CheckExact(args[1])
+        || PyTuple_GET_SIZE(args[1]) != SEND_FIELDS) {
+        PyErr_SetString(PyExc_TypeError, "read_send_header takes a type and a tuple of 12 values");
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)args[0];
+    if (learn_send_header(type) < 0) {
+        return NULL;
+    }
+    PyObject *const *values = ((PyTupleObject *)args[1])->ob_item;
+    for (int i = 0; i < SEND_FIELDS; i++) {
+        if (values[i] != Py_None && !PyUnicode_CheckExact(values[i])) {
+            return Py_NewRef(Py_None);
+        }
+    }
+    /* producer_group and topic are required, born_timestamp too */
+    if (!is_text(values[0]) || !is_text(values[1]) || !is_text(values[6])) {
+        return Py_NewRef(Py_None);
+    }
+    PyObject *fields[SEND_FIELDS] = {NULL};
+    int complete = 0;
+    fields[0] = Py_NewRef(values[0]);
+    fields[1] = Py_NewRef(values[1]);
+    if (values[2] == Py_None) {
+        fields[2] = PyUnicode_FromString("TBW102");
+    } else {
+        fields[2] = Py_NewRef(values[2]);
+    }
+    if ((fields[3] = integer_field(values[3], 4, 1, 1024)) == NULL
+        || (fields[4] = integer_field(values[4], -1, INT32_MIN, INT32_MAX)) == NULL
+        || (fields[5] = integer_field(values[5], 0, INT32_MIN, INT32_MAX)) == NULL
+        || (fields[6] = strict_integer(values[6], INT64_MIN, INT64_MAX)) == NULL
+        || (fields[7] = integer_field(values[7], 0, INT32_MIN, INT32_MAX)) == NULL) {
+        goto done;
+    }
+    fields[8] = values[8] == Py_None ? PyUnicode_FromString("") : Py_NewRef(values[8]);
+    if ((fields[9] = integer_field(values[9], 0, 0, INT32_MAX)) == NULL) {
+        goto done;
+    }
+    if (values[10] == Py_None || PyUnicode_GET_LENGTH(values[10]) == 0) {
+        fields[10] = Py_NewRef(Py_None);
+    } else if ((fields[10] = strict_integer(values[10], -1, INT32_MAX)) == NULL) {
+        goto done;
+    }
+    PyObject *batch = values[11];
+    if (batch == Py_None || PyUnicode_GET_LENGTH(batch) == 0 || PyUnicode_CompareWithASCIIString(batch, "false") == 0
+        || PyUnicode_CompareWithASCIIString(batch, "0") == 0) {
+        fields[11] = Py_NewRef(Py_False);
+    } else if (PyUnicode_CompareWithASCIIString(batch, "true") == 0
+               || PyUnicode_CompareWithASCIIString(batch, "1") == 0) {
+        fields[11] = Py_NewRef(Py_True);
+    } else {
+        goto done;
+    }
+    complete = 1;
+done:
+    if (PyErr_Occurred()) {  /* memory: the fields below are released, the error raised */
+        complete = 0;
+    }
+    PyObject *header = NULL;
+    if (complete) {
+        for (int i = 0; i < SEND_FIELDS; i++) {
+            if (fields[i] == NULL) {
+                complete = 0;
+            }
+        }
+    }
+    if (complete) {
+        header = type->tp_alloc(type, 0);
+        if (header != NULL) {
+            for (int i = 0; i < SEND_FIELDS; i++) {
+                *(PyObject **)((char *)header + send_field_offsets[i]) = fields[i];  /* the reference moves */
+                fields[i] = NULL;
+            }
+        }
+    }
+    for (int i = 0; i < SEND_FIELDS; i++) {
+        Py_XDECREF(fields[i]);
+    }
+    if (header != NULL || PyErr_Occurred()) {
+        return header;
+    }
+    return Py_NewRef(Py_None);
+}
+
+/* --------------------------------------------------------------------------------- a send's properties */
+
+static int text_in(PyObject *key, PyObject *keys) {
+    Py_ssize_t count = PyTuple_GET_SIZE(keys);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (PyUnicode_Compare(key, PyTuple_GET_ITEM(keys, i)) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+#define PLAIN_PAIRS_MAX 64
+
+PyDoc_STRVAR(plain_properties_doc,
+"plain_properties(text, cluster_key, cluster, delay_key, timer_keys, bytes_max)\n"
+"--\n"
+"\n"
+"The stored properties of a plain send (no transaction, no batch) whose ``text`` asks for no delay level and\n"
+"no delivery time: ``text`` as UTF-8 with ``cluster_key``=``cluster`` added when it is not there, exactly\n"
+"what broker.send.SendProcessor.build_message stores for it, or None for anything it must decide (a delay\n"
+"level other than 0, any of ``timer_keys``, a pair without its separator or key, a key given twice, a\n"
+"separator in a value, more than 64 pairs, more than ``bytes_max`` bytes, a lone surrogate). Such text\n"
+"parses into the pairs it is made of, in its order, so writing them again gives the text back.");
+
+static PyObject *plain_properties(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyUnicode_CheckExact(args[0]) || !PyUnicode_CheckExact(args[1])
+        || !PyUnicode_CheckExact(args[2]) || !PyUnicode_CheckExact(args[3]) || !PyTuple_CheckExact(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "plain_properties takes 4 str, a tuple of str and an int");
+        return NULL;
+    }
+    Py_ssize_t bytes_max = PyLong_AsSsize_t(args[5]);
+    if (bytes_max == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *text = args[0], *cluster_key = args[1], *cluster = args[2], *delay_key = args[3], *timer_keys = args[4];
+    Py_ssize_t length;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(text, &length);
+    if (utf8 == NULL) {  /* a lone surrogate */
+        PyErr_Clear();
+        return Py_NewRef(Py_None);
+    }
+    Py_ssize_t cluster_length;
+    const char *cluster_utf8 = PyUnicode_AsUTF8AndSize(cluster, &cluster_length);
+    if (cluster_utf8 == NULL) {
+        PyErr_Clear();
+        return Py_NewRef(Py_None);
+    }
+    if (memchr(cluster_utf8, 1, (size_t)cluster_length) || memchr(cluster_utf8, 2, (size_t)cluster_length)) {
+        return Py_NewRef(Py_None);
+    }
+    if (length > 0 && utf8[length - 1] != 2) {
+        return Py_NewRef(Py_None);  /* text after the last pair */
+    }
+    /* each pair: a key (no separator, not empty), \x01, a value (no separator), \x02 */
+    const char *keys[PLAIN_PAIRS_MAX];
+    Py_ssize_t key_lengths[PLAIN_PAIRS_MAX];
+    int pairs = 0, has_cluster = 0;
+    const char *at = utf8, *end = utf8 + length;
+    while (at < end) {
+        const char *pair_end = memchr(at, 2, (size_t)(end - at));  /* found: the text ends with \x02 */
+        const char *separator = memchr(at, 1, (size_t)(pair_end - at));
+        if (separator == NULL || separator == at || memchr(separator + 1, 1, (size_t)(pair_end - separator - 1))
+            || pairs == PLAIN_PAIRS_MAX) {
+            return Py_NewRef(Py_None);
+        }
+        Py_ssize_t key_length = separator - at;
+        for (int i = 0; i < pairs; i++) {
+            if (key_lengths[i] == key_length && memcmp(keys[i], at, (size_t)key_length) == 0) {
+                return Py_NewRef(Py_None);  /* given twice: the parse keeps the last value in the first place */
+            }
+        }
+        keys[pairs] = at;
+        key_lengths[pairs] = key_length;
+        pairs++;
+        PyObject *key = PyUnicode_DecodeUTF8(at, key_length, NULL);
+        if (key == NULL) {
+            return NULL;
+        }
+        int timer = text_in(key, timer_keys);
+        int delay = PyUnicode_Compare(key, delay_key) == 0;
+        has_cluster |= PyUnicode_Compare(key, cluster_key) == 0;
+        Py_DECREF(key);
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_ssize_t value_length = pair_end - separator - 1;
+        if (timer || (delay && !(value_length == 0 || (value_length == 1 && separator[1] == '0')))) {
+            return Py_NewRef(Py_None);
+        }
+        at = pair_end + 1;
+    }
+    Py_ssize_t cluster_key_length;
+    const char *cluster_key_utf8 = PyUnicode_AsUTF8AndSize(cluster_key, &cluster_key_length);
+    if (cluster_key_utf8 == NULL) {
+        return NULL;
+    }
+    Py_ssize_t total = has_cluster ? length : length + cluster_key_length + cluster_length + 2;
+    if (total > bytes_max) {
+        return Py_NewRef(Py_None);
+    }
+    PyObject *encoded = PyBytes_FromStringAndSize(NULL, total);
+    if (encoded == NULL) {
+        return NULL;
+    }
+    char *out = PyBytes_AS_STRING(encoded);
+    memcpy(out, utf8, (size_t)length);
+    if (!has_cluster) {
+        out += length;
+        memcpy(out, cluster_key_utf8, (size_t)cluster_key_length);
+        out += cluster_key_length;
+        *out++ = 1;
+        memcpy(out, cluster_utf8, (size_t)cluster_length);
+        out[cluster_length] = 2;
+    }
+    return encoded;
+}
+
 static PyMethodDef native_methods[] = {
+    {"plain_properties", (PyCFunction)(void (*)(void))plain_properties, METH_FASTCALL, plain_properties_doc},
     {"decode_json_header", (PyCFunction)(void (*)(void))decode_json_header, METH_FASTCALL, decode_json_header_doc},
+    {"read_send_header", (PyCFunction)(void (*)(void))read_send_header, METH_FASTCALL, read_send_header_doc},
     {NULL, NULL, 0, NULL},
 };
 
