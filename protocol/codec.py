@@ -37,7 +37,7 @@ import json
 import re
 import reprlib
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import MappingProxyType, MemberDescriptorType
 from typing import Any, ClassVar, Final
 
@@ -968,6 +968,41 @@ def encode_json_answer(opaque: int, code: int, ext_fields: dict[str, str]) -> by
         return None
     header_length = len(encoded)
     return _FRAME_PREFIX.pack(_TOTAL_LENGTH_MIN + header_length, header_length) + encoded
+
+
+def encode_json_request(code: int, opaque: int, ext_fields: Mapping[str, str] | None, body: bytes,
+                        limits: CodecLimits = DEFAULT_LIMITS) -> bytes | None:
+    """The frame of ``make_request(code, opaque, ext_fields, body)`` (JSON, no remark, not oneway), byte for
+    byte as :func:`encode_frame` writes it, without building the command (every request a client sends);
+    None when only the general path can write it or name what is wrong (a field of another type or out of
+    range, text that is not UTF-8, a frame over the limits, no orjson)."""
+    dumps = _fast_dumps
+    if dumps is None or type(body) is not bytes or type(opaque) is not int or not INT32_MIN <= opaque <= INT32_MAX:
+        return None
+    if type(code) is not int:
+        if not isinstance(code, int) or isinstance(code, bool):
+            return None
+        code = int(code)  # a RequestCode
+    if not INT32_MIN <= code <= INT32_MAX:
+        return None
+    header: dict[str, object] = {"code": code, "language": DEFAULT_LANGUAGE, "version": REMOTING_VERSION,
+                                 "opaque": opaque, "flag": 0}
+    if ext_fields:
+        if type(ext_fields) is not dict:
+            return None
+        for key, value in ext_fields.items():
+            if type(key) is not str or type(value) is not str:
+                return None
+        header["extFields"] = ext_fields
+    try:
+        encoded = dumps(header)
+    except _FastEncodeError:
+        return None
+    header_length = len(encoded)
+    total_length = _TOTAL_LENGTH_MIN + header_length + len(body)
+    if header_length > HEADER_LENGTH_FIELD_MAX or total_length + _LENGTH_PREFIX_BYTES > limits.frame_size_max_bytes:
+        return None
+    return b"".join((_FRAME_PREFIX.pack(total_length, header_length), encoded, body))
 
 
 def make_error_response(error: FrameError) -> RemotingCommand | None:

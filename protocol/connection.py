@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Final, cast
 
-from protocol.codec import FrameDecoder, FrameError, encode_frame, make_error_response
+from protocol.codec import FrameDecoder, FrameError, encode_frame, encode_json_request, make_error_response
 from protocol.codes import ResponseCode, SerializeType, describe_request_code
 from protocol.command import (
     INT32_MAX,
@@ -274,9 +274,15 @@ class RemotingConnection(asyncio.Protocol):
             if not self._writable.is_set():
                 async with asyncio.timeout_at(deadline):
                     await self._wait_writable()
-            self._write_command(
-                make_request(code, opaque, ext_fields, body, remark=remark, serialize_type=serialize_type)
-            )
+            frame = None
+            if remark is None and serialize_type == SerializeType.JSON:
+                frame = encode_json_request(code, opaque, ext_fields, body, self._codec_limits)
+            if frame is None:  # built and checked as a command: a field that cannot be sent is named
+                self._write_command(
+                    make_request(code, opaque, ext_fields, body, remark=remark, serialize_type=serialize_type)
+                )
+            else:
+                self._write_frame(frame)
             # one timer that fails the waiter, not a timeout scope around the await: a scope costs a task
             # lookup, a timer and its bookkeeping on every request, a third of a pipelined client's work
             expiry = loop.call_at(deadline, self._expire, opaque)
@@ -373,7 +379,10 @@ class RemotingConnection(asyncio.Protocol):
 
     def _write_command(self, command: RemotingCommand) -> None:
         """Frame and write ``command`` now. Raises ``EncodeError`` or :class:`ConnectionClosedError`."""
-        frame = encode_frame(command, self._codec_limits)
+        self._write_frame(encode_frame(command, self._codec_limits))
+
+    def _write_frame(self, frame: bytes) -> None:
+        """Write ``frame`` now (with the others of this loop turn). Raises :class:`ConnectionClosedError`."""
         transport = self._transport
         if transport is None or transport.is_closing():
             raise ConnectionClosedError(f"connection to {self._remote_address} is closed")
