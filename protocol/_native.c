@@ -80,6 +80,23 @@ static long hex4(const unsigned char *at) {
     return value;
 }
 
+/* A string's ``length`` bytes of UTF-8 as a new str (strict: no surrogates, no overlong forms), the reader
+ * moved past its closing quote at ``closing``. */
+static int take_string(Reader *reader, const char *utf8, Py_ssize_t length, const unsigned char *closing,
+                       PyObject **text, Py_ssize_t *utf8_length) {
+    *text = PyUnicode_DecodeUTF8(utf8, length, NULL);
+    if (*text == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            return FAILED;
+        }
+        PyErr_Clear();
+        return DECLINED;
+    }
+    *utf8_length = length;
+    reader->at = closing + 1;
+    return TAKEN;
+}
+
 /* A string at the reader (its opening quote): ``*text`` a new str, ``*utf8_length`` its UTF-8 bytes. Strict
  * UTF-8 (no surrogates, no overlong forms), no raw control character, escapes of JSON only, surrogate escapes
  * only as a pair. */
@@ -96,17 +113,7 @@ static int read_string(Reader *reader, PyObject **text, Py_ssize_t *utf8_length)
         return DECLINED;
     }
     if (*at == '"') {  /* no escape: the bytes as they are */
-        *text = PyUnicode_DecodeUTF8((const char *)start, at - start, NULL);
-        if (*text == NULL) {
-            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-                return FAILED;
-            }
-            PyErr_Clear();
-            return DECLINED;
-        }
-        *utf8_length = at - start;
-        reader->at = at + 1;
-        return TAKEN;
+        return take_string(reader, (const char *)start, at - start, at, text, utf8_length);
     }
     /* escapes: unescaped into the scratch buffer (never longer than the escaped text) */
     if (scratch_reserve(reader, end - start) == FAILED) {
@@ -187,17 +194,7 @@ static int read_string(Reader *reader, PyObject **text, Py_ssize_t *utf8_length)
     if (at >= end) {
         return DECLINED;
     }
-    *text = PyUnicode_DecodeUTF8(out, length, NULL);
-    if (*text == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-            return FAILED;
-        }
-        PyErr_Clear();
-        return DECLINED;
-    }
-    *utf8_length = length;
-    reader->at = at + 1;
-    return TAKEN;
+    return take_string(reader, out, length, at, text, utf8_length);
 }
 
 /* An integer (no fraction, no exponent, no leading zero, at most 18 digits) at the reader. */

@@ -955,19 +955,27 @@ def encode_json_answer(opaque: int, code: int, ext_fields: dict[str, str]) -> by
     """The frame of ``make_response(request, code, None, ext_fields)`` for a JSON ``request`` with ``opaque``,
     byte for byte as :func:`encode_frame` writes it, without building the command (the answer to every
     send); None when only the general path can write it (no orjson, or text that is not UTF-8)."""
+    encoded = _fast_json_header(code, opaque, RESPONSE_FLAG, ext_fields)
+    if encoded is None:
+        return None
+    header_length = len(encoded)
+    return _FRAME_PREFIX.pack(_TOTAL_LENGTH_MIN + header_length, header_length) + encoded
+
+
+def _fast_json_header(code: int, opaque: int, flag: int, ext_fields: Mapping[str, str] | None) -> bytes | None:
+    """The JSON header of a command with these fields and our language and version, by orjson, as
+    :func:`_encode_json_header` writes it; None without orjson or for text it refuses (a lone surrogate)."""
     dumps = _fast_dumps
     if dumps is None:
         return None
     header: dict[str, object] = {"code": code, "language": DEFAULT_LANGUAGE, "version": REMOTING_VERSION,
-                                 "opaque": opaque, "flag": RESPONSE_FLAG}
+                                 "opaque": opaque, "flag": flag}
     if ext_fields:
         header["extFields"] = ext_fields
     try:
-        encoded = dumps(header)
+        return dumps(header)
     except _FastEncodeError:
         return None
-    header_length = len(encoded)
-    return _FRAME_PREFIX.pack(_TOTAL_LENGTH_MIN + header_length, header_length) + encoded
 
 
 def encode_json_request(code: int, opaque: int, ext_fields: Mapping[str, str] | None, body: bytes,
@@ -976,8 +984,7 @@ def encode_json_request(code: int, opaque: int, ext_fields: Mapping[str, str] | 
     byte as :func:`encode_frame` writes it, without building the command (every request a client sends);
     None when only the general path can write it or name what is wrong (a field of another type or out of
     range, text that is not UTF-8, a frame over the limits, no orjson)."""
-    dumps = _fast_dumps
-    if dumps is None or type(body) is not bytes or type(opaque) is not int or not INT32_MIN <= opaque <= INT32_MAX:
+    if type(body) is not bytes or type(opaque) is not int or not INT32_MIN <= opaque <= INT32_MAX:
         return None
     if type(code) is not int:
         if not isinstance(code, int) or isinstance(code, bool):
@@ -985,18 +992,14 @@ def encode_json_request(code: int, opaque: int, ext_fields: Mapping[str, str] | 
         code = int(code)  # a RequestCode
     if not INT32_MIN <= code <= INT32_MAX:
         return None
-    header: dict[str, object] = {"code": code, "language": DEFAULT_LANGUAGE, "version": REMOTING_VERSION,
-                                 "opaque": opaque, "flag": 0}
     if ext_fields:
         if type(ext_fields) is not dict:
             return None
         for key, value in ext_fields.items():
             if type(key) is not str or type(value) is not str:
                 return None
-        header["extFields"] = ext_fields
-    try:
-        encoded = dumps(header)
-    except _FastEncodeError:
+    encoded = _fast_json_header(code, opaque, 0, ext_fields)
+    if encoded is None:
         return None
     header_length = len(encoded)
     total_length = _TOTAL_LENGTH_MIN + header_length + len(body)
