@@ -13,7 +13,6 @@ side of :class:`RaftNode`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -25,7 +24,6 @@ from typing import Any, Protocol
 import pysyncobj.syncobj
 from pysyncobj import SyncObj, replicated
 from pysyncobj.monotonic import monotonic as pysyncobj_monotonic
-from pysyncobj.pipe_notifier import PipeNotifier
 
 from commitlog.errors import DiskFullError
 from dledger.apply import ApplyResult
@@ -39,6 +37,7 @@ from dledger.snapshot import (
     read_snapshot,
 )
 from dledger.stages import DurationHistogram, StageHistograms
+from dledger.wake_pipe import WakePipe
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +95,7 @@ class _JournalFlusher:
         self._stopped = False
         #: flushes run (tests wait for one to know the flusher is idle)
         self.cycles = 0
-        self._notifier = PipeNotifier(poller, on_durable)  # on the tick thread: the poller is not thread-safe
+        self._notifier = WakePipe(poller, on_durable)  # on the tick thread: the poller is not thread-safe
         self._thread = threading.Thread(target=self._run, name="journal-flusher", daemon=True)
         self._thread.start()
 
@@ -179,8 +178,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
         if notifier is None or self._wake_pending:
             return  # before the first tick: it takes the commands anyway
         self._wake_pending = True
-        with contextlib.suppress(BlockingIOError):  # a pipe full of unread wake-ups: the thread is awake
-            notifier.notify()
+        notifier.notify()
 
     def _on_woken(self) -> None:
         self._wake_pending = False
@@ -246,7 +244,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
     _flusher: _JournalFlusher | None = None
     #: wakes the tick thread when a command is proposed (built on the first tick: the poller is not
     #: thread-safe), and whether a wake-up is on its way
-    _proposal_notifier: PipeNotifier | None = None
+    _proposal_notifier: WakePipe | None = None
     _wake_pending = False
     #: called on the tick thread each tick, right before pysyncobj appends and sends what was proposed, with
     #: whether this member leads: a leader's may propose (group commit takes its batches here, and fails
@@ -490,7 +488,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
             self._check_journal_once()
         journal = self._SyncObj__raftLog
         if self._proposal_notifier is None:
-            self._proposal_notifier = PipeNotifier(self._poller, self._on_woken)
+            self._proposal_notifier = WakePipe(self._poller, self._on_woken)
         if self._flusher is None and isinstance(journal, SegmentedJournal) and journal.sync_enabled:
             self._flusher = _JournalFlusher(journal, self._poller, self._send_durable_replies, self._on_flushed)
         if self._flusher is None:
