@@ -8,7 +8,9 @@ Example::
     catchup_address = "raftmq-0.example:20011"
     data_dir = "/var/lib/raftmq/n0"
     secret_file = "/etc/raftmq/group.secret"     # or: secret = "..." (at least 16 characters)
-    preferred_leader = "n0"                      # optional, the same on every member
+    preferred_leader = "n0"                      # optional, the same on every member: it leads
+                                                 # again once back and within 64 entries of the log's
+                                                 # end (new writes wait the moment it takes to catch up)
 
     [[peers]]
     id = "n1"

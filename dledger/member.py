@@ -70,6 +70,11 @@ ENTRY_OVERHEAD_BYTES = 4096
 BUILT_ENTRIES_MAX = 1024
 #: how often a leader that is not the preferred one offers leadership to it
 PREFERENCE_CHECK_SECONDS = 1.0
+#: how far behind (in entries) a connected preferred member may be for the leader to start handing over:
+#: new entries are held back then, so it catches up (DLedger's maxLeadershipTransferWaitIndex, in spirit)
+PREFERENCE_LAG_ENTRIES_MAX = 64
+#: after a handover to the preferred member gave up, the leader leaves writes alone this long
+PREFERENCE_BACKOFF_SECONDS = 30.0
 TRANSFER_TIMEOUT_SECONDS = 5.0
 TRANSFER_RETRY_SECONDS = 0.05
 #: the scrubber validates this much of the commit log per step, then pauses (about 4 MB/s, a small
@@ -578,6 +583,11 @@ class GroupMember:
             if not matches:
                 raise ValueError(f"no member named {target_node_id!r}")
             target = matches[0]
+        self._begin_transfer(target)
+
+    def _begin_transfer(self, target: str) -> None:
+        """Hold new entries back until ``target`` ("" for the most caught-up follower) holds the whole log
+        and is told to stand (pysyncobj denies the transfer before that), or the transfer times out."""
         self.committer.pause()
         self._transfer = (target, time.monotonic() + TRANSFER_TIMEOUT_SECONDS)
 
@@ -597,6 +607,8 @@ class GroupMember:
             target, deadline = self._transfer
             if not is_leader or now > deadline:
                 self._transfer = None  # done (or given up): proposing resumes, or a new leader takes over
+                if is_leader and target == self._preferred_address:
+                    self._next_preference_check = now + PREFERENCE_BACKOFF_SECONDS
                 if self._byte_config_applied.is_set():  # else it resumes once the configuration applies
                     self.committer.resume()
             else:
@@ -605,7 +617,11 @@ class GroupMember:
         if self._preferred_address is None or not is_leader or now < self._next_preference_check:
             return
         self._next_preference_check = now + PREFERENCE_CHECK_SECONDS
-        self.raft.transferLeadership(self._preferred_address)
+        # Under a steady load the log grows between any two ticks, so the preferred member is never caught
+        # up at the moment of asking: once it is close, new entries wait (as in a requested transfer)
+        lag = self.raft.follower_lag(self._preferred_address)
+        if lag is not None and lag <= PREFERENCE_LAG_ENTRIES_MAX:
+            self._begin_transfer(self._preferred_address)
 
     # ------------------------------------------------------------------ lifecycle
 

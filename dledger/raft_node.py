@@ -150,6 +150,17 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj ships no type hints
         """pysyncobj's journal: ours (SegmentedJournal), or its memory journal without a journal file."""
         return self._SyncObj__raftLog
 
+    def follower_lag(self, address: str) -> int | None:
+        """On the tick thread, as leader: how many of the log's entries the member at ``address`` is not
+        known to hold; None when it is not connected (or not a member)."""
+        for node in self._SyncObj__otherNodes:
+            if node.address == address:
+                if node not in self._SyncObj__connectedNodes:
+                    return None
+                lag: int = self._SyncObj__getCurrentLogIndex() - self._SyncObj__raftMatchIndex.get(node, 0)
+                return lag
+        return None
+
     def tick_thread(self) -> threading.Thread | None:
         """pysyncobj's tick thread (None without autoTick)."""
         thread: threading.Thread | None = self._SyncObj__thread
