@@ -53,7 +53,7 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import lz4.block
@@ -239,6 +239,15 @@ class ByteConfig:
     other lacks counts as a difference (a new setting needs a rule for groups whose configuration predates it)."""
 
     settings: tuple[tuple[str, str], ...]
+    #: the store host as records carry it, worked out once: every Records entry is checked against it
+    _store_host: bytes | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        try:
+            store_host: bytes | None = encode_address(dict(self.settings).get("store_host", ""))
+        except ValueError:
+            store_host = None
+        object.__setattr__(self, "_store_host", store_host)
 
     @classmethod
     def of(cls, config: StoreConfig) -> ByteConfig:
@@ -252,10 +261,7 @@ class ByteConfig:
     def store_host_bytes(self) -> bytes | None:
         """The store host as records carry it (None when there is none or it is neither IPv4:port nor
         [IPv6]:port)."""
-        try:
-            return encode_address(dict(self.settings).get("store_host", ""))
-        except ValueError:
-            return None
+        return self._store_host
 
     def differences(self, group: ByteConfig) -> list[tuple[str, str | None, str | None]]:
         """(setting, ours, the group's) for each setting that differs, by name; None where one side lacks it."""

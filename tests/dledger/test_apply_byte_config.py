@@ -138,7 +138,9 @@ def test_the_configuration_travels_by_name_and_canonically() -> None:
     assert config == ByteConfig.of(small_config(Path("/y")))  # the same address, spelled otherwise
     assert config.store_host_bytes == encode_host("10.1.2.3", 10911)
     (decoded,) = decode_command(encode_command(Command((config,)))).operations
-    assert decoded == config
+    assert decoded == config and decoded.store_host_bytes == config.store_host_bytes
+    assert hash(decoded) == hash(config) and "_store_host" not in repr(config)  # worked out, not carried
+    assert ByteConfig((("store_host", "not an address"),)).store_host_bytes is None
     # a setting one side lacks is a difference too (a later version's setting)
     newer = ByteConfig((*config.settings, ("zeta_bytes", "1")))
     assert config.differences(newer) == [("zeta_bytes", None, "1")]
@@ -182,7 +184,9 @@ def test_an_ipv6_store_host_is_compared_canonically_and_carried_by_every_replica
     with pytest.raises(ByteConfigMismatchError, match=r"store_host: ours \[fd00::3\]:10911, the group's 10.1.2.3"):
         check_byte_config(config, group_config(Path("/z")))
     (decoded,) = decode_command(encode_command(Command((config,)))).operations
-    assert decoded == config
+    assert decoded == config and decoded.store_host_bytes == config.store_host_bytes
+    assert hash(decoded) == hash(config) and "_store_host" not in repr(config)  # worked out, not carried
+    assert ByteConfig((("store_host", "not an address"),)).store_host_bytes is None
 
     follower = machine(tmp_path / "a", store_host="[fd00::3]:10911")
     leader = machine(tmp_path / "b", store_host="[FD00::0:3]:10911")
