@@ -96,7 +96,7 @@ class BrokerContext:
     # ------------------------------------------------------------------ leadership
 
     def leader_address(self) -> str | None:
-        raft_leader = self.member.status().leader if not self.member.is_leader else self.node.raft_address
+        raft_leader = self.node.raft_address if self.member.is_leader else self.member.leader_name()
         return None if raft_leader is None else self.client_address_by_raft.get(raft_leader)
 
     def not_leader(self, leader: str | None = None) -> RequestError:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import hmac
 import logging
@@ -43,7 +44,14 @@ from typing import Final
 
 from broker.context import BrokerContext
 from broker.relay import CLIENT_GONE
-from broker.remoting.server import FORWARDED_FOR_FIELD, Connection, Processor, RequestContext
+from broker.remoting.server import (
+    FORWARDED_FOR_FIELD,
+    Connection,
+    FastPath,
+    Finish,
+    Processor,
+    RequestContext,
+)
 from dledger.config import parse_address
 from protocol.client import RemotingClient
 from protocol.codes import RequestCode, ResponseCode
@@ -220,20 +228,67 @@ class Forwarder:
         self._in_flight += 1
         try:
             client = await self._link(leader)
-            fields = dict(request.ext_fields)
-            fields[FORWARDED_FOR_FIELD] = context.remote_address
-            answer = await client.relay(dataclasses.replace(request, ext_fields=fields),
+            answer = await client.relay(dataclasses.replace(request, ext_fields=_forwarded_fields(context)),
                                         timeout_seconds=self._limits.timeout_seconds)
-        except (RequestTimeoutError, TooManyPendingRequestsError) as error:
-            # this request's trouble, not the link's: the others on it go on
-            return NotForwarded(self._not_leader(request, f"forwarding to it failed: {error}"))
         except (RemotingError, ForwardingError, OSError) as error:
-            log.info("cannot forward %s to the leader %s: %s", request.code, leader, error)
-            self._drop_link(leader)
-            return NotForwarded(self._not_leader(request, f"forwarding to it failed: {error}"), retry=True)
+            return self._not_forwarded(request, leader, error)
         finally:
             self._in_flight -= 1
         return None if answer is None else dataclasses.replace(answer, opaque=request.opaque)
+
+    def can_forward_now(self) -> bool:
+        """Whether :meth:`forward_now` may take a request: the link to the leader this member knows is up,
+        and the limit of forwards in flight is not reached."""
+        client = self._client
+        if client is None or client.is_closed or self._in_flight >= self._limits.in_flight_max:
+            return False
+        leader = self._broker.leader_address()
+        return leader is not None and leader == self._client_address
+
+    def forward_now(self, context: RequestContext,
+                    then: Callable[[RemotingCommand | NotForwarded | Exception], None]) -> bool:
+        """:meth:`try_forward` without a coroutine, for a request that gets an answer, on the link that is
+        up (:meth:`can_forward_now`): sent now, then ``then`` gets the leader's answer (under the leader
+        link's opaque: the client's connection answers under the client's), the :class:`NotForwarded`
+        :meth:`try_forward` would give, or an unexpected error. False, with nothing sent and ``then`` never
+        called, when it cannot go at once: :meth:`try_forward` takes it then."""
+        if not self.can_forward_now():
+            return False
+        client, leader = self._client, self._client_address
+        assert client is not None
+        request = context.request
+
+        def relayed(answer: RemotingCommand | None, error: BaseException | None) -> None:
+            self._in_flight -= 1
+            if error is None:
+                assert answer is not None  # relay_now takes only requests that get an answer
+                then(answer)
+            elif isinstance(error, (RemotingError, ForwardingError, OSError)):
+                then(self._not_forwarded(request, leader, error))
+            elif isinstance(error, Exception):
+                then(error)
+            else:
+                raise error
+
+        self._in_flight += 1
+        try:
+            if client.relay_now(request, _forwarded_fields(context), self._limits.timeout_seconds, relayed):
+                return True
+        except BaseException:
+            self._in_flight -= 1
+            raise
+        self._in_flight -= 1
+        return False
+
+    def _not_forwarded(self, request: RemotingCommand, leader: str, error: Exception) -> NotForwarded:
+        """The refusal for a forward that failed with ``error``: a request's own trouble (no answer in time,
+        too many waiting) leaves the link to the others; a broken link is dropped, and the forward may be
+        tried again (on a new link, or here if this member was elected meanwhile)."""
+        if isinstance(error, (RequestTimeoutError, TooManyPendingRequestsError)):
+            return NotForwarded(self._not_leader(request, f"forwarding to it failed: {error}"))
+        log.info("cannot forward %s to the leader %s: %s", request.code, leader, error)
+        self._drop_link(leader)
+        return NotForwarded(self._not_leader(request, f"forwarding to it failed: {error}"), retry=True)
 
     # ------------------------------------------------------------------ this member's clients (broker.relay)
 
@@ -356,6 +411,13 @@ def member_link_tls(certificate_file: str) -> ssl.SSLContext:
     return context
 
 
+def _forwarded_fields(context: RequestContext) -> dict[str, str]:
+    """The request's extFields with :data:`FORWARDED_FOR_FIELD` naming its client."""
+    fields = dict(context.request.ext_fields)
+    fields[FORWARDED_FOR_FIELD] = context.remote_address
+    return fields
+
+
 class LeaderOnly:
     """Wraps a processor: a request of ``codes`` that reaches a follower from a client is forwarded to the
     leader; everything else (and everything on the leader) goes to the processor. On the leader the cost is
@@ -367,11 +429,58 @@ class LeaderOnly:
         self._member = broker.member
         self._forwarder = forwarder
         self._codes = codes
+        #: forwards that went the queued way after a fast start (held through an election), until answered
+        self._later: set[asyncio.Task[RemotingCommand | None]] = set()
 
     async def __call__(self, context: RequestContext) -> RemotingCommand | None:
         if context.request.code in self._codes and not context.forwarded_for and not self._member.is_leader:
             return await self._forward(context)
         return await self._processor(context)
+
+    def fast(self, inner: FastPath | None = None) -> FastPath:
+        """The route's synchronous way in (:data:`~broker.remoting.server.FastPath`): on the leader, and for
+        what is not forwarded, ``inner`` (the processor's own, if any); on a follower, a client's request
+        is forwarded at once on the link that is up, with no queue, worker task or coroutine per request,
+        and answered when the leader's answer comes. What cannot go at once (no link yet, no leader known,
+        the limit of forwards reached, a oneway request) is declined and takes the queued way, which makes
+        the link and holds a request through an election; so does a forward whose link broke."""
+
+        def fast(context: RequestContext) -> RemotingCommand | Callable[[Finish], None] | None:
+            request = context.request
+            if request.code not in self._codes or context.forwarded_for or self._member.is_leader:
+                return None if inner is None else inner(context)
+            if request.is_oneway or not self._forwarder.can_forward_now():
+                return None
+            return functools.partial(self._forward_now, context)
+
+        return fast
+
+    def _forward_now(self, context: RequestContext, finish: Finish) -> None:
+        def then(answer: RemotingCommand | NotForwarded | Exception) -> None:
+            if isinstance(answer, NotForwarded):
+                if answer.retry:  # the link broke: held and tried again as a queued request would be
+                    self._finish_later(self._forward(context), finish)
+                else:
+                    finish(answer.refusal)
+            else:
+                finish(answer)
+
+        if not self._forwarder.forward_now(context, then):
+            self._finish_later(self._forward(context), finish)
+
+    def _finish_later(self, work: Coroutine[object, object, RemotingCommand | None], finish: Finish) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._later.add(task)
+
+        def done(finished: asyncio.Task[RemotingCommand | None]) -> None:
+            self._later.discard(finished)
+            if finished.cancelled():
+                finish(None)
+                return
+            error = finished.exception()
+            finish(finished.result() if error is None else error if isinstance(error, Exception) else None)
+
+        task.add_done_callback(done)
 
     async def _forward(self, context: RequestContext) -> RemotingCommand | None:
         """Forwarded; while there is no leader to forward to (an election), held for one up to the limits'

@@ -168,8 +168,8 @@ class BrokerNode:
                 Path(self.config.acl_file), acl_config, self.acl_rules, is_leader=lambda: member.is_leader,
                 replicated_document=lambda: member.state.acl_document,
                 propose=lambda document: broker.propose(Command((AclDocument(document),))))
-        server.register(SEND_CODES, leader_only(sender), queue_max=10_000, workers=512, name="send",
-                        fast=sender.fast)
+        sends = LeaderOnly(sender, broker, forwarder)
+        server.register(SEND_CODES, sends, queue_max=10_000, workers=512, name="send", fast=sends.fast(sender.fast))
         rates = PullRates()  # what pulls served, per group and topic: GET_CONSUME_STATS's consumeTps
         # put and get totals and rates as Java's broker keeps them (GET_BROKER_RUNTIME_INFO, /metrics)
         stats = self.runtime_stats = RuntimeStats(member_totals(member.committer, rates))

@@ -475,6 +475,12 @@ class GroupMember:
     def is_leader(self) -> bool:
         return self._leadership()[0]
 
+    def leader_name(self) -> str | None:
+        """The leader's Raft address as this member knows it (its own when it leads), None when none is
+        known: as ``status().leader``, without building a status (a follower asks on every forwarded send)."""
+        is_leader, name = self._leadership()
+        return self.config.raft_address if is_leader else name
+
     def write_refusal(self) -> str | None:
         """Why this member does not take writes now, or None when it leads and does (the leader check a
         load balancer makes: broker.probes). Reads flags only: cheap enough for every health check."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 
 from protocol.codes import ResponseCode, SerializeType, describe_request_code
@@ -212,6 +212,12 @@ class RemotingClient:
     ) -> RemotingCommand | None:
         """Send a request received elsewhere as it is; see :meth:`RemotingConnection.relay_request`."""
         return await self._connection.relay_request(request, timeout_seconds=timeout_seconds)
+
+    def relay_now(self, request: RemotingCommand, ext_fields: dict[str, str], timeout_seconds: float,
+                  then: Callable[[RemotingCommand | None, BaseException | None], None]) -> bool:
+        """Send a request received elsewhere, with ``ext_fields``, without a coroutine; see
+        :meth:`RemotingConnection.relay_now`."""
+        return self._connection.relay_now(request, ext_fields, timeout_seconds, then)
 
     async def close(self, timeout_seconds: float = 3.0) -> None:
         """Close the connection after buffered writes and wait until it is closed; a server that does

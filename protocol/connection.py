@@ -356,6 +356,51 @@ class RemotingConnection(asyncio.Protocol):
             if waiter is not None:
                 self._pending.discard(opaque)
 
+    def relay_now(
+        self,
+        request: RemotingCommand,
+        ext_fields: dict[str, str],
+        timeout_seconds: float,
+        then: Callable[[RemotingCommand | None, BaseException | None], None],
+    ) -> bool:
+        """:meth:`relay_request` without a coroutine, for a request that gets an answer, sent with
+        ``ext_fields`` in place of its own: written now, then ``then(answer, None)`` or ``then(None, error)``
+        is called once, on the loop (:class:`RequestTimeoutError`, :class:`ConnectionClosedError`, ...).
+        False, with nothing sent and ``then`` never called, when it cannot go at once: a oneway request, a
+        closed connection, a transport that is not writable, or too many requests waiting. A request that
+        cannot be framed raises, as :meth:`relay_request` does."""
+        check_timeout(timeout_seconds)
+        if request.is_oneway or self._is_closed or not self._writable.is_set():
+            return False
+        loop = self._loop
+        try:
+            opaque, waiter = self._pending.open(loop)
+        except TooManyPendingRequestsError:
+            return False
+        try:
+            self._write_command(replace(request, opaque=opaque, ext_fields=ext_fields))
+        except BaseException:
+            self._pending.discard(opaque)
+            raise
+        expiry = loop.call_at(loop.time() + timeout_seconds, self._expire, opaque)
+        remote_address = self._remote_address
+
+        def answered(done: asyncio.Future[RemotingCommand]) -> None:
+            expiry.cancel()
+            self._pending.discard(opaque)
+            error = done.exception()
+            if error is None:
+                then(done.result(), None)
+                return
+            if isinstance(error, _ResponseOverdue):
+                error = RequestTimeoutError(
+                    f"no response to the relayed {describe_request_code(request.code)} (opaque {opaque}) from "
+                    f"{remote_address} within {timeout_seconds} s")
+            then(None, error)
+
+        waiter.add_done_callback(answered)
+        return True
+
     # ------------------------------------------------------------------------------- for subclasses
 
     def _on_request(self, request: RemotingCommand) -> None:

@@ -698,8 +698,8 @@ class RemotingServer:
             if refusal is not None:
                 connection.answer(request, refusal)
                 return
-        if route.fast is not None and not forwarded_for and route.queue.empty() and self._fast(
-                route.fast, connection, request):
+        if route.fast is not None and route.queue.empty() and self._fast(route.fast, connection, request,
+                                                                         forwarded_for):
             return
         try:
             route.queue.put_nowait((connection, request, time.monotonic(), forwarded_for))
@@ -719,10 +719,11 @@ class RemotingServer:
         if self._no_requests_in_flight is not None:
             self._no_requests_in_flight.clear()
 
-    def _fast(self, fast: FastPath, connection: ServerConnection, request: RemotingCommand) -> bool:
+    def _fast(self, fast: FastPath, connection: ServerConnection, request: RemotingCommand,
+              forwarded_for: str = "") -> bool:
         """Offer ``request`` to a route's synchronous way in; False: declined, nothing was done."""
         try:
-            taken = fast(RequestContext(request, connection, time.monotonic()))
+            taken = fast(RequestContext(request, connection, time.monotonic(), forwarded_for))
         except Exception as error:
             connection.answer(request, self._processor_failed(error, connection, request, "fast path"))
             return True

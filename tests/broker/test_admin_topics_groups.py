@@ -66,6 +66,9 @@ class StandInLeader:
     def status(self) -> MemberStatus:
         return MemberStatus("n0", "leader" if self.is_leader else "follower", 3, None, 0, 0, 0, 0)
 
+    def leader_name(self) -> str | None:
+        return None
+
     def propose(self, command: Command, timeout_seconds: float = 10.0) -> ApplyResult:
         self.proposals.append(command)
         data = encode_command(command)

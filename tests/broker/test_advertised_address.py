@@ -136,6 +136,9 @@ class StandInMember:
     def status(self) -> MemberStatus:
         return MemberStatus("n0", "leader" if self.is_leader else "follower", 3, self.leader, 0, 0, 0, 0)
 
+    def leader_name(self) -> str | None:
+        return self.leader
+
 
 def test_a_follower_names_the_leader_by_its_advertised_address(tmp_path: Path) -> None:
     node, config = load(tmp_path, NODE)

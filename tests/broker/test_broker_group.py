@@ -13,7 +13,7 @@ import pytest
 from cli.cluster import LocalCluster, route_master
 from client.loop import EventLoopThread
 from client.running_info import loads_lenient
-from commitlog.hosts import decode_message_id
+from commitlog.hosts import decode_host, decode_message_id
 from commitlog.record_codec import StoredMessage
 from protocol.client import RemotingClient
 from protocol.codes import RequestCode, ResponseCode
@@ -138,6 +138,40 @@ def test_a_follower_forwards_writes_to_the_leader(cluster: LocalCluster) -> None
              timeout_seconds=20)
     code, _, messages = wire.pull(address, "Basic", 1, offset)
     assert code == ResponseCode.SUCCESS and messages[0].body == b"sent to a follower"
+
+
+def test_sends_through_a_follower_are_stored_as_the_clients_own(cluster: LocalCluster) -> None:
+    """A front routing to followers (the default): the first send makes the member link and takes the queued
+    way; the next ones are forwarded at once on that link, and the leader takes them its fast way. Each is
+    stored with the client's address as its born host, as a direct send is."""
+    address = leader(cluster)
+    follower = followers(cluster)[0]
+    wire.create_topic(address, "ViaFollower", queues=1)
+
+    async def sends() -> tuple[tuple[str, int], list[int]]:
+        host, _, port = follower.rpartition(":")
+        client = await RemotingClient.connect(host, int(port))
+        try:
+            local = client._connection._transport.get_extra_info("sockname")  # type: ignore[union-attr]
+            offsets = []
+            for number in range(5):
+                fields = {"a": "p", "b": "ViaFollower", "c": "TBW102", "d": "4", "e": "0", "f": "0",
+                          "g": str(1_700_000_000_000 + number), "h": "0",
+                          "i": wire.properties_text({"UNIQ_KEY": f"via-follower-{number}"}), "j": "0", "m": "false"}
+                answer = await client.request(RequestCode.SEND_MESSAGE_V2, fields, b"via %d" % number,
+                                              timeout_seconds=10.0)
+                assert answer.code == ResponseCode.SUCCESS, answer
+                offsets.append(int(answer.ext_fields["queueOffset"]))
+            return (local[0], local[1]), offsets
+        finally:
+            await client.close()
+
+    client_address, offsets = asyncio.run(sends())
+    assert offsets == list(range(offsets[0], offsets[0] + 5))
+    code, _, messages = wire.pull(address, "ViaFollower", 0, offsets[0])
+    assert code == ResponseCode.SUCCESS
+    assert [message.body for message in messages] == [b"via %d" % number for number in range(5)]
+    assert {decode_host(message.born_host) for message in messages} == {client_address}
 
 
 def test_batch_is_atomic_and_bad_input_leaves_no_trace(cluster: LocalCluster) -> None:

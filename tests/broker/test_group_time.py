@@ -100,6 +100,9 @@ class StandInMember:
     def status(self) -> MemberStatus:
         return MemberStatus(self.name, "leader", 3, None, 0, 0, 0, 0)
 
+    def leader_name(self) -> str | None:
+        return None
+
     def propose(self, command: Command, timeout_seconds: float = 10.0) -> ApplyResult:
         return self.replica.apply(encode_command(command))
 

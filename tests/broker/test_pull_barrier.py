@@ -69,6 +69,9 @@ class StandInMember:
     def status(self) -> MemberStatus:
         return MemberStatus("n0", "leader" if self.is_leader else "follower", 7, None, 0, 0, 0, 0)
 
+    def leader_name(self) -> str | None:
+        return None
+
     def propose(self, command: Command, timeout_seconds: float = 10.0) -> ApplyResult:
         self.release.wait(5.0)
         if self.refuse_proposals:
