@@ -20,10 +20,13 @@ CPU_COLUMNS: Final = ("leader", "follower_1", "follower_2", "namesrv", "client",
 
 def system_label(record: Record) -> str:
     """``raftmq durable``, ``raftmq page_cache``, ``raftmq <variant>`` (``... SDK``: our producer, sends
-    coalesced; otherwise one frame per send, as stock clients send), ``NATS default``, ``NATS always``."""
+    coalesced; otherwise one frame per send, as stock clients send; ``... via a follower``: sent to a follower,
+    which forwards them), ``NATS default``, ``NATS always``."""
     if record.get("system") == "nats":
         return f"NATS {record.get('nats_sync_setting', 'default')}"
     label = f"raftmq {record.get('variant') or record.get('journal_flush', '')}".strip()
+    if record.get("route") == "follower":
+        label = f"{label} via a follower"
     return f"{label} SDK" if record.get("client") == "sdk" else label
 
 

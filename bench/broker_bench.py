@@ -6,6 +6,9 @@ measured the same way in the same run. Prints one JSON line per measurement:
   one frame per send as stock clients send them (``"client": "python"``), then the same through our producer
   SDK (``"client": "sdk"``, ``--no-sdk`` leaves it out), whose concurrent sends to one queue leave as batch
   requests (client/coalesce.py);
+* the one-frame sends again through a follower (``"route": "follower"``; ``--no-via-follower`` leaves them
+  out), which forwards each to the leader: what a stock client behind the group's front meets by default
+  (``cluster up --front-route followers``, broker/forwarding.py);
 * ``consume``: PULL_MESSAGE of everything produced, 32 messages per pull, one queue after another;
 * ``cpu_us_per_msg`` in each: CPU microseconds per acknowledged (consumed) message of each process over the
   measurement (``bench/cpu_meter.py``): the leader, both followers, the name server and the client.
@@ -207,6 +210,13 @@ def raftmq_processes(cluster: LocalCluster) -> dict[str, int]:
             "namesrv": cluster.info.namesrv_pid, "client": os.getpid()}
 
 
+def first_follower(cluster: LocalCluster) -> str:
+    """The client address of ``follower_1`` in :func:`raftmq_processes`."""
+    leader = cluster.leader_node()
+    follower = next(node for node in cluster.info.nodes if node is not leader)
+    return follower.broker_address
+
+
 def nats_server() -> str | None:
     """The nats-server binary (Debian installs it in /usr/sbin, which a user's PATH may leave out)."""
     return shutil.which("nats-server", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin"]))
@@ -273,6 +283,14 @@ class Bench:
                 figures = run(produce(address, count, in_flight, sent, processes), self.arguments.client_loop)
                 self.emit({**figures, **loop, **label})
                 sent += count
+            if self.arguments.via_follower:
+                # what a stock client behind the group's front meets by default: a follower (follower_1)
+                # forwards each send to the leader (broker.forwarding)
+                follower = first_follower(cluster)
+                for in_flight, count in self.settings:
+                    figures = run(produce(follower, count, in_flight, sent, processes), self.arguments.client_loop)
+                    self.emit({**figures, **loop, **label, "route": "follower"})
+                    sent += count
             if self.arguments.sdk:
                 for in_flight, count in self.settings:
                     figures = run(produce_with_sdk(cluster.namesrv, count, in_flight, processes),
@@ -351,6 +369,9 @@ def main() -> None:
                         help="measure NATS JetStream R3 too (default: when nats-server and nats-py are installed)")
     parser.add_argument("--sdk", action=argparse.BooleanOptionalAction, default=True,
                         help="also produce with our producer SDK, whose concurrent sends are coalesced (default: on)")
+    parser.add_argument("--via-follower", action=argparse.BooleanOptionalAction, default=True,
+                        help="also send one frame a send through a follower, which forwards to the leader: the "
+                             "route a stock client behind the group's front takes by default (default: on)")
     parser.add_argument("--cpp", action=argparse.BooleanOptionalAction, default=True,
                         help="measure the stock C++ client against the first group (default: on)")
     parser.add_argument("--rounds", type=int, default=1,

@@ -869,22 +869,25 @@ def decode_frame(data: bytes | bytearray, limits: CodecLimits = DEFAULT_LIMITS) 
 # ---------------------------------------------------------------------------------------------- encode
 
 
-def _encode_json_header(command: RemotingCommand) -> bytes:
-    """The JSON header: orjson's bytes are the stdlib's byte for byte (``ensure_ascii=False``, no spaces:
-    the same escapes for every code point), and what orjson refuses, only a lone surrogate here (every
-    other value is an int32 or a str), goes to the stdlib, which names it."""
+def _encode_json_header(command: RemotingCommand, opaque: int | None = None,
+                        ext_fields: Mapping[str, str] | None = None) -> bytes:
+    """The JSON header (of ``command``, with ``opaque`` and ``ext_fields`` in place of its own when given):
+    orjson's bytes are the stdlib's byte for byte (``ensure_ascii=False``, no spaces: the same escapes for
+    every code point), and what orjson refuses, only a lone surrogate here (every other value is an int32
+    or a str), goes to the stdlib, which names it."""
     header: dict[str, object] = {
         "code": command.code,
         "language": command.language,
         "version": command.version,
-        "opaque": command.opaque,
+        "opaque": command.opaque if opaque is None else opaque,
         "flag": command.flag,
     }
     if command.remark is not None:
         header["remark"] = command.remark
-    if command.ext_fields:
+    fields = command.ext_fields if ext_fields is None else ext_fields
+    if fields:
         # every value a JSON string: the C++ client ignores response extFields that are not
-        header["extFields"] = dict(command.ext_fields)
+        header["extFields"] = dict(fields)
     if _fast_dumps is not None:
         try:
             return _fast_dumps(header)
@@ -938,6 +941,24 @@ def encode_frame(command: RemotingCommand, limits: CodecLimits = DEFAULT_LIMITS)
         header = _encode_json_header(command)
     else:
         header = _encode_binary_header(command)
+    return _framed(command, header, limits)
+
+
+def encode_relayed(command: RemotingCommand, opaque: int, ext_fields: dict[str, str] | None = None,
+                   limits: CodecLimits = DEFAULT_LIMITS) -> bytes:
+    """The frame of ``replace(command, opaque=opaque)`` (and ``ext_fields=ext_fields`` when given), byte for
+    byte as :func:`encode_frame` writes it, without building that command: what a member relays, a
+    client's request to the leader and the leader's answer back. ``opaque`` is an int32 and
+    ``ext_fields`` maps str to str (a JSON header is written as is); raises as :func:`encode_frame`."""
+    if command.serialize_type != _JSON:
+        changed = dataclasses.replace(command, opaque=opaque) if ext_fields is None else \
+            dataclasses.replace(command, opaque=opaque, ext_fields=ext_fields)
+        return encode_frame(changed, limits)
+    return _framed(command, _encode_json_header(command, opaque, ext_fields), limits)
+
+
+def _framed(command: RemotingCommand, header: bytes, limits: CodecLimits) -> bytes:
+    """The frame of ``command``'s body under ``header`` (written in ``command.serialize_type``)."""
     header_length = len(header)
     if header_length > HEADER_LENGTH_FIELD_MAX:
         raise EncodeError(f"header of {header_length} bytes does not fit the 24-bit header length")

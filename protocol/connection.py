@@ -20,7 +20,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Final, cast
 
-from protocol.codec import FrameDecoder, FrameError, encode_frame, encode_json_request, make_error_response
+from protocol.codec import (
+    FrameDecoder,
+    FrameError,
+    encode_frame,
+    encode_json_request,
+    encode_relayed,
+    make_error_response,
+)
 from protocol.codes import ResponseCode, SerializeType, describe_request_code
 from protocol.command import (
     INT32_MAX,
@@ -378,7 +385,7 @@ class RemotingConnection(asyncio.Protocol):
         except TooManyPendingRequestsError:
             return False
         try:
-            self._write_command(replace(request, opaque=opaque, ext_fields=ext_fields))
+            self._write_frame(encode_relayed(request, opaque, ext_fields, self._codec_limits))
         except BaseException:
             self._pending.discard(opaque)
             raise
@@ -473,22 +480,27 @@ class RemotingConnection(asyncio.Protocol):
         """
         if response is None or request.is_oneway:
             return
+        opaque = None  # the response's own
         if (
             response.opaque != request.opaque
             or response.serialize_type != request.serialize_type
             or not response.is_response
         ):
-            response = RemotingCommand(
-                code=response.code,
-                opaque=request.opaque,
-                flag=(response.flag | RESPONSE_FLAG) & ~ONEWAY_FLAG,
-                language=response.language,
-                version=response.version,
-                remark=response.remark,
-                ext_fields=response.ext_fields,
-                body=response.body,
-                serialize_type=request.serialize_type,
-            )
+            if (response.serialize_type == request.serialize_type and response.is_response
+                    and not response.flag & ONEWAY_FLAG):
+                opaque = request.opaque  # only the opaque differs (a relayed answer): framed under it at once
+            else:
+                response = RemotingCommand(
+                    code=response.code,
+                    opaque=request.opaque,
+                    flag=(response.flag | RESPONSE_FLAG) & ~ONEWAY_FLAG,
+                    language=response.language,
+                    version=response.version,
+                    remark=response.remark,
+                    ext_fields=response.ext_fields,
+                    body=response.body,
+                    serialize_type=request.serialize_type,
+                )
         if self._is_closed:
             logger.debug(
                 "dropping the answer to %s (opaque %d): %s is closed",
@@ -498,7 +510,10 @@ class RemotingConnection(asyncio.Protocol):
             )
             return
         try:
-            self._write_command(response)
+            if opaque is None:
+                self._write_command(response)
+            else:
+                self._write_frame(encode_relayed(response, opaque, None, self._codec_limits))
         except ConnectionClosedError:
             return
         except ValueError as error:  # EncodeError: too large for a frame, or unwritable text

@@ -56,3 +56,14 @@ def test_a_figure_of_one_round_against_one_of_several_is_a_plain_ratio() -> None
                     "in_flight": 32, "msgs_per_s": 201.0, "journal_flush": "durable", "round": 0})
     text = render(records)
     assert row(text, "async").split()[-1] == "0.50x"
+
+
+def test_sends_through_a_follower_are_a_figure_of_their_own() -> None:
+    records = [produce("raftmq", 0, 500.0, 300.0), produce("raftmq", 0, 250.0, 400.0, route="follower"),
+               produce("nats", 0, 1000.0, 100.0)]
+    assert len(merge_rounds(records)) == 3
+    words = [line.split() for line in render(records).splitlines()]
+    assert ["32", "raftmq", "durable", "500", "1.00", "2.00", "0.50x"] in words
+    assert ["32", "raftmq", "durable", "via", "a", "follower", "250", "1.00", "2.00", "0.25x"] in words
+    assert ["in-flight", "32", "raftmq", "durable", "via", "a", "follower", "200.0", "-", "-", "-", "-", "400.0",
+            "4.00x"] in words
