@@ -51,9 +51,10 @@ Payloads (all big-endian; ``str`` is ``u16 length + UTF-8``, ``bytes`` is ``u32 
 from __future__ import annotations
 
 import enum
+import functools
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 import lz4.block
@@ -239,15 +240,6 @@ class ByteConfig:
     other lacks counts as a difference (a new setting needs a rule for groups whose configuration predates it)."""
 
     settings: tuple[tuple[str, str], ...]
-    #: the store host as records carry it, worked out once: every Records entry is checked against it
-    _store_host: bytes | None = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        try:
-            store_host: bytes | None = encode_address(dict(self.settings).get("store_host", ""))
-        except ValueError:
-            store_host = None
-        object.__setattr__(self, "_store_host", store_host)
 
     @classmethod
     def of(cls, config: StoreConfig) -> ByteConfig:
@@ -260,14 +252,22 @@ class ByteConfig:
     @property
     def store_host_bytes(self) -> bytes | None:
         """The store host as records carry it (None when there is none or it is neither IPv4:port nor
-        [IPv6]:port)."""
-        return self._store_host
+        [IPv6]:port). Worked out once per configuration: every Records entry is checked against it."""
+        return _store_host_of(self.settings)
 
     def differences(self, group: ByteConfig) -> list[tuple[str, str | None, str | None]]:
         """(setting, ours, the group's) for each setting that differs, by name; None where one side lacks it."""
         ours, theirs = dict(self.settings), dict(group.settings)
         return [(name, ours.get(name), theirs.get(name)) for name in sorted(ours.keys() | theirs.keys())
                 if ours.get(name) != theirs.get(name)]
+
+
+@functools.lru_cache(maxsize=8)
+def _store_host_of(settings: tuple[tuple[str, str], ...]) -> bytes | None:
+    try:
+        return encode_address(dict(settings).get("store_host", ""))
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
